@@ -1,0 +1,254 @@
+"""ShardedGradScaler: loss scaling that every rank of a sharded job agrees on.
+
+Why not torch's: its fused-optimizer path never agrees found_inf across ranks (one rank skips
+while another steps), its CPU ``update`` can grow the scale to +inf, it defaults to CUDA and
+silently disables itself on a CPU machine, and it cannot be pickled once a process group exists.
+Here one MAX all-reduce per optimizer step serves every path (plain, ``unscale_``-first, fused),
+and the scale moves by the single shared rule in :mod:`scaler._rule`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from scaler._grad_scaler import GradScaler
+from scaler._rule import ScaleConfig, update_scale_
+
+__all__ = ["ShardedGradScaler", "default_device"]
+
+
+def default_device() -> str:
+    """The accelerator's device type if this machine has one, else ``"cpu"``."""
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    return accelerator.type if accelerator is not None else "cpu"
+
+
+def _device_available(device_type: str) -> bool:
+    if device_type == "cpu":
+        return True
+    module = getattr(torch, device_type, None)
+    is_available = getattr(module, "is_available", None)
+    return bool(is_available()) if callable(is_available) else True
+
+
+class ShardedGradScaler(GradScaler):
+    """A GradScaler for FSDP1, FSDP2 (DTensor), DDP and CPU-offloaded training.
+
+    The loop is GradScaler's; what changes is that ``found_inf`` is agreed across the process
+    group once per optimizer step, so all ranks skip (or step) together and hold equal scales::
+
+        scaler = ShardedGradScaler()                       # accelerator if present, else CPU
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)                         # optional: clip grads here
+        scaler.step(optimizer)                             # one MAX all-reduce, clamped to 0.0/1.0
+        scaler.update()
+        if scaler.step_was_skipped(optimizer): ...         # syncs only when you ask
+
+    Args:
+        device: device type for the scaler's reductions; ``None`` picks the accelerator if there
+            is one, else ``"cpu"``. A device that is not available is an error, never a silent
+            disable; ``enabled=False`` is the only way off.
+        init_scale: the first scale (finite, > 0).
+        growth_factor, backoff_factor, growth_interval: as in GradScaler (keyword-only: torch's
+            two scalers order these differently, so a positional call could silently swap them).
+        enabled: ``False`` makes every method a pass-through.
+        process_group: the group to agree over; ``None`` means the default group, looked up when
+            first needed (not at construction or import).
+        min_scale, max_scale: optional bounds on the scale; ``None`` keeps torch's behaviour.
+
+    Grads may be fp16 (FSDP mixed precision), sparse (fp16 sparse grads are coalesced in fp32
+    first), DTensors (their local shards are unscaled; no per-bucket DTensor reduction), and may
+    live on another device than the scale (CPU offload).
+    """
+
+    _allow_fp16_grads = True
+    _local_dtensor_grads = True
+
+    def __init__(
+        self,
+        device: str | torch.device | None = None,
+        init_scale: float = 2.0**16,
+        *,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+        process_group: dist.ProcessGroup | None = None,
+        min_scale: float | None = None,
+        max_scale: float | None = None,
+    ) -> None:
+        if device is None:
+            device = default_device()
+        device_type = torch.device(device).type
+        if enabled and not _device_available(device_type):
+            raise ValueError(
+                f"device={device_type!r} is not available on this machine; pass device='cpu' "
+                "(or leave device=None to pick the accelerator if there is one), or enabled=False"
+            )
+        if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
+            raise TypeError(
+                f"process_group must be a torch.distributed.ProcessGroup or None, got {type(process_group).__name__}"
+            )
+        super().__init__(
+            device_type,
+            init_scale=init_scale,
+            growth_factor=growth_factor,
+            backoff_factor=backoff_factor,
+            growth_interval=growth_interval,
+            enabled=enabled,
+        )
+        self._config = ScaleConfig(
+            growth_factor=growth_factor,
+            backoff_factor=backoff_factor,
+            growth_interval=growth_interval,
+            min_scale=min_scale,
+            max_scale=max_scale,
+        )
+        if (min_scale is not None and self._init_scale < min_scale) or (
+            max_scale is not None and self._init_scale > max_scale
+        ):
+            raise ValueError(
+                f"init_scale={self._init_scale} lies outside [min_scale={min_scale}, max_scale={max_scale}]"
+            )
+        self._process_group = process_group
+        self._process_group_name: str | None = None
+        self._steps = 0
+        self._counts: torch.Tensor | None = None  # [skipped_steps, growths, backoffs], on the scale's device
+        self._last_found_inf: dict[int, torch.Tensor] = {}
+
+    # --------------------------------------------------------------------------- process group
+    @property
+    def process_group(self) -> dist.ProcessGroup:
+        """The group found_inf is agreed over, resolved now (``None`` -> the default group)."""
+        if self._process_group is None and self._process_group_name is not None:
+            self._process_group = dist.distributed_c10d._resolve_process_group(self._process_group_name)
+        if self._process_group is not None:
+            return self._process_group
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                "ShardedGradScaler needs a process group to agree on found_inf: call "
+                "torch.distributed.init_process_group(...) first, or pass process_group=..."
+            )
+        return dist.group.WORLD
+
+    def _reduction_device(self, scale_device: torch.device, group: dist.ProcessGroup) -> torch.device:
+        if scale_device.type == "cpu" and dist.get_backend(group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return scale_device
+
+    def _agree_found_inf(self, record: dict[str, Any]) -> None:
+        """Replace the per-device flags with one flag, MAX-reduced over the group, exactly 0.0 or 1.0.
+
+        Every rank reaches this once per optimizer step, with or without grads of its own, so the
+        collective is matched on every rank.
+        """
+        scale = self._scale
+        assert scale is not None
+        group = self.process_group
+        device = self._reduction_device(scale.device, group)
+        flags = [flag.to(device, non_blocking=True) for flag in record["found_inf_per_device"].values()]
+        if not flags:
+            combined = torch.zeros((), dtype=torch.float32, device=device)
+        elif len(flags) == 1:
+            combined = flags[0].clone().reshape(())
+        else:
+            combined = torch.stack([f.reshape(()) for f in flags]).sum()
+        dist.all_reduce(combined, op=dist.ReduceOp.MAX, group=group)
+        agreed = (combined > 0).to(dtype=torch.float32, device=scale.device)
+        record["found_inf_per_device"] = {scale.device: agreed}
+
+    # ---------------------------------------------------------------------------- observability
+    def _counters(self) -> torch.Tensor:
+        assert self._scale is not None
+        if self._counts is None:
+            self._counts = torch.zeros(3, dtype=torch.int64, device=self._scale.device)
+        elif self._counts.device != self._scale.device:  # restored from a pickle onto another device
+            self._counts = self._counts.to(self._scale.device)
+        return self._counts
+
+    def _after_step(self, optimizer: torch.optim.Optimizer, record: dict[str, Any]) -> None:
+        found = record["found_inf_per_device"]
+        if not found:  # deprecated ``grad_scaler=`` optimizers check infs themselves
+            return
+        (flag,) = found.values()
+        self._steps += 1
+        self._last_found_inf[id(optimizer)] = flag
+        self._counters()[0] += flag.to(torch.int64)
+
+    def _update_scale(self, scale: torch.Tensor, tracker: torch.Tensor, found_inf: torch.Tensor) -> None:
+        before = scale.clone()
+        update_scale_(scale, tracker, found_inf, self._config)
+        self._counters()[1:] += torch.stack([scale > before, found_inf > 0]).to(torch.int64)
+
+    def step_was_skipped(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether this optimizer's last ``step`` through this scaler was skipped (syncs the host)."""
+        if not self._enabled:
+            return False
+        flag = self._last_found_inf.get(id(optimizer))
+        if flag is None:
+            raise ValueError(
+                "step_was_skipped(optimizer): this optimizer has not been stepped through this scaler; "
+                "call scaler.step(optimizer) first"
+            )
+        return bool(flag.item())
+
+    def _count(self, index: int) -> int:
+        return 0 if self._counts is None else int(self._counts[index].item())
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps taken through this scaler (skipped ones included). No host sync."""
+        return self._steps
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped because some rank found inf/NaN (syncs when read)."""
+        return self._count(0)
+
+    @property
+    def growths(self) -> int:
+        """``update()`` calls that grew the scale (syncs when read)."""
+        return self._count(1)
+
+    @property
+    def backoffs(self) -> int:
+        """``update()`` calls that backed the scale off (syncs when read)."""
+        return self._count(2)
+
+    def get_min_scale(self) -> float | None:
+        return self._config.min_scale
+
+    def get_max_scale(self) -> float | None:
+        return self._config.max_scale
+
+    # ---------------------------------------------------------------------------- serialisation
+    def _set_scale(self, new_scale: float | torch.Tensor) -> None:
+        super()._set_scale(new_scale)
+        if self._config.min_scale is not None or self._config.max_scale is not None:
+            value = self.get_scale()
+            lo, hi = self._config.min_scale, self._config.max_scale
+            if (lo is not None and value < lo) or (hi is not None and value > hi):
+                raise ValueError(f"new_scale={value} lies outside [min_scale={lo}, max_scale={hi}]")
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        group = state.pop("_process_group")
+        # A ProcessGroup cannot be pickled; its name can, and resolves to the same group in any
+        # process that created it (names are assigned identically on every rank).
+        state["_process_group"] = None
+        if group is not None:
+            state["_process_group_name"] = group.group_name
+        counts = state.pop("_counts")
+        state["_counts"] = None
+        state["_saved_counts"] = None if counts is None else counts.tolist()
+        state["_last_found_inf"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        saved = state.pop("_saved_counts", None)
+        super().__setstate__(state)
+        if saved is not None:
+            self._counts = torch.tensor(saved, dtype=torch.int64)

@@ -1,0 +1,154 @@
+"""ShardedGradScaler in one process: construction, defaults, bounds, counters, pickling, dtypes.
+
+Torch's ShardedGradScaler is shown side by side where we deliberately differ (DESIGN.md §1, §2.2).
+"""
+
+import copy
+import pickle
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchShardedGradScaler
+
+from fixtures.training import Step, drive
+from scaler import ScalerArgumentError, ShardedGradScaler, default_device
+
+needs_no_accelerator = pytest.mark.skipif(
+    torch.accelerator.is_available(), reason="this machine has an accelerator; the CPU-default case does not apply"
+)
+
+
+@needs_no_accelerator
+def test_default_device_is_cpu_without_an_accelerator_and_the_scaler_stays_enabled():
+    assert default_device() == "cpu"
+    assert ShardedGradScaler().is_enabled()
+
+
+@needs_no_accelerator
+def test_torchs_default_silently_disables_itself_on_a_cpu_machine():
+    with pytest.warns(UserWarning, match="Disabling"):
+        assert not TorchShardedGradScaler().is_enabled()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_an_unavailable_device_is_an_error_not_a_silent_disable():
+    with pytest.raises(ValueError, match="device='cuda' is not available on this machine; pass device='cpu'"):
+        ShardedGradScaler("cuda")
+    assert not ShardedGradScaler("cuda", enabled=False).is_enabled()
+
+
+def test_arguments_after_init_scale_are_keyword_only():
+    with pytest.raises(TypeError):
+        ShardedGradScaler("cpu", 2.0**16, 2.0)  # torch's two scalers order these differently
+
+
+def test_process_group_of_the_wrong_type_is_rejected():
+    with pytest.raises(TypeError, match="process_group must be a torch.distributed.ProcessGroup or None, got str"):
+        ShardedGradScaler("cpu", process_group="world")
+
+
+def test_init_scale_outside_the_bounds_is_rejected():
+    with pytest.raises(ValueError, match=r"init_scale=65536.0 lies outside \[min_scale=None, max_scale=1024.0\]"):
+        ShardedGradScaler("cpu", max_scale=1024.0)
+    with pytest.raises(ScalerArgumentError, match="min_scale must be a finite number > 0"):
+        ShardedGradScaler("cpu", min_scale=-1.0)
+
+
+def test_process_group_is_resolved_lazily_and_named_when_missing():
+    scaler = ShardedGradScaler("cpu")  # no process group exists yet: construction must not need one
+    with pytest.raises(RuntimeError, match=r"call torch.distributed.init_process_group\(...\) first"):
+        scaler.process_group
+
+
+def test_none_means_the_default_group(world_of_one):
+    assert ShardedGradScaler("cpu").process_group is dist.group.WORLD
+
+
+def test_scale_never_grows_to_inf_where_torchs_cpu_update_does(world_of_one):
+    plan = [Step()] * 2
+    kwargs = {"init_scale": 2.0**127, "growth_interval": 1}
+    theirs = drive(TorchShardedGradScaler("cpu", **kwargs), plan, loss_factor=2.0**-126)
+    ours = drive(ShardedGradScaler("cpu", **kwargs), plan, loss_factor=2.0**-126)
+    assert theirs.scales == [float("inf"), float("inf")]
+    assert ours.scales == [2.0**127, 2.0**127]
+
+
+def test_counters_and_step_was_skipped_follow_the_plan(world_of_one):
+    scaler = ShardedGradScaler("cpu", init_scale=64.0, growth_interval=2)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    skipped = []
+    for overflow in (False, False, True, False, True):
+        opt.zero_grad()
+        scaler.scale(model(torch.ones(2, 3)).sum()).backward()
+        if overflow:
+            model.bias.grad.fill_(float("nan"))
+        scaler.step(opt)
+        scaler.update()
+        skipped.append(scaler.step_was_skipped(opt))
+    assert skipped == [False, False, True, False, True]
+    assert (scaler.steps, scaler.skipped_steps, scaler.growths, scaler.backoffs) == (5, 2, 1, 2)
+    assert scaler.get_scale() == 32.0  # 64 -> grow 128 -> back off 64 -> back off 32
+
+
+def test_step_was_skipped_before_any_step_names_the_fix():
+    scaler = ShardedGradScaler("cpu")
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+    with pytest.raises(ValueError, match=r"call scaler.step\(optimizer\) first"):
+        scaler.step_was_skipped(opt)
+
+
+def test_max_and_min_scale_bound_the_trajectory(world_of_one):
+    plan = [Step()] * 3 + [Step(overflow=True)] * 3
+    run = drive(ShardedGradScaler("cpu", init_scale=8.0, growth_interval=1, max_scale=16.0, min_scale=4.0), plan)
+    assert run.scales == [16.0, 16.0, 16.0, 8.0, 4.0, 4.0]
+
+
+def test_new_scale_outside_the_bounds_is_rejected(world_of_one):
+    scaler = ShardedGradScaler("cpu", init_scale=8.0, max_scale=16.0)
+    scaler.scale(torch.ones(()))
+    with pytest.raises(ValueError, match=r"new_scale=32.0 lies outside \[min_scale=None, max_scale=16.0\]"):
+        scaler.update(32.0)
+
+
+def test_fp16_grads_are_unscaled(world_of_one):
+    param = torch.nn.Parameter(torch.ones(4, dtype=torch.float16))
+    opt = torch.optim.SGD([param], lr=1.0)
+    scaler = ShardedGradScaler("cpu", init_scale=4.0)
+    scaler.scale(torch.ones(()))
+    param.grad = torch.full((4,), 8.0, dtype=torch.float16)
+    scaler.unscale_(opt)
+    assert param.grad.dtype == torch.float16 and param.grad.tolist() == [2.0] * 4
+
+
+def test_fp16_sparse_duplicates_that_overflow_when_coalesced_are_found(world_of_one):
+    weight = torch.nn.Parameter(torch.zeros(6, 3, dtype=torch.float16))
+    opt = torch.optim.SGD([weight], lr=1.0)
+    scaler = ShardedGradScaler("cpu", init_scale=1.0)
+    scaler.scale(torch.ones(()))
+    # Each value is finite in fp16; at index 1 they sum to 2**16, past fp16's largest finite value.
+    values = torch.full((2, 3), 2.0**15, dtype=torch.float16)
+    weight.grad = torch.sparse_coo_tensor(torch.tensor([[1, 1]]), values, (6, 3), check_invariants=True)
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.step_was_skipped(opt)
+    assert torch.equal(weight.detach(), torch.zeros(6, 3, dtype=torch.float16))
+
+
+def test_pickle_and_deepcopy_keep_a_custom_group(world_of_one):
+    group = dist.new_group([0])
+    scaler = ShardedGradScaler("cpu", init_scale=32.0, growth_interval=7, process_group=group)
+    with pytest.raises(TypeError, match="cannot pickle"):  # torch's cannot be pickled with a group set
+        pickle.dumps(TorchShardedGradScaler("cpu", process_group=group))
+    for restored in (pickle.loads(pickle.dumps(scaler)), copy.deepcopy(scaler)):
+        assert restored.process_group.group_name == group.group_name
+        assert restored.state_dict() == scaler.state_dict()
+        assert restored.get_growth_interval() == 7
+
+
+def test_pickle_keeps_counters(world_of_one):
+    scaler = ShardedGradScaler("cpu", init_scale=8.0, growth_interval=1)
+    drive(scaler, [Step(), Step(overflow=True)])
+    restored = pickle.loads(pickle.dumps(scaler))
+    assert (restored.steps, restored.skipped_steps, restored.growths, restored.backoffs) == (2, 1, 1, 1)
