@@ -147,7 +147,11 @@ class GradScaler:
 
     # --------------------------------------------------------------------------------- unscale
     def _unscale_grads_(
-        self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor, allow_fp16: bool
+        self,
+        optimizer: torch.optim.Optimizer,
+        inv_scale: torch.Tensor,
+        found_inf: torch.Tensor,
+        allow_fp16: bool,
     ) -> dict[torch.device, torch.Tensor]:
         return unscale_grads_(
             optimizer, inv_scale, found_inf, allow_fp16=allow_fp16, local_dtensor=self._local_dtensor_grads
@@ -167,7 +171,9 @@ class GradScaler:
         scale, _ = self._check_scale_growth_tracker("unscale_")
         record = self._per_optimizer_states[id(optimizer)]
         if record["stage"] is OptState.UNSCALED:
-            raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
+            raise RuntimeError(
+                "unscale_() has already been called on this optimizer since the last update()."
+            )
         if record["stage"] is OptState.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
         # float32 division can be imprecise under some compile options: take the reciprocal in float64.
@@ -199,7 +205,9 @@ class GradScaler:
             return optimizer.step(*args, **kwargs)
         return None
 
-    def _step_fused(self, optimizer: torch.optim.Optimizer, record: dict[str, Any], *args: Any, **kwargs: Any):
+    def _step_fused(
+        self, optimizer: torch.optim.Optimizer, record: dict[str, Any], *args: Any, **kwargs: Any
+    ):
         """Drive an optimizer that unscales and skips inside its own kernel.
 
         It receives ``optimizer.grad_scale`` (None when grads were already unscaled) and
@@ -372,7 +380,9 @@ class GradScaler:
             state_dict
         )
         if missing:
-            raise KeyError(f"state_dict is missing {sorted(missing)}; pass what GradScaler.state_dict() returned")
+            raise KeyError(
+                f"state_dict is missing {sorted(missing)}; pass what GradScaler.state_dict() returned"
+            )
         self._config = dataclasses.replace(
             self._config,
             growth_factor=state_dict["growth_factor"],

@@ -92,9 +92,7 @@ class ScaleConfig:
         if self.max_scale is not None:
             check_scale("max_scale", self.max_scale)
         if self.min_scale is not None and self.max_scale is not None and self.min_scale > self.max_scale:
-            raise ScalerArgumentError(
-                f"min_scale ({self.min_scale}) must be <= max_scale ({self.max_scale})"
-            )
+            raise ScalerArgumentError(f"min_scale ({self.min_scale}) must be <= max_scale ({self.max_scale})")
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,8 +116,10 @@ class ShardedGradScaler(GradScaler):
         self._process_group = process_group
         self._process_group_name: str | None = None
         self._steps = 0
-        self._counts: torch.Tensor | None = None  # [skipped_steps, growths, backoffs], on the scale's device
-        self._last_found_inf: dict[int, torch.Tensor] = {}
+        self._skipped_on_host = 0
+        self._counts: dict[str, torch.Tensor | None] = dict.fromkeys(("skipped_steps", "growths", "backoffs"))
+        self._reduction_cache: tuple[dist.ProcessGroup, torch.device, torch.device] | None = None
+        self._last_found_inf: dict[int, torch.Tensor | bool] = {}
 
     # --------------------------------------------------------------------------- process group
     @property
@@ -135,9 +137,16 @@ class ShardedGradScaler(GradScaler):
         return dist.group.WORLD
 
     def _reduction_device(self, scale_device: torch.device, group: dist.ProcessGroup) -> torch.device:
+        """Where the flag is reduced: the scale's device, unless the backend cannot reduce there
+        (NCCL with a CPU scale). Cached per group: ``get_backend`` is not free on the hot path."""
+        cached = self._reduction_cache
+        if cached is not None and cached[0] is group and cached[1] == scale_device:
+            return cached[2]
+        device = scale_device
         if scale_device.type == "cpu" and dist.get_backend(group) == "nccl":
-            return torch.device("cuda", torch.cuda.current_device())
-        return scale_device
+            device = torch.device("cuda", torch.cuda.current_device())
+        self._reduction_cache = (group, scale_device, device)
+        return device
 
     def _agree_found_inf(self, record: dict[str, Any]) -> None:
         """Replace the per-device flags with one flag, MAX-reduced over the group, exactly 0.0 or 1.0.
@@ -149,39 +158,65 @@ class ShardedGradScaler(GradScaler):
         assert scale is not None
         group = self.process_group
         device = self._reduction_device(scale.device, group)
-        flags = [flag.to(device, non_blocking=True) for flag in record["found_inf_per_device"].values()]
-        if not flags:
+        flags = list(record["found_inf_per_device"].values())
+        # The unscale kernel writes exactly 1.0 on overflow, so MAX over such flags is exactly 0.0 or
+        # 1.0 (the fused optimizers skip only on 1.0); several per-device flags are combined by MAX too.
+        if len(flags) == 1 and flags[0].device == device:
+            combined = flags[0]  # a fresh tensor unscale made for this step: reduce it in place
+        elif not flags:
             combined = torch.zeros((), dtype=torch.float32, device=device)
-        elif len(flags) == 1:
-            combined = flags[0].clone().reshape(())
         else:
-            combined = torch.stack([f.reshape(()) for f in flags]).sum()
+            combined = torch.stack([flag.to(device).reshape(()) for flag in flags]).amax()
         dist.all_reduce(combined, op=dist.ReduceOp.MAX, group=group)
-        agreed = (combined > 0).to(dtype=torch.float32, device=scale.device)
-        record["found_inf_per_device"] = {scale.device: agreed}
+        record["found_inf_per_device"] = {scale.device: combined.to(scale.device)}
 
     # ---------------------------------------------------------------------------- observability
-    def _counters(self) -> torch.Tensor:
+    def _counter(self, name: str) -> torch.Tensor:
+        """A float64 counter on the scale's device (exact to 2**53; float so flags add without casts)."""
         assert self._scale is not None
-        if self._counts is None:
-            self._counts = torch.zeros(3, dtype=torch.int64, device=self._scale.device)
-        elif self._counts.device != self._scale.device:  # restored from a pickle onto another device
-            self._counts = self._counts.to(self._scale.device)
-        return self._counts
+        counter = self._counts[name]
+        if counter is None:
+            counter = torch.zeros((), dtype=torch.float64, device=self._scale.device)
+        elif counter.device != self._scale.device:  # restored from a pickle onto another device
+            counter = counter.to(self._scale.device)
+        self._counts[name] = counter
+        return counter
+
+    def _maybe_opt_step(
+        self, optimizer: torch.optim.Optimizer, record: dict[str, Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        (flag,) = record["found_inf_per_device"].values()
+        record["skipped"] = skipped = bool(flag.item())  # the one sync torch's non-fused path makes too
+        return None if skipped else optimizer.step(*args, **kwargs)
 
     def _after_step(self, optimizer: torch.optim.Optimizer, record: dict[str, Any]) -> None:
         found = record["found_inf_per_device"]
         if not found:  # deprecated ``grad_scaler=`` optimizers check infs themselves
             return
-        (flag,) = found.values()
         self._steps += 1
-        self._last_found_inf[id(optimizer)] = flag
-        self._counters()[0] += flag.to(torch.int64)
+        if "skipped" in record:  # decided on the host already: count there, no tensor op
+            self._skipped_on_host += record["skipped"]
+            self._last_found_inf[id(optimizer)] = record["skipped"]
+        else:  # fused: the decision lives on the device; count without syncing
+            (flag,) = found.values()
+            self._last_found_inf[id(optimizer)] = flag
+            self._counter("skipped_steps").add_(flag)
+
+    def _combined_found_inf(self) -> torch.Tensor:
+        flags = [
+            flag
+            for record in self._per_optimizer_states.values()
+            for flag in record["found_inf_per_device"].values()
+        ]
+        if len(flags) == 1:
+            return flags[0]  # already agreed, exactly 0.0 or 1.0
+        return super()._combined_found_inf().clamp(max=1.0)
 
     def _update_scale(self, scale: torch.Tensor, tracker: torch.Tensor, found_inf: torch.Tensor) -> None:
         before = scale.clone()
         update_scale_(scale, tracker, found_inf, self._config)
-        self._counters()[1:] += torch.stack([scale > before, found_inf > 0]).to(torch.int64)
+        self._counter("growths").add_(scale > before)
+        self._counter("backoffs").add_(found_inf)
 
     def step_was_skipped(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether this optimizer's last ``step`` through this scaler was skipped (syncs the host)."""
@@ -193,10 +228,11 @@ class ShardedGradScaler(GradScaler):
                 "step_was_skipped(optimizer): this optimizer has not been stepped through this scaler; "
                 "call scaler.step(optimizer) first"
             )
-        return bool(flag.item())
+        return flag if isinstance(flag, bool) else bool(flag.item())
 
-    def _count(self, index: int) -> int:
-        return 0 if self._counts is None else int(self._counts[index].item())
+    def _count(self, name: str) -> int:
+        counter = self._counts[name]
+        return 0 if counter is None else int(counter.item())
 
     @property
     def steps(self) -> int:
@@ -206,17 +242,17 @@ class ShardedGradScaler(GradScaler):
     @property
     def skipped_steps(self) -> int:
         """Optimizer steps skipped because some rank found inf/NaN (syncs when read)."""
-        return self._count(0)
+        return self._skipped_on_host + self._count("skipped_steps")
 
     @property
     def growths(self) -> int:
         """``update()`` calls that grew the scale (syncs when read)."""
-        return self._count(1)
+        return self._count("growths")
 
     @property
     def backoffs(self) -> int:
         """``update()`` calls that backed the scale off (syncs when read)."""
-        return self._count(2)
+        return self._count("backoffs")
 
     def get_min_scale(self) -> float | None:
         return self._config.min_scale
@@ -241,14 +277,14 @@ class ShardedGradScaler(GradScaler):
         state["_process_group"] = None
         if group is not None:
             state["_process_group_name"] = group.group_name
-        counts = state.pop("_counts")
-        state["_counts"] = None
-        state["_saved_counts"] = None if counts is None else counts.tolist()
+        state["_counts"] = {name: None if c is None else c.item() for name, c in self._counts.items()}
         state["_last_found_inf"] = {}
+        state["_reduction_cache"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        saved = state.pop("_saved_counts", None)
+        state["_counts"] = {
+            name: None if value is None else torch.tensor(value, dtype=torch.float64)
+            for name, value in state["_counts"].items()
+        }
         super().__setstate__(state)
-        if saved is not None:
-            self._counts = torch.tensor(saved, dtype=torch.int64)

@@ -72,7 +72,9 @@ def unscale_grads_(
     """
     per_device_inv_scale = PerDevice(inv_scale)
     per_device_found_inf = PerDevice(found_inf)
-    buckets: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = defaultdict(lambda: defaultdict(list))
+    buckets: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
     with torch.no_grad():
         for param, grad in _grads(optimizer):
             if not allow_fp16 and grad.dtype == torch.float16:

@@ -51,7 +51,9 @@ def test_update_rejects_a_non_positive_or_non_finite_new_scale(bad):
 
 
 @pytest.mark.parametrize(
-    "bad", [torch.tensor([1.0, 2.0]), torch.tensor(2.0, requires_grad=True)], ids=["two_elements", "requires_grad"]
+    "bad",
+    [torch.tensor([1.0, 2.0]), torch.tensor(2.0, requires_grad=True)],
+    ids=["two_elements", "requires_grad"],
 )
 def test_update_rejects_a_tensor_new_scale_of_the_wrong_form(bad):
     scaler = GradScaler("cpu")
@@ -81,13 +83,17 @@ def test_pickle_round_trip_keeps_scale_tracker_and_factors():
     scaler = GradScaler("cpu", init_scale=64.0, growth_interval=3, backoff_factor=0.25)
     drive(scaler, [Step(), Step(overflow=True), Step()])
     restored = pickle.loads(pickle.dumps(scaler))
-    assert restored.state_dict() == scaler.state_dict() == {
-        "scale": 16.0,
-        "growth_factor": 2.0,
-        "backoff_factor": 0.25,
-        "growth_interval": 3,
-        "_growth_tracker": 1,
-    }
+    assert (
+        restored.state_dict()
+        == scaler.state_dict()
+        == {
+            "scale": 16.0,
+            "growth_factor": 2.0,
+            "backoff_factor": 0.25,
+            "growth_interval": 3,
+            "_growth_tracker": 1,
+        }
+    )
     assert copy.deepcopy(scaler).state_dict() == scaler.state_dict()
 
 

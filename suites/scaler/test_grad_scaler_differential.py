@@ -40,7 +40,9 @@ def test_backoff_after_overflow_matches_torch_and_skips_the_step():
 def test_growth_that_would_overflow_float32_matches_torch():
     # The scaled loss stays finite (loss_factor), so every step is clean and the rule tries to grow.
     plan = [CLEAN] * 3
-    theirs, ours = both(plan, scaler_kwargs={"init_scale": 2.0**127, "growth_interval": 1}, loss_factor=2.0**-126)
+    theirs, ours = both(
+        plan, scaler_kwargs={"init_scale": 2.0**127, "growth_interval": 1}, loss_factor=2.0**-126
+    )
     assert_same_trajectory(theirs, ours)
     assert ours.scales == [2.0**127] * 3
 
@@ -72,7 +74,9 @@ def test_other_optimizers_match_torch(optimizer):
 
 def test_fused_optimizer_after_unscale_matches_torch():
     plan = [CLEAN, OVERFLOW, CLEAN]
-    theirs, ours = both(plan, scaler_kwargs={"growth_interval": 2}, optimizer="adam_fused", unscale_first=True)
+    theirs, ours = both(
+        plan, scaler_kwargs={"growth_interval": 2}, optimizer="adam_fused", unscale_first=True
+    )
     assert_same_trajectory(theirs, ours)
 
 
@@ -87,8 +91,10 @@ def test_state_dict_has_torchs_keys_and_values():
 @pytest.mark.parametrize("direction", ["torch_to_ours", "ours_to_torch"])
 def test_state_dict_moves_between_torch_and_ours_mid_training(direction):
     plan = [CLEAN, CLEAN, OVERFLOW, CLEAN, CLEAN, CLEAN]
-    source = torch.amp.GradScaler("cpu", growth_interval=3) if direction == "torch_to_ours" else GradScaler(
-        "cpu", growth_interval=3
+    source = (
+        torch.amp.GradScaler("cpu", growth_interval=3)
+        if direction == "torch_to_ours"
+        else GradScaler("cpu", growth_interval=3)
     )
     drive(source, plan[:3])
     target = GradScaler("cpu") if direction == "torch_to_ours" else torch.amp.GradScaler("cpu")
@@ -171,7 +177,9 @@ steps = st.lists(st.booleans(), min_size=1, max_size=14)
     backoff_factor=st.floats(min_value=0.01, max_value=0.99, allow_nan=False),
     init_scale=st.sampled_from([1.0, 3.0, 2.0**10, 2.0**16, 12345.678]),
 )
-def test_random_step_sequences_match_torch(overflows, growth_interval, growth_factor, backoff_factor, init_scale):
+def test_random_step_sequences_match_torch(
+    overflows, growth_interval, growth_factor, backoff_factor, init_scale
+):
     plan = [Step(overflow=o) for o in overflows]
     kwargs = {
         "init_scale": init_scale,

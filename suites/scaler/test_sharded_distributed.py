@@ -58,7 +58,9 @@ def _on_rank_train_with_overflow_on_rank_1(rank, world_size, path, implementatio
             scaler.step(opt)
         scaler.update()
         record["all_reduces"].append(counter.calls)
-        record["skipped"].append(all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True)))
+        record["skipped"].append(
+            all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+        )
         record["scales"].append(scaler.get_scale())
         record["trackers"].append(scaler._get_growth_tracker())
     record["params"] = torch.cat([p.detach().flatten() for p in model.parameters()])
@@ -125,7 +127,10 @@ def _on_rank_fsdp2_step(rank, world_size, overflow_on_rank_1):
     return {
         "grad_types": sorted({type(p.grad).__name__ for p in model.parameters()}),
         "extra_grad": extra.grad.tolist(),
-        "max_grad_diff": max((g - r.grad).abs().max().item() for g, r in zip(sharded_grads, reference.parameters())),
+        "max_grad_diff": max(
+            (g - r.grad).abs().max().item()
+            for g, r in zip(sharded_grads, reference.parameters(), strict=True)
+        ),
         "skipped": all(torch.equal(b, a) for b, a in zip(before, after, strict=True)),
         "scale": scaler.get_scale(),
         "all_reduces": counter.calls,
@@ -185,10 +190,17 @@ def _on_rank_subgroup_agreement(rank, world_size):
 
 
 def test_agreement_stays_within_the_process_group_on_4_ranks():
-    assert run_on_ranks(_on_rank_subgroup_agreement, 4) == [(True, 1.0), (True, 1.0), (False, 2.0), (False, 2.0)]
+    assert run_on_ranks(_on_rank_subgroup_agreement, 4) == [
+        (True, 1.0),
+        (True, 1.0),
+        (False, 2.0),
+        (False, 2.0),
+    ]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: grads on CPU with the scale on the GPU")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA: grads on CPU with the scale on the GPU"
+)
 def test_cpu_grads_with_a_cuda_scale_are_unscaled_and_checked():
     store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)

@@ -15,7 +15,8 @@ from fixtures.training import Step, drive
 from scaler import ScalerArgumentError, ShardedGradScaler, default_device
 
 needs_no_accelerator = pytest.mark.skipif(
-    torch.accelerator.is_available(), reason="this machine has an accelerator; the CPU-default case does not apply"
+    torch.accelerator.is_available(),
+    reason="this machine has an accelerator; the CPU-default case does not apply",
 )
 
 
@@ -44,12 +45,16 @@ def test_arguments_after_init_scale_are_keyword_only():
 
 
 def test_process_group_of_the_wrong_type_is_rejected():
-    with pytest.raises(TypeError, match="process_group must be a torch.distributed.ProcessGroup or None, got str"):
+    with pytest.raises(
+        TypeError, match="process_group must be a torch.distributed.ProcessGroup or None, got str"
+    ):
         ShardedGradScaler("cpu", process_group="world")
 
 
 def test_init_scale_outside_the_bounds_is_rejected():
-    with pytest.raises(ValueError, match=r"init_scale=65536.0 lies outside \[min_scale=None, max_scale=1024.0\]"):
+    with pytest.raises(
+        ValueError, match=r"init_scale=65536.0 lies outside \[min_scale=None, max_scale=1024.0\]"
+    ):
         ShardedGradScaler("cpu", max_scale=1024.0)
     with pytest.raises(ScalerArgumentError, match="min_scale must be a finite number > 0"):
         ShardedGradScaler("cpu", min_scale=-1.0)
@@ -58,7 +63,7 @@ def test_init_scale_outside_the_bounds_is_rejected():
 def test_process_group_is_resolved_lazily_and_named_when_missing():
     scaler = ShardedGradScaler("cpu")  # no process group exists yet: construction must not need one
     with pytest.raises(RuntimeError, match=r"call torch.distributed.init_process_group\(...\) first"):
-        scaler.process_group
+        _ = scaler.process_group
 
 
 def test_none_means_the_default_group(world_of_one):
@@ -101,7 +106,9 @@ def test_step_was_skipped_before_any_step_names_the_fix():
 
 def test_max_and_min_scale_bound_the_trajectory(world_of_one):
     plan = [Step()] * 3 + [Step(overflow=True)] * 3
-    run = drive(ShardedGradScaler("cpu", init_scale=8.0, growth_interval=1, max_scale=16.0, min_scale=4.0), plan)
+    run = drive(
+        ShardedGradScaler("cpu", init_scale=8.0, growth_interval=1, max_scale=16.0, min_scale=4.0), plan
+    )
     assert run.scales == [16.0, 16.0, 16.0, 8.0, 4.0, 4.0]
 
 
