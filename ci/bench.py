@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
+from ci import bench_harness, bench_scaler
 
 
 def main() -> None:
-    for module_name in ("ci.bench_scaler", "ci.bench_harness"):
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            print(f"({module_name} is not present; skipped)")
-            continue
-        module.main()
-        print()
+    bench_scaler.main()
+    print()
+    bench_harness.main()
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ local optimizer over named (possibly sharded) parameters with name-keyed, reshar
 """
 
 from scaler._grad_scaler import GradScaler, OptState
+from scaler._optimizer import ShardedOptimizer
 from scaler._rule import (
     ScaleConfig,
     ScalerArgumentError,
@@ -24,6 +25,7 @@ __all__ = [
     "ScalerArgumentError",
     "ScalerUsageError",
     "ShardedGradScaler",
+    "ShardedOptimizer",
     "default_device",
     "next_scale_state",
     "update_scale_",

@@ -198,6 +198,7 @@ def test_agreement_stays_within_the_process_group_on_4_ranks():
     ]
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA: grads on CPU with the scale on the GPU"
 )

@@ -1,0 +1,160 @@
+"""Harness overhead: a trivial 2-rank gloo test (one all_reduce) under our warm pool vs PyTorch's
+``MultiProcessTestCase``, both run by pytest in the same run; plus an NCCL test skipped at
+collection. Called by ``make bench`` (``python -m ci.bench``) through :func:`main`.
+
+Per-test times come from the JUnit XML of each inner session (setup + call + teardown, as pytest
+times them). Our first test also starts the pool, so it is reported apart (cold start) and the
+per-test figure is the mean of the other warm tests. ``MultiProcessTestCase`` spawns fresh ranks
+for every test, so it is measured over fewer tests (``MPC_TESTS``) to keep the run short.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+OUR_TESTS = 50
+MPC_TESTS = 5
+SKIPPED_TESTS = 50
+
+OURS = f"""
+import pytest, torch, torch.distributed as dist, harness
+
+@harness.distributed(world_size=2, backend="gloo")
+@pytest.mark.parametrize("i", range({OUR_TESTS}))
+def test_all_reduce(i):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == 2.0
+
+@harness.distributed(world_size=2, backend="nccl")
+@pytest.mark.parametrize("i", range({SKIPPED_TESTS}))
+def test_nccl_skipped(i):
+    raise AssertionError("never runs without 2 GPUs")
+"""
+
+MPC = """
+import os, torch, torch.distributed as dist
+from torch.testing._internal.common_distributed import MultiProcessTestCase
+
+class TestMPC(MultiProcessTestCase):
+    @property
+    def world_size(self):
+        return 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def tearDown(self):
+        super().tearDown()
+        try:
+            os.remove(self.file_name)
+        except OSError:
+            pass
+
+    def _all_reduce(self):
+        store = dist.FileStore(self.file_name, self.world_size)
+        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size)
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        assert t.item() == 2.0
+        dist.destroy_process_group()
+
+""" + "".join(f"    def test_all_reduce_{i}(self):\n        self._all_reduce()\n\n" for i in range(MPC_TESTS))
+
+
+def _run(directory: Path, name: str, source: str) -> tuple[dict[str, tuple[str, float]], float]:
+    """Run one inner pytest session; return ``{test: (outcome, seconds)}`` and its wall time."""
+    (directory / f"{name}.py").write_text(source)
+    junit = directory / f"{name}.xml"
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", f"{name}.py", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"],
+        cwd=directory,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    wall = time.perf_counter() - started
+    if not junit.exists():
+        raise RuntimeError(f"inner session {name} wrote no report:\n{proc.stdout}\n{proc.stderr}")
+    times = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        outcome = next(
+            (child.tag for child in case if child.tag in ("failure", "error", "skipped")), "passed"
+        )
+        times[case.get("name")] = (outcome, float(case.get("time", "0")))
+    return times, wall
+
+
+def measure() -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="shardscale-bench-") as tmp:
+        directory = Path(tmp)
+        ours, ours_wall = _run(directory, "test_bench_ours", OURS)
+        mpc, mpc_wall = _run(directory, "test_bench_mpc", MPC)
+    runs = [t for n, (o, t) in ours.items() if n.startswith("test_all_reduce") and o == "passed"]
+    skips = [t for n, (o, t) in ours.items() if n.startswith("test_nccl_skipped") and o == "skipped"]
+    mpc_runs = [t for o, t in mpc.values() if o == "passed"]
+    if len(runs) != OUR_TESTS or len(skips) != SKIPPED_TESTS or len(mpc_runs) != MPC_TESTS:
+        raise RuntimeError(f"unexpected outcomes: ours={ours} mpc={mpc}")
+    warm = runs[1:]
+    return {
+        "ours_cold_s": runs[0],
+        "ours_warm_mean_s": statistics.fmean(warm),
+        "ours_warm_median_s": statistics.median(warm),
+        "ours_wall_s": ours_wall,
+        "skipped_mean_s": statistics.fmean(skips),
+        "mpc_mean_s": statistics.fmean(mpc_runs),
+        "mpc_wall_s": mpc_wall,
+    }
+
+
+def render(m: dict[str, float]) -> str:
+    ratio = m["mpc_mean_s"] / m["ours_warm_mean_s"]
+    rows = [
+        (
+            "harness (warm pool), 2-rank gloo all_reduce",
+            f"{m['ours_warm_mean_s'] * 1e3:9.1f} ms",
+            f"{OUR_TESTS - 1}",
+        ),
+        ("harness, first test (starts the pool)", f"{m['ours_cold_s'] * 1e3:9.1f} ms", "1"),
+        (
+            "harness, NCCL test skipped at collection",
+            f"{m['skipped_mean_s'] * 1e3:9.2f} ms",
+            f"{SKIPPED_TESTS}",
+        ),
+        ("MultiProcessTestCase, same test", f"{m['mpc_mean_s'] * 1e3:9.1f} ms", f"{MPC_TESTS}"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{'harness overhead (per test)':<{width}}  {'time':>12}  tests", "-" * (width + 21)]
+    lines += [f"{name:<{width}}  {value:>12}  {count:>5}" for name, value, count in rows]
+    lines.append("-" * (width + 21))
+    lines.append(f"ratio MultiProcessTestCase / harness (warm): {ratio:.0f}x  (target >= 30x)")
+    lines.append(
+        f"targets: warm < 50 ms: {'ok' if m['ours_warm_mean_s'] < 0.05 else 'MISSED'}; "
+        f"skipped < 10 ms: {'ok' if m['skipped_mean_s'] < 0.01 else 'MISSED'}; "
+        f"ratio >= 30x: {'ok' if ratio >= 30 else 'MISSED'}"
+    )
+    lines.append(
+        f"(MultiProcessTestCase measured over {MPC_TESTS} tests only, to keep the run short; "
+        f"session wall times: harness {m['ours_wall_s']:.1f} s for {OUR_TESTS + SKIPPED_TESTS} tests, "
+        f"MultiProcessTestCase {m['mpc_wall_s']:.1f} s for {MPC_TESTS}; JUnit times, 1 ms resolution)"
+    )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    print(render(measure()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""shardscale's multi-process test harness (see DESIGN.md section 3 and the README).
+
+Public API::
+
+    @harness.distributed(world_size=(2, 4), backend="gloo")   # runs on every rank
+    def test_sum(rank, world_size): ...
+
+    def test_x(ranks):                                          # the `ranks` fixture
+        assert ranks.run(module_level_func, 3, world_size=2) == [...]
+
+    harness.current()        # rank, world_size, backend, device, case store (inside a rank)
+    harness.run_subtests(configs, body)
+    harness.faults.raise_on(1) / exit_on / signal_on / hang_on / delay_on / corrupt_grad
+
+This package imports neither pytest nor torch at import time; the plugin (``harness.plugin``) is
+loaded by pytest through the ``shardscale`` entry point.
+"""
+
+from harness import faults
+from harness.context import RankContext, current, in_rank
+from harness.outcome import RankFailure
+from harness.spec import DistConfig, distributed
+from harness.subtests import SubtestFailures, run_subtests
+
+__all__ = [
+    "DistConfig",
+    "RankContext",
+    "RankFailure",
+    "SubtestFailures",
+    "current",
+    "distributed",
+    "faults",
+    "in_rank",
+    "run_subtests",
+]

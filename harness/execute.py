@@ -1,0 +1,94 @@
+"""Run one case inside a rank and classify what happened (rank side; shared by pool and torchrun).
+
+Why shared: the warm pool and ``python -m harness.torchrun`` must judge a test body the same way,
+so the rules live once: a return is ``passed``; ``pytest.skip``/``unittest.SkipTest`` is
+``skipped``; ``pytest.xfail`` is ``xfailed``; anything else raised (``SystemExit`` included) is
+``failed`` with its traceback. Every line of a traceback starts with ``[rank N]`` so that
+interleaved reports stay attributable.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pickle
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from harness.protocol import Placeholder
+
+
+def resolve(target: str) -> Callable[..., Any]:
+    """Import ``module:qualname``; a class in the qualname is instantiated without arguments."""
+    module_name, sep, qualname = target.partition(":")
+    if not sep or not module_name or not qualname:
+        raise ValueError(f"target must look like 'package.module:function', got {target!r}")
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+        if isinstance(obj, type):
+            obj = obj()
+    if not callable(obj):
+        raise TypeError(f"target {target!r} is not callable (got {type(obj).__name__})")
+    return obj
+
+
+def add_sys_path(entries: tuple[str, ...]) -> None:
+    """Put the controller's import path entries this process lacks in front, keeping their order."""
+    missing = [entry for entry in entries if entry not in sys.path]
+    sys.path[:0] = missing
+
+
+def prefix_lines(text: str, rank: int) -> str:
+    """Prefix each line with ``[rank N]``."""
+    return "\n".join(f"[rank {rank}] {line}" for line in text.rstrip("\n").splitlines())
+
+
+def _classify(exc: BaseException) -> str:
+    """``skipped``/``xfailed``/``failed``; pytest's outcome classes are looked up only if loaded."""
+    import unittest
+
+    outcomes = sys.modules.get("_pytest.outcomes")
+    if isinstance(exc, unittest.SkipTest) or (outcomes is not None and isinstance(exc, outcomes.Skipped)):
+        return "skipped"
+    if outcomes is not None and isinstance(exc, outcomes.XFailed):
+        return "xfailed"
+    return "failed"
+
+
+def _format_failure(exc: BaseException, skip_frames: int) -> str:
+    tb = exc.__traceback__
+    for _ in range(skip_frames):  # drop the harness frames above the test body
+        if tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+    lines = traceback.format_exception(type(exc), exc, tb)
+    if isinstance(exc, SystemExit):
+        lines.insert(0, f"the test body called sys.exit({exc.code!r})\n")
+    return "".join(lines)
+
+
+def call_case(
+    target: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, rank: int, world_size: int
+) -> tuple[str, Any, str]:
+    """Call ``target`` and return ``(status, value, text)`` with the status rules above."""
+    filled = {
+        key: rank if value is Placeholder.RANK else world_size if value is Placeholder.WORLD_SIZE else value
+        for key, value in kwargs.items()
+    }
+    try:
+        func = resolve(target)
+        value = func(*args, **filled)
+        try:
+            pickle.dumps(value)
+        except Exception as exc:  # noqa: BLE001 - any pickling error is the same user mistake
+            raise TypeError(
+                f"the return value of {target} cannot be sent to the controller ({exc}); "
+                "return something picklable (plain data, tensors) or nothing"
+            ) from exc
+        return "passed", value, ""
+    except BaseException as exc:  # noqa: BLE001 - a rank reports everything, it never dies of it
+        status = _classify(exc)
+        if status != "failed":
+            return status, None, str(getattr(exc, "msg", None) or exc)
+        return "failed", None, prefix_lines(_format_failure(exc, skip_frames=1), rank)

@@ -1,0 +1,303 @@
+"""The pytest plugin (entry point ``shardscale``): marker, fixtures, skips, reports, cleanup.
+
+Why it is thin: the rules live in ``outcome.py``, the processes in ``pool.py``; this module only
+maps pytest's life cycle onto them. It imports the pool lazily, so a session without distributed
+tests starts no process and does not import torch. Plugin state sits in ``config.stash`` and is
+created only on the process that runs tests (each xdist worker owns its own pool).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.outcome import RankFailure, RankResult, Verdict, judge
+from harness.protocol import Placeholder
+from harness.spec import MARKER, DistConfig, from_marker
+
+_CASE_PARAM = "_shardscale_case"
+_state_key = pytest.StashKey["_State"]()
+_config_key = pytest.StashKey[DistConfig]()
+
+
+class _State:
+    """Session state: options, the lazily started pool, and the leftover-process check."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.deadline_s: float = config.getoption("dist_deadline")
+        self.threads: int = config.getoption("rank_threads")
+        self.log_root = Path(config.rootpath, config.getoption("rank_logs"))
+        self.pool: Any = None
+        self.leftovers: list[int] = []
+        self._gpus: int | None = None
+
+    def gpus(self) -> int:
+        if self._gpus is None:
+            import torch
+
+            self._gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return self._gpus
+
+    def get_pool(self) -> Any:
+        if self.pool is None:
+            from harness.pool import RankPool
+
+            self.pool = RankPool(threads_per_rank=self.threads)
+        return self.pool
+
+    def run(
+        self, node: pytest.Item, target: str, config: DistConfig, args: tuple, kwargs: dict
+    ) -> tuple[Verdict, list[RankResult]]:
+        from harness.pool import CaseSpec
+
+        deadline, collective = config.timeouts(self.deadline_s)
+        spec = CaseSpec(
+            target=target,
+            config=config,
+            args=args,
+            kwargs=kwargs,
+            deadline_s=deadline,
+            collective_timeout_s=collective,
+        )
+        results = self.get_pool().run(spec)
+        return judge(results, world_size=config.world_size), results
+
+    def failure_text(self, node: pytest.Item, verdict: Verdict, results: list[RankResult]) -> str:
+        """The verdict, where the rank logs went, and (last line) a command reproducing the test."""
+        log_dir = self.log_root / re.sub(r"[^A-Za-z0-9_.-]+", "_", node.nodeid).strip("_")
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for result in results:
+            (log_dir / f"rank{result.rank}.log").write_text(
+                f"status: {result.status}\n{result.text}\n---- output ----\n{result.log}"
+            )
+        return f"{verdict.message}\nrank logs: {log_dir}\n{repro_command(node)}"
+
+    def close(self) -> None:
+        if self.pool is None:
+            return
+        self.pool.close()
+        self.leftovers = self.pool.leftovers()
+        for pid in self.leftovers:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        self.pool = None
+
+
+def repro_command(node: pytest.Item) -> str:
+    """One line that reruns just this test from anywhere."""
+    rootdir = node.config.rootpath
+    return (
+        f"reproduce: cd {shlex.quote(str(rootdir))} && {sys.executable} -m pytest {shlex.quote(node.nodeid)}"
+    )
+
+
+def _gpu_skip_reason(world_size: int, have: int) -> str:
+    return f"nccl world size {world_size} needs {world_size} CUDA GPUs, this machine has {have}"
+
+
+def _target(func: Any) -> str:
+    qualname = func.__qualname__
+    if "<locals>" in qualname or func.__module__ == "__main__":
+        raise ValueError(
+            f"{qualname} must be defined at module level of an importable module, "
+            "because ranks import it by qualified name (module:function)"
+        )
+    return f"{func.__module__}:{qualname}"
+
+
+# -- hooks ------------------------------------------------------------------------------------------
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("shardscale", "shardscale multi-process harness")
+    group.addoption(
+        "--dist-deadline",
+        type=float,
+        default=120.0,
+        help="default per-test deadline of distributed tests in seconds (collective timeout: half of it)",
+    )
+    group.addoption("--rank-threads", type=int, default=1, help="torch intra-op threads per rank (default 1)")
+    group.addoption(
+        "--rank-logs",
+        default="reports/rank-logs",
+        help="where per-rank logs of failed tests go (rootdir-relative)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(world_size=2, backend='gloo', deadline=None, collective_timeout=None): "
+        "run the test on every rank of a process group (harness)",
+    )
+    config.addinivalue_line("markers", "gpu: needs CUDA GPUs (selected by `make test-gpu`)")
+    if config.getoption("rank_threads") < 1:
+        raise pytest.UsageError(f"--rank-threads must be >= 1, got {config.getoption('rank_threads')}")
+    if not config.getoption("dist_deadline") > 0:
+        raise pytest.UsageError(
+            f"--dist-deadline must be > 0 seconds, got {config.getoption('dist_deadline')}"
+        )
+    config.stash[_state_key] = _State(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = config.stash.get(_state_key, None)
+    if state is not None:
+        state.close()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    session.config.stash[_state_key].close()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    state = config.stash.get(_state_key, None)
+    if state is not None and state.leftovers:
+        terminalreporter.write_line(
+            f"shardscale: {len(state.leftovers)} rank process(es) outlived the session and were killed: "
+            f"{state.leftovers}",
+            red=True,
+        )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker(MARKER)
+    if marker is None:
+        return
+    configs = from_marker(marker.args, marker.kwargs)
+    if len(configs) > 1:
+        metafunc.parametrize(_CASE_PARAM, configs, ids=[c.id for c in configs])
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Decide GPU skips now, so a test that cannot run starts no process (before ``-m`` selection)."""
+    state = config.stash[_state_key]
+    for item in items:
+        marker = item.get_closest_marker(MARKER)
+        if marker is None:
+            continue
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and _CASE_PARAM in callspec.params:
+            dist_config = callspec.params[_CASE_PARAM]
+        else:
+            (dist_config,) = from_marker(marker.args, marker.kwargs)
+        item.stash[_config_key] = dist_config
+        if dist_config.backend == "nccl":
+            item.add_marker(pytest.mark.gpu)
+            have = state.gpus()
+            if have < dist_config.world_size:
+                item.add_marker(pytest.mark.skip(reason=_gpu_skip_reason(dist_config.world_size, have)))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run a ``distributed`` test on the ranks instead of here, and turn the verdict into the outcome."""
+    dist_config = pyfuncitem.stash.get(_config_key, None)
+    if dist_config is None:
+        return None
+    kwargs = {}
+    for name in pyfuncitem._fixtureinfo.argnames:
+        value = pyfuncitem.funcargs[name]
+        try:
+            pickle.dumps(value)
+        except Exception as exc:  # noqa: BLE001 - any pickling error is the same user mistake
+            pytest.fail(
+                f"argument {name!r} of a distributed test must be picklable to reach the ranks ({exc}); "
+                "create the object inside the test body instead",
+                pytrace=False,
+            )
+        kwargs[name] = value
+    state = pyfuncitem.config.stash[_state_key]
+    verdict, results = state.run(pyfuncitem, _target(pyfuncitem.function), dist_config, (), kwargs)
+    if verdict.outcome == "failed":
+        pytest.fail(state.failure_text(pyfuncitem, verdict, results), pytrace=False)
+    if verdict.outcome == "skipped":
+        pytest.skip(verdict.message)
+    if verdict.outcome == "xfailed":
+        pytest.xfail(verdict.message)
+    return True
+
+
+# -- fixtures ---------------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _shardscale_case() -> None:
+    """Placeholder that ``pytest_generate_tests`` parametrizes with one :class:`DistConfig` per id."""
+    return None
+
+
+def _only_in_distributed(request: pytest.FixtureRequest, name: str) -> None:
+    if request.node.get_closest_marker(MARKER) is None:
+        pytest.fail(
+            f"the {name!r} fixture only exists in tests marked @harness.distributed(...); "
+            f"elsewhere call harness.current().{name} inside the rank",
+            pytrace=False,
+        )
+
+
+@pytest.fixture
+def rank(request: pytest.FixtureRequest) -> Any:
+    """This rank's index (filled in inside each rank of a distributed test)."""
+    _only_in_distributed(request, "rank")
+    return Placeholder.RANK
+
+
+@pytest.fixture
+def world_size(request: pytest.FixtureRequest) -> Any:
+    """The number of ranks (filled in inside each rank of a distributed test)."""
+    _only_in_distributed(request, "world_size")
+    return Placeholder.WORLD_SIZE
+
+
+class Ranks:
+    """Runs module-level functions on the ranks from an ordinary test (the ``ranks`` fixture)."""
+
+    def __init__(self, state: _State, node: pytest.Item) -> None:
+        self._state = state
+        self._node = node
+
+    def run(
+        self,
+        func: Any,
+        *args: Any,
+        world_size: int = 2,
+        backend: str = "gloo",
+        deadline: float | None = None,
+        collective_timeout: float | None = None,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """Call ``func(*args, **kwargs)`` on every rank; return the results ordered by rank.
+
+        Raises :class:`harness.RankFailure` naming every rank that failed or died, skips the test
+        when every rank skipped, and fails it on an asymmetric skip.
+        """
+        config = DistConfig(
+            world_size=world_size,
+            backend=backend,
+            deadline_s=deadline,
+            collective_timeout_s=collective_timeout,
+        )
+        if backend == "nccl" and self._state.gpus() < world_size:
+            pytest.skip(_gpu_skip_reason(world_size, self._state.gpus()))
+        verdict, results = self._state.run(self._node, _target(func), config, args, kwargs)
+        if verdict.outcome == "failed":
+            raise RankFailure(self._state.failure_text(self._node, verdict, results))
+        if verdict.outcome == "skipped":
+            pytest.skip(verdict.message)
+        if verdict.outcome == "xfailed":
+            pytest.xfail(verdict.message)
+        return verdict.values
+
+
+@pytest.fixture
+def ranks(request: pytest.FixtureRequest) -> Ranks:
+    """Run a module-level function on N ranks and get each rank's return value."""
+    return Ranks(request.config.stash[_state_key], request.node)

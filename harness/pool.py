@@ -1,0 +1,392 @@
+"""The controller side of the warm rank pool (runs inside pytest; never joins a process group).
+
+Why a pool: starting ranks costs seconds (each imports torch); a forkserver that has imported
+``harness.rank_main`` once turns that into milliseconds, and ranks kept alive across tests make a
+trivial test cost one round trip. The process group is re-created only when the backend or world
+size changes, or after a case that did not pass (a failed rank closes its connections so its
+peers are not left waiting, and the group must be rebuilt).
+
+One thread (the caller of :meth:`RankPool.run`) owns all state: ``_loop_once`` waits on every
+rank's pipe and process sentinel, turns what it sees into messages, and dispatches each to an
+``_on_<kind>`` method. Every wait has a deadline. When a case misses its deadline, or a rank dies,
+or ranks are still running ``peer_grace_s`` after another rank failed, the pool dumps the Python
+stack of every live rank (``faulthandler`` on ``SIGUSR1``), kills every rank's process group and
+starts afresh on the next case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any
+
+from harness.outcome import RankResult
+from harness.protocol import (
+    Ack,
+    CaseFinished,
+    InitGroup,
+    LeaveGroup,
+    Message,
+    RankCrashed,
+    RankStarted,
+    RunCase,
+    Shutdown,
+    from_wire,
+)
+from harness.spec import DistConfig
+
+STACK_SIGNAL = signal.SIGUSR1  # must match rank_main.STACK_SIGNAL (rank_main imports torch)
+
+
+class PoolError(RuntimeError):
+    """The pool could not start ranks or build a process group (the message says which rank and why)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class CaseSpec:
+    """One case for the pool: what to call, where, and how long it may take."""
+
+    target: str
+    """``module:qualname`` of a function importable in the ranks."""
+    config: DistConfig
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    deadline_s: float = 60.0
+    collective_timeout_s: float = 30.0
+
+
+class RankHandle:
+    """The controller's proxy of one rank process."""
+
+    def __init__(self, rank: int, process: Any, conn: Any, log_path: str) -> None:
+        self.rank = rank
+        self.process = process
+        self.conn = conn
+        self.log_path = log_path
+        self.pid: int | None = None
+        self.gone = False
+
+    def send(self, command: Message) -> None:
+        self.conn.send(command.to_wire())
+
+    def log_size(self) -> int:
+        try:
+            return os.path.getsize(self.log_path)
+        except OSError:
+            return 0
+
+    def read_log(self, start: int) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(start)
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+
+class RankPool:
+    """Rank processes kept warm across cases. Use :meth:`run`; call :meth:`close` at the end."""
+
+    def __init__(
+        self,
+        *,
+        threads_per_rank: int = 1,
+        start_timeout_s: float = 120.0,
+        peer_grace_s: float = 5.0,
+        log_dir: str | None = None,
+    ) -> None:
+        if threads_per_rank < 1:
+            raise ValueError(f"threads_per_rank must be >= 1, got {threads_per_rank}")
+        self.threads_per_rank = threads_per_rank
+        self.start_timeout_s = start_timeout_s
+        self.peer_grace_s = peer_grace_s
+        self._own_log_dir = log_dir is None
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="shardscale-ranks-")
+        self._ranks: list[RankHandle] = []
+        self._store: Any = None
+        self._group: tuple[str, int] | None = None
+        self._timeout_s = 0.0
+        self._case_ids = itertools.count(1)
+        self._session = uuid.uuid4().hex[:8]
+        self._pgids: set[int] = set()
+        self._events: list[Message] = []
+        self.started_ranks = 0
+        self._ctx = mp.get_context("forkserver")
+        self._ctx.set_forkserver_preload(["harness.rank_main"])
+
+    # -- public ---------------------------------------------------------------------------------
+    @property
+    def pids(self) -> list[int]:
+        return [h.pid for h in self._ranks if h.pid is not None and not h.gone]
+
+    def run(self, case: CaseSpec) -> list[RankResult]:
+        """Run ``case`` on ranks ``0..world_size-1`` and return one result per rank (never raises for
+        what the ranks did; raises :class:`PoolError` only when ranks cannot be started)."""
+        config = case.config
+        self._ensure_group(config.backend, config.world_size, case.collective_timeout_s)
+        case_id = next(self._case_ids)
+        ranks = self._ranks[: config.world_size]
+        offsets = {h.rank: h.log_size() for h in ranks}
+        command = RunCase(
+            case_id=case_id,
+            target=case.target,
+            args=case.args,
+            kwargs=case.kwargs,
+            sys_path=tuple(sys.path),
+            prefix=f"{self._session}/case{case_id}",
+            collective_timeout_s=case.collective_timeout_s,
+        )
+        for handle in ranks:
+            handle.send(command)
+        results = self._collect(ranks, case_id, time.monotonic() + case.deadline_s)
+        final = [
+            dataclasses.replace(r, log=r.log or ranks[r.rank].read_log(offsets[r.rank])) for r in results
+        ]
+        if any(r.status != "passed" for r in final):
+            self._group = None  # failed ranks left the group; rebuild it before the next case
+        if any(r.status in ("died", "timeout", "stopped") for r in final):
+            self.kill()
+        return final
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Ask every rank to exit; kill whatever has not exited within ``timeout_s``."""
+        for handle in self._live():
+            try:
+                handle.send(Shutdown())
+            except OSError:
+                pass
+        until = time.monotonic() + timeout_s
+        for handle in self._ranks:
+            handle.process.join(max(0.0, until - time.monotonic()))
+        self.kill()
+        self._store = None
+        if self._own_log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def kill(self) -> None:
+        """SIGKILL every rank's process group (the rank and any DataLoader workers) and forget them."""
+        for handle in self._ranks:
+            if handle.pid is not None:
+                try:
+                    os.killpg(handle.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            if handle.process.is_alive():
+                handle.process.kill()
+        for handle in self._ranks:
+            handle.process.join(5.0)
+            handle.conn.close()
+        self._ranks = []
+        self._group = None
+
+    def leftovers(self) -> list[int]:
+        """Pids of live processes in any rank process group this pool ever started (should be none)."""
+        found = []
+        for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            state, pgrp = fields[0], int(fields[2])
+            if pgrp in self._pgids and state != "Z":
+                found.append(int(entry))
+        return found
+
+    # -- starting ranks and groups --------------------------------------------------------------
+    def _live(self) -> list[RankHandle]:
+        return [h for h in self._ranks if not h.gone]
+
+    def _start_ranks(self, world_size: int) -> None:
+        from harness.rendezvous import open_store
+
+        if self._store is None:
+            self._store, self._host, self._port = open_store()
+        new = []
+        for rank in range(len(self._ranks), world_size):
+            parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+            log_path = os.path.join(self.log_dir, f"rank{rank}-{self.started_ranks}.log")
+            process = self._ctx.Process(
+                target=_rank_entry,
+                args=(rank, child_conn, log_path, os.getpid(), self._host, self._port, self.threads_per_rank),
+                name=f"shardscale-rank{rank}",
+                daemon=False,  # ranks may start DataLoader workers
+            )
+            process.start()
+            child_conn.close()
+            self.started_ranks += 1
+            handle = RankHandle(rank, process, parent_conn, log_path)
+            self._ranks.append(handle)
+            new.append(handle)
+        until = time.monotonic() + self.start_timeout_s
+        while any(h.pid is None for h in new):
+            if time.monotonic() > until:
+                self.kill()
+                raise PoolError(f"ranks did not start within {self.start_timeout_s}s")
+            for event in self._loop_once(new, until):
+                if isinstance(event, RankCrashed):
+                    log = self._ranks[event.rank].read_log(0)
+                    self.kill()
+                    raise PoolError(
+                        f"rank {event.rank} died while starting (exit code {event.exitcode})\n{log}"
+                    )
+
+    def _ensure_group(self, backend: str, world_size: int, timeout_s: float) -> None:
+        if self._group == (backend, world_size) and len(self._live()) >= world_size:
+            return
+        if len(self._live()) != len(self._ranks):
+            self.kill()
+        self._start_ranks(world_size)
+        prefix = f"{self._session}/group{next(self._case_ids)}"
+        for handle in self._ranks:
+            if handle.rank < world_size:
+                handle.send(
+                    InitGroup(
+                        backend=backend, world_size=world_size, prefix=prefix, collective_timeout_s=timeout_s
+                    )
+                )
+            else:
+                handle.send(LeaveGroup())
+        pending = {h.rank for h in self._ranks}
+        until = time.monotonic() + self.start_timeout_s
+        errors = []
+        while pending and time.monotonic() < until:
+            for event in self._loop_once(self._ranks, until):
+                if isinstance(event, Ack):
+                    pending.discard(event.rank)
+                    if event.error:
+                        errors.append(f"[rank {event.rank}] {event.command} failed:\n{event.error}")
+                elif isinstance(event, RankCrashed):
+                    pending.discard(event.rank)
+                    errors.append(f"[rank {event.rank}] died while joining the group ({event.exitcode})")
+        if pending or errors:
+            self.kill()
+            detail = "\n".join(errors) or f"ranks {sorted(pending)} did not answer in {self.start_timeout_s}s"
+            raise PoolError(f"could not build a {backend} group of {world_size} ranks:\n{detail}")
+        self._group = (backend, world_size)
+
+    # -- the loop -------------------------------------------------------------------------------
+    def _loop_once(self, handles: list[RankHandle], until: float) -> list[Message]:
+        """Wait (at most until ``until``) for pipes or exits of ``handles``; return what arrived."""
+        live = [h for h in handles if not h.gone]
+        if not live:
+            return []
+        by_object: dict[Any, RankHandle] = {}
+        for h in live:
+            by_object[h.conn] = h
+            by_object[h.process.sentinel] = h
+        timeout = max(0.0, min(until - time.monotonic(), 0.5))
+        events: list[Message] = []
+        for ready in multiprocessing.connection.wait(list(by_object), timeout):
+            handle = by_object[ready]
+            if handle.gone:
+                continue
+            if ready is handle.conn:
+                try:
+                    events.append(from_wire(handle.conn.recv()))
+                    continue
+                except (EOFError, OSError):
+                    handle.process.join(2.0)
+            while True:  # drain what the rank sent before it ended
+                try:
+                    if not handle.conn.poll():
+                        break
+                    events.append(from_wire(handle.conn.recv()))
+                except (EOFError, OSError):
+                    break
+            handle.process.join(2.0)
+            handle.gone = True
+            events.append(RankCrashed(rank=handle.rank, exitcode=handle.process.exitcode))
+        for event in events:
+            if isinstance(event, RankStarted):
+                self._ranks[event.rank].pid = event.pid
+                self._pgids.add(event.pid)
+        return events
+
+    def _collect(self, ranks: list[RankHandle], case_id: int, deadline: float) -> list[RankResult]:
+        results: dict[int, RankResult] = {}
+        order = itertools.count()
+        first_bad: float | None = None
+        while len(results) < len(ranks):
+            now = time.monotonic()
+            limit = deadline if first_bad is None else min(deadline, first_bad + self.peer_grace_s)
+            if now >= limit:
+                status = "timeout" if now >= deadline else "stopped"
+                stacks = self._dump_stacks(ranks)
+                for handle in ranks:
+                    if handle.rank not in results:
+                        results[handle.rank] = RankResult(
+                            rank=handle.rank,
+                            status=status,
+                            order=next(order),
+                            text=stacks.get(handle.rank, ""),
+                        )
+                if status == "timeout":
+                    # Every rank's stack belongs in the report, finished ranks included.
+                    results.update(
+                        {
+                            r: dataclasses.replace(res, text=f"{res.text.rstrip()}\n{stacks[r]}".lstrip())
+                            for r, res in results.items()
+                            if r in stacks and res.status not in ("timeout", "stopped")
+                        }
+                    )
+                break
+            for event in self._loop_once(ranks, limit):
+                if isinstance(event, CaseFinished) and event.case_id == case_id:
+                    results[event.rank] = RankResult(
+                        rank=event.rank,
+                        status=event.status,
+                        value=event.value,
+                        text=event.text,
+                        order=next(order),
+                    )
+                elif isinstance(event, RankCrashed) and event.rank not in results:
+                    results[event.rank] = RankResult(
+                        rank=event.rank, status="died", exitcode=event.exitcode, order=next(order)
+                    )
+                else:
+                    continue
+                if results[event.rank].status != "passed" and first_bad is None:
+                    first_bad = time.monotonic()
+        return [results[h.rank] for h in ranks]
+
+    def _dump_stacks(self, ranks: list[RankHandle]) -> dict[int, str]:
+        """Every live rank's Python stacks, via faulthandler on ``SIGUSR1`` (works with the GIL held)."""
+        live = [h for h in ranks if not h.gone and h.pid is not None]
+        offsets = {h.rank: h.log_size() for h in live}
+        for handle in live:
+            try:
+                os.kill(handle.pid, STACK_SIGNAL)  # type: ignore[arg-type]
+            except ProcessLookupError:
+                pass
+        until = time.monotonic() + 3.0
+        sizes = {h.rank: -1 for h in live}
+        while time.monotonic() < until:  # wait until every dump is written and stopped growing
+            time.sleep(0.1)
+            now = {h.rank: h.log_size() for h in live}
+            if all(now[r] > offsets[r] and now[r] == sizes[r] for r in now):
+                break
+            sizes = now
+        stacks = {}
+        for handle in live:
+            text = handle.read_log(offsets[handle.rank]).rstrip()
+            body = "\n".join(f"[rank {handle.rank}] {line}" for line in text.splitlines())
+            stacks[handle.rank] = f"[rank {handle.rank}] Python stacks at the deadline:\n{body}"
+        return stacks
+
+
+def _rank_entry(*args: Any) -> None:
+    from harness.rank_main import rank_entry
+
+    rank_entry(*args)

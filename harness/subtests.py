@@ -1,0 +1,78 @@
+"""Run many configurations inside the ranks and report every failing one (rank side).
+
+Why: one process group serves many small configurations (0.05 s each instead of seconds for a
+fresh spawn), but a plain loop stops at the first failure and may leave the group out of step.
+``run_subtests`` runs *all* configurations; after each one the ranks agree through the case's
+store whether it passed everywhere, and if not, every rank re-creates the process group so the
+next configuration starts clean. At the end it raises one ``AssertionError`` listing each failing
+configuration by its parameters, with the rank's traceback.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from harness import context
+
+
+class SubtestFailures(AssertionError):
+    """Some configurations failed; the message lists each by its parameters."""
+
+
+def _describe(config: Mapping[str, Any]) -> str:
+    return ", ".join(f"{key}={value!r}" for key, value in config.items())
+
+
+def run_subtests(
+    configs: Iterable[Mapping[str, Any]], body: Callable[..., Any], *, agree_timeout_s: float = 60.0
+) -> None:
+    """Call ``body(**config)`` for every config; raise :class:`SubtestFailures` naming the failing ones.
+
+    Inside a rank (pool or torchrun) every configuration is followed by an agreement step, so all
+    ranks run the same configurations in step. Outside a rank the configurations just run in turn.
+    """
+    configs = list(configs)
+    for config in configs:
+        if not isinstance(config, Mapping):
+            raise TypeError(f"each subtest configuration must be a mapping of parameters, got {config!r}")
+    ctx = context.current() if context.in_rank() else None
+    failures: list[str] = []
+    for index, config in enumerate(configs):
+        error = None
+        try:
+            body(**config)
+        except Exception:  # noqa: BLE001 - a failing configuration is recorded, the others still run
+            error = traceback.format_exc()
+            if ctx is not None and ctx.world_size > 1:
+                _leave_group()  # unblock peers that wait in a collective with us
+        if error is not None:
+            prefix = f"[rank {ctx.rank}] " if ctx is not None else ""
+            failures.append(f"subtest {index} ({_describe(config)}) failed:\n{prefix}{error.rstrip()}")
+        if ctx is not None and ctx.world_size > 1:
+            _agree(ctx, index, error is None, agree_timeout_s)
+    if failures:
+        where = f" on rank {ctx.rank}" if ctx is not None else ""
+        raise SubtestFailures(
+            f"{len(failures)} of {len(configs)} subtests failed{where}:\n" + "\n".join(failures)
+        )
+
+
+def _leave_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _agree(ctx: context.RankContext, index: int, ok: bool, timeout_s: float) -> None:
+    """Publish this rank's result of subtest ``index``; rebuild the group if any rank failed."""
+    store = ctx.store
+    store.set(f"subtest{index}/rank{ctx.rank}", b"1" if ok else b"0")
+    keys = [f"subtest{index}/rank{r}" for r in range(ctx.world_size)]
+    store.wait(keys, timedelta(seconds=timeout_s))
+    if all(store.get(key) == b"1" for key in keys):
+        return
+    ctx.reset_group(f"subtest{index}")

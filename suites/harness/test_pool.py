@@ -1,0 +1,75 @@
+"""RankPool driven directly (no plugin): reuse of warm ranks, group changes, clean shutdown."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+import harness
+from harness.outcome import judge
+from harness.pool import CaseSpec, RankPool
+from harness.spec import DistConfig
+
+
+def rank_and_pid():
+    ctx = harness.current()
+    import torch.distributed as dist
+
+    return ctx.rank, dist.get_world_size(), os.getpid()
+
+
+def unpicklable():
+    return threading.Lock()
+
+
+def case(target, world_size, **kw):
+    return CaseSpec(
+        target=target,
+        config=DistConfig(world_size=world_size),
+        deadline_s=30.0,
+        collective_timeout_s=10.0,
+        **kw,
+    )
+
+
+@pytest.fixture(scope="module")
+def pool():
+    pool = RankPool()
+    yield pool
+    pool.close()
+    assert pool.leftovers() == []
+
+
+def test_ranks_stay_warm_across_world_size_changes(pool):
+    def run(world_size):
+        results = pool.run(case(f"{__name__}:rank_and_pid", world_size))
+        return judge(results, world_size=world_size).values
+
+    two = run(2)
+    four = run(4)
+    two_again = run(2)
+    assert [(r, ws) for r, ws, _ in two] == [(0, 2), (1, 2)]
+    assert [(r, ws) for r, ws, _ in four] == [(r, 4) for r in range(4)]
+    assert [pid for *_, pid in two] == [pid for *_, pid in four[:2]] == [pid for *_, pid in two_again]
+    assert pool.started_ranks == 4
+
+
+def test_unimportable_target_fails_on_every_rank(pool):
+    verdict = judge(pool.run(case("no_such_module_here:test_x", 2)), world_size=2)
+    assert verdict.outcome == "failed"
+    assert "ModuleNotFoundError: No module named 'no_such_module_here'" in verdict.summary
+
+
+def test_unpicklable_return_value_is_a_clear_failure(pool):
+    verdict = judge(pool.run(case(f"{__name__}:unpicklable", 2)), world_size=2)
+    assert verdict.outcome == "failed"
+    assert "cannot be sent to the controller" in verdict.message
+    # ... and the pool goes on working after the failure (the group is rebuilt).
+    assert judge(pool.run(case(f"{__name__}:rank_and_pid", 2)), world_size=2).outcome == "passed"
+
+
+def test_pool_rejects_bad_thread_count():
+    with pytest.raises(ValueError, match="threads_per_rank must be >= 1, got 0"):
+        RankPool(threads_per_rank=0)
