@@ -3,7 +3,8 @@
 For 10, 100 and 1000 parameter tensors on CPU, times one ``unscale_ + step + update`` iteration
 (SGD, lr=0, so the optimizer's own work is the same for both) and prints the ratio ours / torch.
 Rounds alternate between the two implementations and the median round is reported, so drift in
-machine load hits both sides alike. The sharded comparison runs on 2 gloo ranks.
+machine load hits both sides alike. The sharded comparison runs on 2 gloo ranks of the harness's
+rank pool (``harness.pool.RankPool``), used directly since this runs outside pytest.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ import torch
 
 PARAM_COUNTS = (10, 100, 1000)
 ROUNDS = 7
+SHARDED_WORLD_SIZE = 2
+# Ranks import the body by name; spelled out because under ``python -m ci.bench_scaler`` this
+# module's ``__name__`` is ``__main__``, which names nothing inside a rank.
+SHARDED_TARGET = "ci.bench_scaler:_on_rank_sharded"
 
 
 def _setup(n_params: int, scaler_factory):
@@ -70,11 +75,14 @@ def local_rows() -> list[tuple[str, int, float, float]]:
     return rows
 
 
-def _on_rank_sharded(rank: int, world_size: int) -> list[tuple[str, int, float, float]]:
+def _on_rank_sharded() -> list[tuple[str, int, float, float]]:
     import torch.distributed as dist
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchShardedGradScaler
 
+    import harness
     from scaler import ShardedGradScaler
+
+    world_size = harness.current().world_size
 
     factories = {
         "ours": lambda: ShardedGradScaler("cpu", init_scale=1.0, growth_interval=10**9),
@@ -88,9 +96,28 @@ def _on_rank_sharded(rank: int, world_size: int) -> list[tuple[str, int, float, 
 
 
 def sharded_rows() -> list[tuple[str, int, float, float]]:
-    from fixtures.spawn import run_on_ranks
+    """Rank 0's rows from ``_on_rank_sharded`` on a fresh pool; raises ``RankFailure`` with every
+    bad rank's traceback (the harness's own verdict) if any rank did not pass."""
+    from harness import DistConfig, RankFailure
+    from harness.outcome import judge
+    from harness.pool import CaseSpec, RankPool
 
-    return run_on_ranks(_on_rank_sharded, 2, timeout=600)[0]
+    pool = RankPool()
+    try:
+        results = pool.run(
+            CaseSpec(
+                target=SHARDED_TARGET,
+                config=DistConfig(world_size=SHARDED_WORLD_SIZE),
+                deadline_s=600.0,
+                collective_timeout_s=300.0,
+            )
+        )
+    finally:
+        pool.close()
+    verdict = judge(results, world_size=SHARDED_WORLD_SIZE)
+    if verdict.outcome != "passed":
+        raise RankFailure(f"the sharded benchmark did not pass on its ranks:\n{verdict.message}")
+    return verdict.values[0]
 
 
 def main() -> None:

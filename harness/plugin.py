@@ -301,3 +301,13 @@ class Ranks:
 def ranks(request: pytest.FixtureRequest) -> Ranks:
     """Run a module-level function on N ranks and get each rank's return value."""
     return Ranks(request.config.stash[_state_key], request.node)
+
+
+@pytest.fixture(scope="module")
+def module_ranks(request: pytest.FixtureRequest) -> Ranks:
+    """``ranks`` for module-scoped fixtures: one rank run whose result many tests read.
+
+    A failure is reported (and reproduced, and its rank logs kept) under the module's node id, and
+    pytest re-raises it for every test that uses the fixture.
+    """
+    return Ranks(request.config.stash[_state_key], request.node)

@@ -43,6 +43,22 @@ def test_ranks_fixture_returns_each_rank_result(ranks):
     assert ranks.run(_gather_rank, 0, world_size=4) == [[0, 1, 2, 3]] * 4
 
 
+_MODULE_RUNS = []
+
+
+@pytest.fixture(scope="module")
+def gathered_once(module_ranks):
+    _MODULE_RUNS.append(1)
+    return module_ranks.run(_gather_rank, 5, world_size=2)
+
+
+@pytest.mark.parametrize("reader", ["first", "second"])
+def test_module_ranks_runs_once_for_every_test_of_the_module(gathered_once, reader):
+    """``module_ranks`` serves module-scoped fixtures: one rank run, read by many tests."""
+    assert gathered_once == [[5, 6], [5, 6]]
+    assert len(_MODULE_RUNS) == 1
+
+
 @harness.distributed(world_size=2)
 def test_nan_grad_injected_on_one_rank_only(rank):
     """corrupt_grad poisons rank 1's grad alone; a MAX all_reduce makes every rank see it."""

@@ -9,7 +9,7 @@ def world_of_one():
     """A gloo default process group of one rank in this process, torn down after the test.
 
     Enough for the sharded scaler's single-process behaviour (its collectives are real but
-    trivial); the multi-rank behaviour is tested on spawned ranks.
+    trivial); the multi-rank behaviour is tested on the harness's ranks.
     """
     if dist.is_initialized():
         pytest.fail("a default process group is already initialised in the test process")

@@ -14,7 +14,10 @@ The loss is ``sum(0.5 * (p * x) ** 2)``, elementwise in every parameter, so the 
 shard is exactly the matching slice of the unsharded gradient, and a sharded run must match the
 unsharded reference (up to float32 rounding of vectorised kernels).
 
-Rank bodies return plain CPU tensors (full, gathered) so the tests compare them in the controller.
+Rank bodies run on the harness's warm ranks (``ranks.run(body, *args, world_size=N)``), take
+rank and world size from ``harness.current()``, and return plain CPU tensors (full, gathered) so
+the tests compare them in the controller. Ranks outlive a body, so nothing here may assume a fresh
+process: the device mesh is rebuilt whenever the default process group changes.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed._shard.sharding_spec import ChunkShardingSpec
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor, init_device_mesh
 
+import harness
 from scaler import ShardedGradScaler, ShardedOptimizer
 
 SHAPES: dict[str, tuple[int, ...]] = {
@@ -81,14 +85,22 @@ def reference_run(opt_name: str, steps: int, *, skip: frozenset[int] = frozenset
 
 # -- building the sharded model on a rank -----------------------------------------------------
 
-_MESH: Any = None
+_MESH: tuple[Any, Any] | None = None
+"""``(default process group, 1-D mesh over it)``: one mesh shared by every parameter of a body."""
 
 
 def _mesh(world_size: int) -> Any:
+    """The 1-D CPU mesh over the current default group, built once per group.
+
+    The harness keeps ranks warm across tests and re-creates the default group when the world size
+    changes (or after a failed test), so a mesh is reused only while its group is still current.
+    """
     global _MESH
-    if _MESH is None:
-        _MESH = init_device_mesh("cpu", (world_size,))
-    return _MESH
+    world = dist.group.WORLD
+    if _MESH is None or _MESH[0] is not world:
+        _MESH = (world, init_device_mesh("cpu", (world_size,)))
+    assert _MESH[1].size() == world_size, f"mesh of {_MESH[1].size()} ranks, world size {world_size}"
+    return _MESH[1]
 
 
 def build_params(world_size: int, *, zero: bool = False) -> dict[str, torch.Tensor]:
@@ -185,8 +197,9 @@ def full_state(opt: ShardedOptimizer) -> dict[str, dict[str, Any]]:
 # -- rank bodies --------------------------------------------------------------------------------
 
 
-def rank_train_and_save(rank: int, world_size: int, root: str, steps: int) -> None:
+def rank_train_and_save(root: str, steps: int) -> None:
     """Train every optimizer of RESHARD_OPTIMIZERS for ``steps`` steps; save model and optimizer with DCP."""
+    world_size = harness.current().world_size
     for opt_name in RESHARD_OPTIMIZERS:
         params = build_params(world_size)
         opt = make_optimizer(params, opt_name)
@@ -194,12 +207,13 @@ def rank_train_and_save(rank: int, world_size: int, root: str, steps: int) -> No
         dcp.save({"model": params, "optim": opt.state_dict()}, checkpoint_id=Path(root) / opt_name)
 
 
-def rank_load_and_continue(rank: int, world_size: int, root: str, saved_steps: int, more_steps: int) -> Any:
+def rank_load_and_continue(root: str, saved_steps: int, more_steps: int) -> Any:
     """Load each optimizer's checkpoint at this world size, then train ``more_steps`` further steps.
 
     Returns (rank 0 only) per optimizer: the full optimizer state right after loading, and the
     full parameters at the end.
     """
+    rank, world_size = harness.current().rank, harness.current().world_size
     results: dict[str, Any] = {}
     for opt_name in RESHARD_OPTIMIZERS:
         params = build_params(world_size, zero=True)
@@ -227,10 +241,11 @@ def _copy_values(source: dict[str, torch.Tensor], target: dict[str, torch.Tensor
                 dst.copy_(src)
 
 
-def rank_round_trip(rank: int, world_size: int, saved_steps: int, more_steps: int) -> Any:
+def rank_round_trip(saved_steps: int, more_steps: int) -> Any:
     """Per optimizer: save after ``saved_steps``, load into a fresh optimizer over a copy of the model,
     train both ``more_steps`` further; return both runs' full params and both state_dicts after loading.
     """
+    rank, world_size = harness.current().rank, harness.current().world_size
     results: dict[str, Any] = {}
     for opt_name in RESHARD_OPTIMIZERS:
         original = build_params(world_size)
@@ -251,8 +266,9 @@ def rank_round_trip(rank: int, world_size: int, saved_steps: int, more_steps: in
     return results if rank == 0 else None
 
 
-def rank_load_full_state(rank: int, world_size: int, saved_steps: int) -> Any:
+def rank_load_full_state(saved_steps: int) -> Any:
     """Load an unsharded reference's state, as a full name-keyed state_dict, into the sharded optimizer."""
+    rank, world_size = harness.current().rank, harness.current().world_size
     results: dict[str, Any] = {}
     for opt_name in RESHARD_OPTIMIZERS:
         reference = reference_run(opt_name, saved_steps)
@@ -264,13 +280,14 @@ def rank_load_full_state(rank: int, world_size: int, saved_steps: int) -> Any:
     return results if rank == 0 else None
 
 
-def rank_train_with_scaler(rank: int, world_size: int, steps: int, inf_step: int) -> Any:
+def rank_train_with_scaler(steps: int, inf_step: int) -> Any:
     """Train with ShardedGradScaler; at ``inf_step`` rank 1 alone puts an inf into a DTensor gradient.
 
     Returns per optimizer, from every rank: whether each step was skipped, whether that step left
     this rank's parameters and optimizer state untouched, whether the local optimizer saw the
     scaler's ``grad_scale`` (the fused path), and (rank 0) the full parameters at the end.
     """
+    rank, world_size = harness.current().rank, harness.current().world_size
     results: dict[str, Any] = {}
     for opt_name in OPTIMIZERS:
         params = build_params(world_size)
@@ -319,8 +336,9 @@ def _local_snapshot(opt: ShardedOptimizer) -> list[torch.Tensor]:
     return tensors
 
 
-def rank_dtensor_grad_links(rank: int, world_size: int) -> dict[str, Any]:
+def rank_dtensor_grad_links() -> dict[str, Any]:
     """Facts about how a DTensor parameter's gradient reaches the local optimizer."""
+    world_size = harness.current().world_size
     params = build_params(world_size)
     opt = make_optimizer(params, "sgd")
     weight = params["dense.weight"]
@@ -368,8 +386,9 @@ def rank_dtensor_grad_links(rank: int, world_size: int) -> dict[str, Any]:
     return facts
 
 
-def rank_bad_loads(rank: int, world_size: int) -> dict[str, str]:
+def rank_bad_loads() -> dict[str, str]:
     """The message of each rejected load or construction on a real process group, by scenario."""
+    world_size = harness.current().world_size
     messages: dict[str, str] = {}
     params = build_params(world_size)
     opt = make_optimizer(params, "adam")

@@ -1,7 +1,8 @@
 """ShardedGradScaler on 2 gloo ranks: every rank makes the same skip decision and holds the same scale.
 
-Each test spawns real ranks (fixtures.spawn); the rank bodies are the ``_on_rank_*`` functions
-below. Only rank 1 overflows in the forced-inf tests, so agreement is what is being tested.
+Each test runs the ``_on_rank_*`` functions below on the harness's warm ranks (the ``ranks``
+fixture) and compares what the ranks returned. Only rank 1 overflows in the forced-inf tests, so
+agreement is what is being tested.
 """
 
 import copy
@@ -11,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchShardedGradScaler
 
-from fixtures.spawn import run_on_ranks
+import harness
 from fixtures.training import batch, make_model, make_optimizer
 from scaler import ShardedGradScaler
 
@@ -37,8 +38,9 @@ class AllReduceCounter:
         dist.all_reduce = self._real
 
 
-def _on_rank_train_with_overflow_on_rank_1(rank, world_size, path, implementation):
+def _on_rank_train_with_overflow_on_rank_1(path, implementation):
     """Three steps on identical data; step 1 has an inf grad on rank 1 only."""
+    rank = harness.current().rank
     model = make_model(0)
     kind = "sgd" if path in ("plain", "unscale_first") else path
     opt = make_optimizer(model, kind)
@@ -68,38 +70,39 @@ def _on_rank_train_with_overflow_on_rank_1(rank, world_size, path, implementatio
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_an_inf_on_one_rank_makes_every_rank_skip(path):
-    ranks = run_on_ranks(_on_rank_train_with_overflow_on_rank_1, 2, path, "ours")
-    for rank, record in enumerate(ranks):
+def test_an_inf_on_one_rank_makes_every_rank_skip(ranks, path):
+    records = ranks.run(_on_rank_train_with_overflow_on_rank_1, path, "ours", world_size=2)
+    for rank, record in enumerate(records):
         assert record["skipped"] == [False, True, False], f"rank {rank}"
         assert record["scales"] == [1024.0, 512.0, 512.0], f"rank {rank}"
         assert record["trackers"] == [1, 0, 1], f"rank {rank}"
-    assert torch.equal(ranks[0]["params"], ranks[1]["params"])
+    assert torch.equal(records[0]["params"], records[1]["params"])
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_one_all_reduce_per_optimizer_step(path):
-    ranks = run_on_ranks(_on_rank_train_with_overflow_on_rank_1, 2, path, "ours")
-    assert [record["all_reduces"] for record in ranks] == [[1, 1, 1], [1, 1, 1]]
+def test_one_all_reduce_per_optimizer_step(ranks, path):
+    records = ranks.run(_on_rank_train_with_overflow_on_rank_1, path, "ours", world_size=2)
+    assert [record["all_reduces"] for record in records] == [[1, 1, 1], [1, 1, 1]]
 
 
-def test_torchs_scaler_diverges_with_a_fused_optimizer_where_ours_agrees():
-    theirs = run_on_ranks(_on_rank_train_with_overflow_on_rank_1, 2, "adam_fused", "torch")
+def test_torchs_scaler_diverges_with_a_fused_optimizer_where_ours_agrees(ranks):
+    theirs = ranks.run(_on_rank_train_with_overflow_on_rank_1, "adam_fused", "torch", world_size=2)
     # torch: rank 0 never hears about rank 1's inf, steps and keeps its scale; rank 1 skips and backs off.
     assert theirs[0]["skipped"] == [False, False, False]
     assert theirs[1]["skipped"] == [False, True, False]
     assert theirs[0]["scales"][1] != theirs[1]["scales"][1]
     assert not torch.equal(theirs[0]["params"], theirs[1]["params"])
-    ours = run_on_ranks(_on_rank_train_with_overflow_on_rank_1, 2, "adam_fused", "ours")
+    ours = ranks.run(_on_rank_train_with_overflow_on_rank_1, "adam_fused", "ours", world_size=2)
     assert ours[0]["skipped"] == ours[1]["skipped"] == [False, True, False]
     assert torch.equal(ours[0]["params"], ours[1]["params"])
 
 
-def _on_rank_fsdp2_step(rank, world_size, overflow_on_rank_1):
+def _on_rank_fsdp2_step(overflow_on_rank_1):
     """FSDP2 (DTensor grads) plus one plain parameter, against an unsharded replica with averaged grads."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    rank, world_size = harness.current().rank, harness.current().world_size
     mesh = init_device_mesh("cpu", (world_size,))
     reference = make_model(0)
     model = copy.deepcopy(reference)
@@ -137,9 +140,9 @@ def _on_rank_fsdp2_step(rank, world_size, overflow_on_rank_1):
     }
 
 
-def test_fsdp2_dtensor_grads_are_unscaled_through_their_local_shards():
-    ranks = run_on_ranks(_on_rank_fsdp2_step, 2, False)
-    for record in ranks:
+def test_fsdp2_dtensor_grads_are_unscaled_through_their_local_shards(ranks):
+    records = ranks.run(_on_rank_fsdp2_step, False, world_size=2)
+    for record in records:
         assert record["grad_types"] == ["DTensor"]
         assert record["max_grad_diff"] < 1e-6
         assert record["extra_grad"] == [1.0, 1.0, 1.0]  # the plain parameter, unscaled alongside
@@ -147,12 +150,13 @@ def test_fsdp2_dtensor_grads_are_unscaled_through_their_local_shards():
         assert record["all_reduces"] == 1  # ours only: no extra DTensor reduction per bucket
 
 
-def test_fsdp2_inf_in_one_ranks_local_shard_makes_every_rank_skip():
-    ranks = run_on_ranks(_on_rank_fsdp2_step, 2, True)
-    assert [(r["skipped"], r["scale"]) for r in ranks] == [(True, 128.0), (True, 128.0)]
+def test_fsdp2_inf_in_one_ranks_local_shard_makes_every_rank_skip(ranks):
+    records = ranks.run(_on_rank_fsdp2_step, True, world_size=2)
+    assert [(r["skipped"], r["scale"]) for r in records] == [(True, 128.0), (True, 128.0)]
 
 
-def _on_rank_fsdp1_step(rank, world_size):
+def _on_rank_fsdp1_step():
+    rank = harness.current().rank
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     model = FSDP(make_model(0), device_id=torch.device("cpu"))
@@ -170,27 +174,36 @@ def _on_rank_fsdp1_step(rank, world_size):
     }
 
 
-def test_fsdp1_nan_on_one_rank_makes_every_rank_skip():
-    assert run_on_ranks(_on_rank_fsdp1_step, 2) == [{"skipped": True, "scale": 128.0}] * 2
+def test_fsdp1_nan_on_one_rank_makes_every_rank_skip(ranks):
+    assert ranks.run(_on_rank_fsdp1_step, world_size=2) == [{"skipped": True, "scale": 128.0}] * 2
 
 
-def _on_rank_subgroup_agreement(rank, world_size):
-    """Agreement happens within the scaler's group only: {0,1} see rank 1's inf, {2,3} do not."""
+def _on_rank_subgroup_agreement():
+    """Agreement happens within the scaler's group only: {0,1} see rank 1's inf, {2,3} do not.
+
+    The two subgroups are destroyed at the end: the ranks stay warm for later tests, and the
+    default group (owned by the harness) is left alone.
+    """
+    rank = harness.current().rank
     groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
-    group = groups[rank // 2]
-    param = torch.nn.Parameter(torch.ones(2))
-    opt = torch.optim.SGD([param], lr=0.5)
-    scaler = ShardedGradScaler("cpu", init_scale=2.0, process_group=group)
-    scaler.scale(param.sum()).backward()
-    if rank == 1:
-        param.grad[0] = float("inf")
-    scaler.step(opt)
-    scaler.update()
-    return scaler.step_was_skipped(opt), scaler.get_scale()
+    try:
+        group = groups[rank // 2]
+        param = torch.nn.Parameter(torch.ones(2))
+        opt = torch.optim.SGD([param], lr=0.5)
+        scaler = ShardedGradScaler("cpu", init_scale=2.0, process_group=group)
+        scaler.scale(param.sum()).backward()
+        if rank == 1:
+            param.grad[0] = float("inf")
+        scaler.step(opt)
+        scaler.update()
+        return scaler.step_was_skipped(opt), scaler.get_scale()
+    finally:
+        for subgroup in groups:
+            dist.destroy_process_group(subgroup)
 
 
-def test_agreement_stays_within_the_process_group_on_4_ranks():
-    assert run_on_ranks(_on_rank_subgroup_agreement, 4) == [
+def test_agreement_stays_within_the_process_group_on_4_ranks(ranks):
+    assert ranks.run(_on_rank_subgroup_agreement, world_size=4) == [
         (True, 1.0),
         (True, 1.0),
         (False, 2.0),

@@ -1,9 +1,10 @@
 """ShardedOptimizer on 1, 2 and 4 gloo ranks: DTensor/ShardedTensor shards, round trips, resharding
 through torch.distributed.checkpoint, and training with ShardedGradScaler and forced infs.
 
-Spawns are few: each module-scoped fixture runs one rank body (``optimizer_ranks.py``) that does
-every optimizer at once, and the tests below read one behaviour each from its result. Every
-sharded run is compared with the unsharded reference (``optimizer_ranks.reference_run``).
+Rank runs are few: each module-scoped fixture runs one rank body (``optimizer_ranks.py``) once, on
+the harness's warm ranks (``module_ranks``), doing every optimizer at once, and the tests below
+read one behaviour each from its result. Every sharded run is compared with the unsharded reference
+(``optimizer_ranks.reference_run``).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from fixtures.spawn import run_on_ranks
-from suites.scaler import optimizer_ranks as ranks
+from harness.plugin import Ranks
+from suites.scaler import optimizer_ranks as bodies
 
 SAVED_STEPS = 3
 MORE_STEPS = 2
@@ -43,8 +44,8 @@ def assert_same_tensors(
 
 
 @pytest.fixture(scope="module")
-def grad_links() -> list[dict[str, Any]]:
-    return run_on_ranks(ranks.rank_dtensor_grad_links, 2)
+def grad_links(module_ranks: Ranks) -> list[dict[str, Any]]:
+    return module_ranks.run(bodies.rank_dtensor_grad_links, world_size=2)
 
 
 def test_local_shard_grad_is_the_dtensor_grads_local_tensor(grad_links: list[dict[str, Any]]) -> None:
@@ -91,38 +92,38 @@ def test_added_group_of_sharded_parameters_is_stepped_and_saved_by_name(
 
 
 @pytest.fixture(scope="module")
-def round_trip() -> dict[str, Any]:
-    return run_on_ranks(ranks.rank_round_trip, 2, SAVED_STEPS, MORE_STEPS)[0]
+def round_trip(module_ranks: Ranks) -> dict[str, Any]:
+    return module_ranks.run(bodies.rank_round_trip, SAVED_STEPS, MORE_STEPS, world_size=2)[0]
 
 
-@pytest.mark.parametrize("opt_name", ranks.RESHARD_OPTIMIZERS)
+@pytest.mark.parametrize("opt_name", bodies.RESHARD_OPTIMIZERS)
 def test_round_trip_restores_every_shards_state(round_trip: dict[str, Any], opt_name: str) -> None:
     states = round_trip[opt_name]["states"]
     assert_same_tensors(states["restored"], states["original"], f"{opt_name} state", exact=True)
 
 
-@pytest.mark.parametrize("opt_name", ranks.RESHARD_OPTIMIZERS)
+@pytest.mark.parametrize("opt_name", bodies.RESHARD_OPTIMIZERS)
 def test_round_trip_continues_like_uninterrupted_training(round_trip: dict[str, Any], opt_name: str) -> None:
     run = round_trip[opt_name]
     assert_same_tensors(run["restored"], run["original"], f"{opt_name} params", exact=True)
 
 
-@pytest.mark.parametrize("opt_name", ranks.RESHARD_OPTIMIZERS)
+@pytest.mark.parametrize("opt_name", bodies.RESHARD_OPTIMIZERS)
 def test_round_trip_state_matches_the_unsharded_run(round_trip: dict[str, Any], opt_name: str) -> None:
-    reference = ranks.reference_run(opt_name, SAVED_STEPS)
+    reference = bodies.reference_run(opt_name, SAVED_STEPS)
     assert_same_tensors(round_trip[opt_name]["states"]["original"], reference["state"], f"{opt_name} state")
 
 
 @pytest.fixture(scope="module")
-def full_state_loaded() -> dict[str, Any]:
-    return run_on_ranks(ranks.rank_load_full_state, 2, SAVED_STEPS)[0]
+def full_state_loaded(module_ranks: Ranks) -> dict[str, Any]:
+    return module_ranks.run(bodies.rank_load_full_state, SAVED_STEPS, world_size=2)[0]
 
 
-@pytest.mark.parametrize("opt_name", ranks.RESHARD_OPTIMIZERS)
+@pytest.mark.parametrize("opt_name", bodies.RESHARD_OPTIMIZERS)
 def test_full_unsharded_state_loads_into_every_ranks_shards(
     full_state_loaded: dict[str, Any], opt_name: str
 ) -> None:
-    reference = ranks.reference_run(opt_name, SAVED_STEPS)
+    reference = bodies.reference_run(opt_name, SAVED_STEPS)
     assert_same_tensors(full_state_loaded[opt_name], reference["state"], f"{opt_name} state")
 
 
@@ -130,12 +131,12 @@ def test_full_unsharded_state_loads_into_every_ranks_shards(
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+def checkpoints(module_ranks: Ranks, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     """DCP checkpoints of model and optimizer after SAVED_STEPS steps, saved by 2 and by 4 ranks."""
     saved: dict[int, Path] = {}
     for world_size in (2, 4):
         root = tmp_path_factory.mktemp(f"saved_by_{world_size}_ranks")
-        run_on_ranks(ranks.rank_train_and_save, world_size, str(root), SAVED_STEPS)
+        module_ranks.run(bodies.rank_train_and_save, str(root), SAVED_STEPS, world_size=world_size)
         saved[world_size] = root
     return saved
 
@@ -144,23 +145,27 @@ RESHARDINGS = [(2, 2), (2, 1), (2, 4), (4, 2)]
 
 
 @pytest.fixture(scope="module", params=RESHARDINGS, ids=[f"{a}to{b}" for a, b in RESHARDINGS])
-def resharded(request: pytest.FixtureRequest, checkpoints: dict[int, Path]) -> dict[str, Any]:
+def resharded(
+    request: pytest.FixtureRequest, module_ranks: Ranks, checkpoints: dict[int, Path]
+) -> dict[str, Any]:
     saved_by, loaded_by = request.param
     root = str(checkpoints[saved_by])
-    return run_on_ranks(ranks.rank_load_and_continue, loaded_by, root, SAVED_STEPS, MORE_STEPS)[0]
+    return module_ranks.run(
+        bodies.rank_load_and_continue, root, SAVED_STEPS, MORE_STEPS, world_size=loaded_by
+    )[0]
 
 
-@pytest.mark.parametrize("opt_name", ranks.RESHARD_OPTIMIZERS)
+@pytest.mark.parametrize("opt_name", bodies.RESHARD_OPTIMIZERS)
 def test_loaded_state_equals_the_unsharded_state_at_the_checkpoint(
     resharded: dict[str, Any], opt_name: str
 ) -> None:
-    reference = ranks.reference_run(opt_name, SAVED_STEPS)
+    reference = bodies.reference_run(opt_name, SAVED_STEPS)
     assert_same_tensors(resharded[opt_name]["loaded_state"], reference["state"], f"{opt_name} state")
 
 
-@pytest.mark.parametrize("opt_name", ranks.RESHARD_OPTIMIZERS)
+@pytest.mark.parametrize("opt_name", bodies.RESHARD_OPTIMIZERS)
 def test_training_after_loading_matches_the_unsharded_run(resharded: dict[str, Any], opt_name: str) -> None:
-    reference = ranks.reference_run(opt_name, SAVED_STEPS + MORE_STEPS)
+    reference = bodies.reference_run(opt_name, SAVED_STEPS + MORE_STEPS)
     assert_same_tensors(resharded[opt_name]["params"], reference["params"], f"{opt_name} params")
 
 
@@ -168,11 +173,11 @@ def test_training_after_loading_matches_the_unsharded_run(resharded: dict[str, A
 
 
 @pytest.fixture(scope="module")
-def scaled_training() -> list[dict[str, Any]]:
-    return run_on_ranks(ranks.rank_train_with_scaler, 2, SCALER_STEPS, INF_STEP)
+def scaled_training(module_ranks: Ranks) -> list[dict[str, Any]]:
+    return module_ranks.run(bodies.rank_train_with_scaler, SCALER_STEPS, INF_STEP, world_size=2)
 
 
-SCALER_OPTIMIZERS = list(ranks.OPTIMIZERS)
+SCALER_OPTIMIZERS = list(bodies.OPTIMIZERS)
 
 
 @pytest.mark.parametrize("opt_name", SCALER_OPTIMIZERS)
@@ -194,7 +199,7 @@ def test_skipped_step_leaves_parameters_and_optimizer_state_untouched(
 def test_scaled_training_matches_the_unsharded_run_without_the_skipped_step(
     scaled_training: list[dict[str, Any]], opt_name: str
 ) -> None:
-    reference = ranks.reference_run(opt_name, SCALER_STEPS, skip=frozenset({INF_STEP}))
+    reference = bodies.reference_run(opt_name, SCALER_STEPS, skip=frozenset({INF_STEP}))
     for rank, per_rank in enumerate(scaled_training):
         assert_same_tensors(
             per_rank[opt_name]["params"], reference["params"], f"rank {rank} {opt_name} params"
@@ -220,8 +225,8 @@ def test_unfused_local_optimizer_gets_grads_unscaled_by_the_scaler(
 
 
 @pytest.fixture(scope="module")
-def bad_loads() -> dict[str, str]:
-    return run_on_ranks(ranks.rank_bad_loads, 2)[0]
+def bad_loads(module_ranks: Ranks) -> dict[str, str]:
+    return module_ranks.run(bodies.rank_bad_loads, world_size=2)[0]
 
 
 def test_dtensor_state_refuses_to_load_into_a_plain_parameter(bad_loads: dict[str, str]) -> None:
