@@ -15,7 +15,7 @@ import time
 import torch
 
 PARAM_COUNTS = (10, 100, 1000)
-ROUNDS = 7
+ROUNDS = 9
 SHARDED_WORLD_SIZE = 2
 # Ranks import the body by name; spelled out because under ``python -m ci.bench_scaler`` this
 # module's ``__name__`` is ``__main__``, which names nothing inside a rank.
@@ -49,11 +49,14 @@ def compare(factories: dict[str, object], n_params: int, iterations: int, barrie
     samples: dict[str, list[float]] = {name: [] for name in factories}
     for scaler, opt in setups.values():  # warm-up
         _time_iterations(scaler, opt, max(1, iterations // 10))
+    order = list(setups)
     for _ in range(ROUNDS):
-        for name, (scaler, opt) in setups.items():
+        for name in order:
+            scaler, opt = setups[name]
             if barrier is not None:
                 barrier()
             samples[name].append(_time_iterations(scaler, opt, iterations))
+        order.reverse()  # neither side always runs first after the barrier
     return {name: statistics.median(values) for name, values in samples.items()}
 
 

@@ -9,7 +9,6 @@ DTensor's dispatcher run one more all-reduce per bucket).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
 
 import torch
 
@@ -34,17 +33,6 @@ class PerDevice:
             copy = self.master.to(device=device, non_blocking=True, copy=True)
             self.copies[device] = copy
         return copy
-
-
-def _grads(optimizer: torch.optim.Optimizer) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            if not isinstance(param, torch.Tensor):
-                raise TypeError(
-                    f"optimizer.param_groups holds a {type(param).__name__}, expected torch.Tensor parameters"
-                )
-            if param.grad is not None:
-                yield param, param.grad
 
 
 def _coalesce_fp16_sparse(param: torch.Tensor) -> torch.Tensor:
@@ -72,23 +60,31 @@ def unscale_grads_(
     """
     per_device_inv_scale = PerDevice(inv_scale)
     per_device_found_inf = PerDevice(found_inf)
-    buckets: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = defaultdict(
-        lambda: defaultdict(list)
-    )
+    # One pass, no per-parameter helper calls: this loop runs for every parameter every step.
+    buckets: defaultdict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
     with torch.no_grad():
-        for param, grad in _grads(optimizer):
-            if not allow_fp16 and grad.dtype == torch.float16:
-                raise ValueError("Attempting to unscale FP16 gradients.")
-            if local_dtensor and DTensor is not None and isinstance(grad, DTensor):
-                grad = grad.to_local()
-            if grad.is_sparse:
-                if grad.dtype == torch.float16:
-                    grad = _coalesce_fp16_sparse(param)
-                grad = grad._values()
-            buckets[grad.device][grad.dtype].append(grad)
-        for device, per_dtype in buckets.items():
-            for grads in per_dtype.values():
-                torch._amp_foreach_non_finite_check_and_unscale_(
-                    grads, per_device_found_inf.get(device), per_device_inv_scale.get(device)
-                )
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                try:
+                    grad = param.grad
+                except AttributeError:
+                    raise TypeError(
+                        f"optimizer.param_groups holds a {type(param).__name__}, expected torch.Tensor parameters"
+                    ) from None
+                if grad is None:
+                    continue
+                if not allow_fp16 and grad.dtype == torch.float16:
+                    raise ValueError("Attempting to unscale FP16 gradients.")
+                if type(grad) is not torch.Tensor and local_dtensor and DTensor is not None:
+                    if isinstance(grad, DTensor):
+                        grad = grad.to_local()
+                if grad.is_sparse:
+                    if grad.dtype == torch.float16:
+                        grad = _coalesce_fp16_sparse(param)
+                    grad = grad._values()
+                buckets[grad.device, grad.dtype].append(grad)
+        for (device, _), grads in buckets.items():
+            torch._amp_foreach_non_finite_check_and_unscale_(
+                grads, per_device_found_inf.get(device), per_device_inv_scale.get(device)
+            )
     return per_device_found_inf.copies
