@@ -8,40 +8,17 @@ in ``/proc`` afterwards: none may be left.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 import uuid
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from selftest import inner_env, junit_outcomes, tagged_pids
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
-
-
-def tagged_pids(tag: str) -> list[int]:
-    """Pids of live processes whose environment holds ``SHARDSCALE_TAG=tag``."""
-    needle = f"SHARDSCALE_TAG={tag}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    with open(f"/proc/{entry}/stat") as s:
-                        if s.read().rsplit(")", 1)[1].split()[0] != "Z":
-                            found.append(int(entry))
-        except OSError:
-            continue
-    return found
-
-
-def inner_env(tag: str, out: Path) -> dict[str, str]:
-    return {**os.environ, "SHARDSCALE_TAG": tag, "SHARDSCALE_SELFTEST_DIR": str(out), "PYTHONUNBUFFERED": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -69,12 +46,7 @@ def inner(tmp_path_factory):
         text=True,
         timeout=240,
     )
-    outcomes = {}
-    for case in ET.parse(junit).getroot().iter("testcase"):
-        kind = next((child.tag for child in case if child.tag in ("failure", "error", "skipped")), "passed")
-        text = "".join(child.text or "" for child in case if child.tag in ("failure", "error", "skipped"))
-        message = next((child.get("message", "") for child in case if child.tag == "skipped"), "")
-        outcomes[case.get("name")] = (kind, text + message)
+    outcomes = junit_outcomes(junit)
     return {"outcomes": outcomes, "stdout": proc.stdout, "rc": proc.returncode, "tag": tag, "dir": out}
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 
 import pytest
+from selftest import alive
 
 import harness
 from harness.outcome import judge
@@ -22,6 +24,15 @@ def rank_and_pid():
 
 def unpicklable():
     return threading.Lock()
+
+
+_left_running: list[subprocess.Popen] = []  # keeps the Popen alive: its __del__ would warn
+
+
+def leave_a_process_running():
+    """Start a process in this rank's process group (as a DataLoader worker is) and leave it running."""
+    _left_running.append(subprocess.Popen(["sleep", "600"]))
+    return os.getpid(), _left_running[-1].pid
 
 
 def case(target, world_size, **kw):
@@ -73,3 +84,17 @@ def test_unpicklable_return_value_is_a_clear_failure(pool):
 def test_pool_rejects_bad_thread_count():
     with pytest.raises(ValueError, match="threads_per_rank must be >= 1, got 0"):
         RankPool(threads_per_rank=0)
+
+
+def test_leftovers_sees_rank_group_members_and_close_kills_them():
+    """``leftovers()`` lists every live process of a rank's group (a rank and what it left running);
+    after ``close()`` there is none, the left-running processes included."""
+    pool = RankPool()
+    try:
+        values = judge(pool.run(case(f"{__name__}:leave_a_process_running", 2)), world_size=2).values
+        ranks, children = zip(*values, strict=True)
+        assert sorted(pool.leftovers()) == sorted(ranks + children)
+    finally:
+        pool.close()
+    assert pool.leftovers() == []
+    assert [pid for pid in children if alive(pid)] == []

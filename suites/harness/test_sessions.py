@@ -1,0 +1,277 @@
+"""Sessions side by side, GPU skips and cleanup, seen from outside (inner sessions in subprocesses).
+
+Inner sessions of ``inner_sessions.py`` run at once: ``x`` under pytest-xdist with two workers,
+``a`` and ``b``, two plain sessions that wait for each other inside a test, and (on a machine
+without GPUs) ``nccl``, which runs only the NCCL tests. Each inner session has its own
+``SHARDSCALE_TAG`` (to find what it left in ``/proc``) and a ``sitecustomize`` on ``PYTHONPATH``
+that logs every Python interpreter started and every fork, exec or spawn made from Python, so that
+"started no process" is an observation rather than an inference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from selftest import alive, inner_env, junit_outcomes, tagged_pids
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent.parent
+GLOO_TESTS = {f"test_all_reduce[{v}]" for v in range(6)} | {
+    "test_sessions_overlap",
+    "test_leaves_a_process_running",
+}
+SPAWN_LOGGER = '''
+"""Logs every interpreter start and every process-creating call of the inner session's processes."""
+import os
+import sys
+
+_LOG = os.environ["SHARDSCALE_SPAWN_LOG"]
+_EVENTS = ("os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "subprocess.Popen", "os.system")
+
+
+def _note(what):
+    with open(_LOG, "a") as f:
+        f.write(f"{os.getpid()} {what}\\n")
+
+
+def _audit(event, args):
+    if event in _EVENTS:
+        _note(event)
+
+
+with open("/proc/self/cmdline", "rb") as f:
+    _note("started " + f.read().replace(b"\\0", b" ").decode(errors="replace"))
+sys.addaudithook(_audit)
+'''
+
+
+@dataclasses.dataclass
+class Inner:
+    """One inner session: its process, outcomes and the processes it started."""
+
+    name: str
+    tag: str
+    out: Path
+    proc: subprocess.Popen
+    rc: int | None = None
+    outcomes: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def stdout(self) -> str:
+        return (self.out / f"stdout-{self.name}.txt").read_text()
+
+    def spawn_log(self) -> list[str]:
+        path = self.out / f"spawn-{self.name}.log"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def records(self) -> list[dict]:
+        return [json.loads(p.read_text()) for p in self.out.glob(f"record-{self.name}-*.json")]
+
+
+def start(name: str, out: Path, *args: str, peers: str = "") -> Inner:
+    """Start an inner session of ``inner_sessions.py`` (does not wait for it)."""
+    site = out / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(SPAWN_LOGGER)
+    tag = uuid.uuid4().hex
+    env = inner_env(tag, out)
+    env.update(
+        SHARDSCALE_SELFTEST_SESSION=name,
+        SHARDSCALE_SELFTEST_PEERS=peers,
+        SHARDSCALE_SPAWN_LOG=str(out / f"spawn-{name}.log"),
+        PYTHONPATH=os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p),
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(HERE / "inner_sessions.py"),
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-rA",
+        f"--junitxml={out / f'junit-{name}.xml'}",
+        f"--rank-logs={out / f'rank-logs-{name}'}",
+        "--dist-deadline=90",
+        *args,
+    ]
+    with open(out / f"stdout-{name}.txt", "w") as stdout:
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=stdout, stderr=subprocess.STDOUT)
+    return Inner(name=name, tag=tag, out=out, proc=proc)
+
+
+def finish(*sessions: Inner, timeout_s: float = 240) -> None:
+    """Wait for every session (killing all of them if one overruns) and read their reports."""
+    try:
+        until = time.monotonic() + timeout_s
+        for inner in sessions:
+            inner.rc = inner.proc.wait(max(0.0, until - time.monotonic()))
+    finally:
+        for inner in sessions:
+            if inner.proc.poll() is None:
+                inner.proc.kill()
+                inner.proc.wait(10)
+    for inner in sessions:
+        junit = inner.out / f"junit-{inner.name}.xml"
+        assert junit.exists(), f"session {inner.name} wrote no report:\n{inner.stdout[-3000:]}"
+        inner.outcomes = junit_outcomes(junit)
+
+
+def wait_until_gone(tag: str) -> list[int]:
+    """The tagged processes still alive after giving them 10 s to finish exiting."""
+    deadline = time.monotonic() + 10
+    while tagged_pids(tag) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return tagged_pids(tag)
+
+
+def assert_every_gloo_test_passed(inner: Inner) -> None:
+    failed = sorted(name for name, (kind, _) in inner.outcomes.items() if kind != "passed")
+    assert not failed, f"session {inner.name}: {failed} did not pass\n{inner.stdout[-3000:]}"
+    assert set(inner.outcomes) == GLOO_TESTS, inner.stdout[-3000:]
+    assert inner.rc == 0, inner.stdout[-3000:]
+
+
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.fixture(scope="module")
+def sessions(tmp_path_factory):
+    """Sessions ``x`` (xdist, 2 workers), ``a`` and ``b`` (waiting for each other) and, on a machine
+    without GPUs, ``nccl`` (only the NCCL tests), all run at once."""
+    out = tmp_path_factory.mktemp("sessions")
+    running = [
+        start("x", out, "-m", "not gpu", "-n", "2"),
+        start("a", out, "-m", "not gpu", peers="b"),
+        start("b", out, "-m", "not gpu", peers="a"),
+    ]
+    if not _gpus():
+        running.append(start("nccl", tmp_path_factory.mktemp("nccl"), "-m", "gpu"))
+    finish(*running)
+    return {inner.name: inner for inner in running}
+
+
+def test_xdist_workers_pass_every_test(sessions):
+    x = sessions["x"]
+    assert_every_gloo_test_passed(x)
+    assert {r["worker"] for r in x.records()} == {"gw0", "gw1"}, "both workers must have run tests"
+
+
+def test_concurrent_sessions_overlap_and_pass_every_test(sessions):
+    """Both pass, ``test_sessions_overlap`` included: each saw the other's ranks up during it."""
+    assert_every_gloo_test_passed(sessions["a"])
+    assert_every_gloo_test_passed(sessions["b"])
+
+
+def test_every_session_and_xdist_worker_has_its_own_store_port(sessions):
+    ports: dict[tuple[str, str], set[int]] = {}
+    for inner in sessions.values():
+        for record in inner.records():
+            ports.setdefault((record["session"], record["worker"]), set()).add(record["port"])
+    assert set(ports) == {("x", "gw0"), ("x", "gw1"), ("a", "main"), ("b", "main")}
+    assert all(len(p) == 1 for p in ports.values()), f"one store per pool: {ports}"
+    assert len({p for (p,) in ports.values()}) == 4, f"ports shared between pools: {ports}"
+
+
+def test_spawn_log_sees_the_ranks_start(sessions):
+    """The detector the NCCL test relies on sees a gloo session start its forkserver and ranks."""
+    log = sessions["a"].spawn_log()
+    assert any(line.split()[1] == "started" and "multiprocessing.forkserver" in line for line in log), log
+    assert sum(line.split()[1] == "os.fork" for line in log) >= 2, log
+
+
+def test_no_process_left_after_the_sessions(sessions):
+    """Ranks, forkservers and a process a rank left running are all gone when a session ends."""
+    left_running = {p.name: int(p.read_text()) for p in sessions["a"].out.glob("left-running-*.pid")}
+    assert {name.split("-")[2] for name in left_running} == {"x", "a", "b"}
+    assert [name for name, pid in left_running.items() if alive(pid)] == []
+    for inner in sessions.values():
+        assert wait_until_gone(inner.tag) == [], f"session {inner.name} left processes"
+
+
+@pytest.fixture
+def nccl_session(sessions):
+    """Session ``nccl``: only the NCCL tests (``-m gpu``), on a machine without GPUs."""
+    if "nccl" not in sessions:
+        pytest.skip(f"needs a machine without CUDA GPUs (this one has {_gpus()}): the NCCL tests would run")
+    return sessions["nccl"]
+
+
+def test_nccl_tests_without_gpus_are_skipped_naming_the_gpus_needed(nccl_session):
+    assert nccl_session.rc == 0, nccl_session.stdout[-3000:]
+    needs = {
+        "test_nccl_all_reduce[nccl-1]": "nccl world size 1 needs 1 CUDA GPUs, this machine has 0",
+        "test_nccl_all_reduce[nccl-2]": "nccl world size 2 needs 2 CUDA GPUs, this machine has 0",
+        "test_nccl_fixture_style": "nccl world size 2 needs 2 CUDA GPUs, this machine has 0",
+    }
+    assert set(nccl_session.outcomes) == set(needs), nccl_session.stdout[-3000:]
+    for name, reason in needs.items():
+        kind, text = nccl_session.outcomes[name]
+        assert kind == "skipped" and reason in text, f"{name}: {kind}, {text}"
+
+
+def test_nccl_session_without_gpus_starts_no_process(nccl_session):
+    """The one interpreter started is pytest's own, and it made no fork, exec or spawn."""
+    log = nccl_session.spawn_log()
+    assert [line.split(" ", 2)[:2] for line in log] == [[str(nccl_session.proc.pid), "started"]], log
+
+
+LEAKY_CONFTEST = '''
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+from harness import plugin
+
+
+class LeakyPool:
+    """A pool whose close() left a process behind in one of its rank groups."""
+
+    def __init__(self):
+        self.left = subprocess.Popen(["sleep", "600"])
+        pathlib.Path(os.environ["SHARDSCALE_SELFTEST_DIR"], "left.pid").write_text(str(self.left.pid))
+
+    def close(self):
+        pass
+
+    def leftovers(self):
+        return [self.left.pid]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    session.config.stash[plugin._state_key].pool = LeakyPool()
+'''
+
+
+def test_plugin_kills_and_reports_what_the_pool_left_behind(tmp_path):
+    """At the end of the session the plugin kills every process ``RankPool.leftovers()`` names and
+    reports them in the terminal summary (the pool is a stand-in that leaves a ``sleep`` behind)."""
+    (tmp_path / "conftest.py").write_text(LEAKY_CONFTEST)
+    (tmp_path / "test_ok.py").write_text("def test_ok():\n    pass\n")
+    tag = uuid.uuid4().hex
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(tmp_path)],
+        cwd=tmp_path,
+        env=inner_env(tag, tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    left = int((tmp_path / "left.pid").read_text())
+    assert proc.returncode == 0, proc.stdout
+    assert f"shardscale: 1 rank process(es) outlived the session and were killed: [{left}]" in proc.stdout
+    assert not alive(left)
+    assert wait_until_gone(tag) == []
