@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchShardedGradScaler
 
-from fixtures.training import Step, drive
-from scaler import ScalerArgumentError, ShardedGradScaler, default_device
+from fixtures.training import Step, assert_same_trajectory, drive
+from scaler import GradScaler, ScalerArgumentError, ShardedGradScaler, default_device
 
 needs_no_accelerator = pytest.mark.skipif(
     torch.accelerator.is_available(),
@@ -159,3 +159,21 @@ def test_pickle_keeps_counters(world_of_one):
     drive(scaler, [Step(), Step(overflow=True)])
     restored = pickle.loads(pickle.dumps(scaler))
     assert (restored.steps, restored.skipped_steps, restored.growths, restored.backoffs) == (2, 1, 1, 1)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_matches_torchs_sharded_scaler_where_torchs_is_correct(world_of_one, optimizer):
+    """Away from torch's bugs (no fused optimizer, no growth past float32), the trajectories agree."""
+    plan = [Step(), Step(overflow=True), Step(), Step(), Step(), Step(overflow=True), Step()]
+    kwargs = {"init_scale": 2.0**12, "growth_interval": 2, "growth_factor": 3.0, "backoff_factor": 0.25}
+    theirs = drive(TorchShardedGradScaler("cpu", **kwargs), plan, optimizer=optimizer)
+    ours = drive(ShardedGradScaler("cpu", **kwargs), plan, optimizer=optimizer)
+    assert_same_trajectory(theirs, ours)
+
+
+def test_follows_the_same_rule_as_grad_scaler(world_of_one):
+    plan = [Step(overflow=i % 3 == 1) for i in range(9)]
+    kwargs = {"init_scale": 2.0**12, "growth_interval": 2}
+    assert_same_trajectory(
+        drive(GradScaler("cpu", **kwargs), plan), drive(ShardedGradScaler("cpu", **kwargs), plan)
+    )
