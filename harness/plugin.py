@@ -8,7 +8,6 @@ created only on the process that runs tests (each xdist worker owns its own pool
 
 from __future__ import annotations
 
-import os
 import pickle
 import re
 import shlex
@@ -25,6 +24,7 @@ from harness.spec import MARKER, DistConfig, from_marker
 _CASE_PARAM = "_shardscale_case"
 _state_key = pytest.StashKey["_State"]()
 _config_key = pytest.StashKey[DistConfig]()
+_WORKER_OUTPUT_KEY = "shardscale_outlived"
 
 
 class _State:
@@ -36,7 +36,9 @@ class _State:
         self.threads: int = config.getoption("rank_threads")
         self.log_root = Path(config.rootpath, config.getoption("rank_logs"))
         self.pool: Any = None
-        self.leftovers: list[int] = []
+        self.outlived: dict[str, list[int]] = {}
+        """Pids of processes started by ranks that outlived the session and were killed, by where
+        the pool ran: ``""`` here, an xdist worker id for a worker's pool (sent at its end)."""
         self._gpus: int | None = None
 
     def gpus(self) -> int:
@@ -81,16 +83,17 @@ class _State:
         return f"{verdict.message}\nrank logs: {log_dir}\n{repro_command(node)}"
 
     def close(self) -> None:
+        """Close the pool (which kills what the ranks left running) and keep what it killed for the
+        terminal summary; an xdist worker, whose terminal nobody sees, sends it to the controller."""
         if self.pool is None:
             return
-        self.pool.close()
-        self.leftovers = self.pool.leftovers()
-        for pid in self.leftovers:
-            try:
-                os.kill(pid, 9)
-            except OSError:
-                pass
+        outlived = list(self.pool.close())
         self.pool = None
+        workeroutput = getattr(self.config, "workeroutput", None)
+        if workeroutput is not None:
+            workeroutput[_WORKER_OUTPUT_KEY] = outlived
+        elif outlived:
+            self.outlived[""] = outlived
 
 
 def repro_command(node: pytest.Item) -> str:
@@ -158,12 +161,21 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     session.config.stash[_state_key].close()
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """(xdist controller) Keep what a worker's pool killed at the end of its session."""
+    outlived = getattr(node, "workeroutput", {}).get(_WORKER_OUTPUT_KEY)
+    state = node.config.stash.get(_state_key, None)
+    if outlived and state is not None:
+        state.outlived[node.gateway.id] = outlived
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     state = config.stash.get(_state_key, None)
-    if state is not None and state.leftovers:
+    for where, pids in sorted(state.outlived.items()) if state is not None else []:
         terminalreporter.write_line(
-            f"shardscale: {len(state.leftovers)} rank process(es) outlived the session and were killed: "
-            f"{state.leftovers}",
+            f"shardscale: {len(pids)} process(es) started by ranks{f' of {where}' if where else ''} "
+            f"outlived the session and were killed: {pids}",
             red=True,
         )
 

@@ -12,6 +12,9 @@ rank's pipe and process sentinel, turns what it sees into messages, and dispatch
 or ranks are still running ``peer_grace_s`` after another rank failed, the pool dumps the Python
 stack of every live rank (``faulthandler`` on ``SIGUSR1``), kills every rank's process group and
 starts afresh on the next case.
+
+Every process the pool starts, and all they start, carry this controller's tag in their environment
+(``harness/reaper.py``): leftovers are found and killed by that tag, never by recycled pids.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ import sys
 import tempfile
 import time
 import uuid
+import weakref
 from typing import Any
 
+from harness import reaper
 from harness.outcome import RankResult
 from harness.protocol import (
     Ack,
@@ -45,6 +50,7 @@ from harness.protocol import (
 from harness.spec import DistConfig
 
 STACK_SIGNAL = signal.SIGUSR1  # must match rank_main.STACK_SIGNAL (rank_main imports torch)
+_live_pools: weakref.WeakSet[RankPool] = weakref.WeakSet()  # pools of this process with ranks up
 
 
 class PoolError(RuntimeError):
@@ -117,7 +123,7 @@ class RankPool:
         self._timeout_s = 0.0
         self._case_ids = itertools.count(1)
         self._session = uuid.uuid4().hex[:8]
-        self._pgids: set[int] = set()
+        self._tag = reaper.controller_tag()
         self._events: list[Message] = []
         self.started_ranks = 0
         self._ctx = mp.get_context("forkserver")
@@ -157,8 +163,10 @@ class RankPool:
             self.kill()
         return final
 
-    def close(self, timeout_s: float = 10.0) -> None:
-        """Ask every rank to exit; kill whatever has not exited within ``timeout_s``."""
+    def close(self, timeout_s: float = 10.0) -> list[int]:
+        """Ask every rank to exit, then kill what is left: ranks that have not exited within
+        ``timeout_s``, and every process the ranks started that outlived them. Returns the pids of
+        the latter (a test that leaks a process, or a daemon that escaped its rank's group)."""
         for handle in self._live():
             try:
                 handle.send(Shutdown())
@@ -167,19 +175,22 @@ class RankPool:
         until = time.monotonic() + timeout_s
         for handle in self._ranks:
             handle.process.join(max(0.0, until - time.monotonic()))
+        ranks = {h.pid for h in self._ranks if h.process.is_alive()}
+        outlived = [pid for pid in self.leftovers() if pid not in ranks]
         self.kill()
+        _live_pools.discard(self)
         self._store = None
         if self._own_log_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
+        return outlived
 
     def kill(self) -> None:
-        """SIGKILL every rank's process group (the rank and any DataLoader workers) and forget them."""
+        """SIGKILL every rank's process group (the rank and any DataLoader workers), then every
+        other process the ranks started (:meth:`leftovers`), and forget the ranks. A group is killed
+        only while its leader carries our tag: an exited rank's pid may name a stranger's group."""
         for handle in self._ranks:
             if handle.pid is not None:
-                try:
-                    os.killpg(handle.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                reaper.killpg_if_tagged(handle.pid, self._tag)
             if handle.process.is_alive():
                 handle.process.kill()
         for handle in self._ranks:
@@ -187,22 +198,17 @@ class RankPool:
             handle.conn.close()
         self._ranks = []
         self._group = None
+        reaper.kill_until_gone(self.leftovers, self._tag, timeout_s=5.0)
 
     def leftovers(self) -> list[int]:
-        """Pids of live processes in any rank process group this pool ever started (should be none)."""
-        found = []
-        for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            state, pgrp = fields[0], int(fields[2])
-            if pgrp in self._pgids and state != "Z":
-                found.append(int(entry))
-        return found
+        """Pids of the live processes this pool started, directly or not, wherever they went
+        (another process group or session, a daemon): found by the controller's tag, never a stranger.
+
+        Pools of one process share the tag: what another live pool's ranks claim (their groups and
+        descendants) is left to it; an orphan outside every rank's group counts for every pool."""
+        procs = reaper.tagged_processes(self._tag)
+        others = [pid for pool in list(_live_pools) if pool is not self for pid in pool.pids]
+        return sorted(set(procs) - reaper.family(procs, others))
 
     # -- starting ranks and groups --------------------------------------------------------------
     def _live(self) -> list[RankHandle]:
@@ -213,6 +219,8 @@ class RankPool:
 
         if self._store is None:
             self._store, self._host, self._port = open_store()
+        reaper.start_tagged_forkserver(self._tag)
+        _live_pools.add(self)
         new = []
         for rank in range(len(self._ranks), world_size):
             parent_conn, child_conn = self._ctx.Pipe(duplex=True)
@@ -311,7 +319,7 @@ class RankPool:
         for event in events:
             if isinstance(event, RankStarted):
                 self._ranks[event.rank].pid = event.pid
-                self._pgids.add(event.pid)
+                reaper.warn_if_untagged(event.pid, self._tag, what=f"rank {event.rank}")
         return events
 
     def _collect(self, ranks: list[RankHandle], case_id: int, deadline: float) -> list[RankResult]:

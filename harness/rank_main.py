@@ -10,7 +10,9 @@ module (and so torch) once, so a rank starts in milliseconds. A rank then
   so no rank outlives pytest, even a ``SIGKILL`` of pytest;
 * writes stdout/stderr to its own log file and registers ``faulthandler`` on ``SIGUSR1`` there, so
   the controller can get every thread's Python stack even while a C call holds the GIL;
-* pins torch to ``threads`` intra-op threads (1 by default: ranks share the machine's cores).
+* pins torch to ``threads`` intra-op threads (1 by default: ranks share the machine's cores);
+* carries, from the forkserver's environment, the controller's ``SHARDSCALE_POOL_TAG``, which
+  everything it forks or execs inherits, so the controller finds what it left running by that tag.
 
 It imports nothing of the controller side (``pool.py``, ``plugin.py``).
 """

@@ -1,15 +1,18 @@
-"""RankPool driven directly (no plugin): reuse of warm ranks, group changes, clean shutdown."""
+"""RankPool driven directly (no plugin): reuse of warm ranks, group changes, clean shutdown, and
+finding what the ranks left running (by the pool's tag, never a process the pool did not start)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import threading
+import uuid
 
 import pytest
 from selftest import alive
 
 import harness
+from harness import reaper
 from harness.outcome import judge
 from harness.pool import CaseSpec, RankPool
 from harness.spec import DistConfig
@@ -33,6 +36,21 @@ def leave_a_process_running():
     """Start a process in this rank's process group (as a DataLoader worker is) and leave it running."""
     _left_running.append(subprocess.Popen(["sleep", "600"]))
     return os.getpid(), _left_running[-1].pid
+
+
+def leave_escapees_running():
+    """Start a child in a new session, and a daemon (``setsid``, its parent gone) that is not even a
+    child of the rank any more; leave both running."""
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    _left_running.append(subprocess.Popen(["sleep", "600"], start_new_session=True, **quiet))
+    # The daemon prints its pid once in its own session, and its parent shell has exited when we return.
+    sh = subprocess.Popen(
+        ["sh", "-c", "setsid sh -c 'echo $$; exec sleep 600 >/dev/null' &"], stdout=subprocess.PIPE
+    )
+    daemon = int(sh.stdout.readline())
+    sh.stdout.close()
+    sh.wait()
+    return os.getpid(), _left_running[-1].pid, daemon
 
 
 def case(target, world_size, **kw):
@@ -86,15 +104,73 @@ def test_pool_rejects_bad_thread_count():
         RankPool(threads_per_rank=0)
 
 
-def test_leftovers_sees_rank_group_members_and_close_kills_them():
-    """``leftovers()`` lists every live process of a rank's group (a rank and what it left running);
-    after ``close()`` there is none, the left-running processes included."""
+def test_leftovers_sees_rank_group_members_and_close_kills_them(pool):
+    """``leftovers()`` lists every live process of this pool's rank groups (a rank and what it left
+    running), not those of another live pool (the module's); ``close()`` kills the left-running
+    processes and returns them, and then there is none."""
+    assert judge(pool.run(case(f"{__name__}:rank_and_pid", 2)), world_size=2).outcome == "passed"
+    other = RankPool()
+    try:
+        values = judge(other.run(case(f"{__name__}:leave_a_process_running", 2)), world_size=2).values
+        ranks, children = zip(*values, strict=True)
+        assert sorted(other.leftovers()) == sorted(ranks + children)
+    finally:
+        outlived = other.close()
+    assert sorted(outlived) == sorted(children)
+    assert other.leftovers() == []
+    assert [pid for pid in children if alive(pid)] == []
+    assert pool.pids and all(alive(pid) for pid in pool.pids), "the other pool's close hit these ranks"
+    assert judge(pool.run(case(f"{__name__}:rank_and_pid", 2)), world_size=2).outcome == "passed"
+
+
+def test_descendants_that_left_the_rank_group_are_found_and_killed():
+    """A child started with ``start_new_session=True`` and a ``setsid`` daemon left the rank's process
+    group (and the daemon its process tree): ``leftovers()`` still lists them, and ``close()`` kills
+    them and returns them."""
     pool = RankPool()
     try:
-        values = judge(pool.run(case(f"{__name__}:leave_a_process_running", 2)), world_size=2).values
-        ranks, children = zip(*values, strict=True)
-        assert sorted(pool.leftovers()) == sorted(ranks + children)
+        results = pool.run(case(f"{__name__}:leave_escapees_running", 1))
+        ((rank, child, daemon),) = judge(results, world_size=1).values
+        assert rank not in (os.getpgid(child), os.getpgid(daemon))
+        assert sorted(pool.leftovers()) == sorted([rank, child, daemon])
+    finally:
+        outlived = pool.close()
+    assert sorted(outlived) == sorted([child, daemon])
+    assert [pid for pid in (rank, child, daemon) if alive(pid)] == []
+
+
+def test_processes_the_pool_did_not_start_are_never_reported_or_killed():
+    """Three strangers survive a pool's ``kill()`` and ``close()`` and are never in ``leftovers()``: a
+    group leader whose pid the pool's record of a rank names (what pid reuse produces: the old design
+    sent SIGKILL to that group), a process carrying another controller's tag (another session's
+    rank), and a process a test starts from the controller while the pool runs."""
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    other_env = {**os.environ, reaper.TAG_VAR: uuid.uuid4().hex}
+    strangers = [
+        subprocess.Popen(["sleep", "600"], start_new_session=True, **quiet),
+        subprocess.Popen(["sleep", "600"], start_new_session=True, env=other_env, **quiet),
+    ]
+    pool = RankPool()
+    try:
+        assert judge(pool.run(case(f"{__name__}:rank_and_pid", 1)), world_size=1).outcome == "passed"
+        strangers.append(subprocess.Popen(["sleep", "600"], **quiet))
+        pool._ranks[0].pid = strangers[0].pid  # the pool's record of rank 0 now names a stranger's group
+        assert os.getpgid(strangers[0].pid) == strangers[0].pid
+        assert not {p.pid for p in strangers} & set(pool.leftovers())
+        pool.kill()
+        assert [p.pid for p in strangers if not alive(p.pid)] == []
+        assert pool.close() == []
+        assert [p.pid for p in strangers if not alive(p.pid)] == []
     finally:
         pool.close()
-    assert pool.leftovers() == []
-    assert [pid for pid in children if alive(pid)] == []
+        for proc in strangers:
+            proc.kill()
+            proc.wait()
+
+
+def test_processes_started_from_the_controller_do_not_inherit_the_tag(pool):
+    """The controller holds the tag only while it starts the forkserver: what a test starts (an
+    inner pytest session) is not the pool's, and an inner pool's tag is its own."""
+    assert pool.pids
+    assert os.environ.get(reaper.TAG_VAR) != reaper.controller_tag()
+    assert all(reaper.carries_tag(pid, reaper.controller_tag()) for pid in pool.pids)

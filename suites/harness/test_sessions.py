@@ -191,10 +191,18 @@ def test_spawn_log_sees_the_ranks_start(sessions):
 
 
 def test_no_process_left_after_the_sessions(sessions):
-    """Ranks, forkservers and a process a rank left running are all gone when a session ends."""
+    """Ranks, forkservers and a process a rank left running are all gone when a session ends, and
+    the process left running is reported (under xdist, by the controller, naming the worker)."""
     left_running = {p.name: int(p.read_text()) for p in sessions["a"].out.glob("left-running-*.pid")}
     assert {name.split("-")[2] for name in left_running} == {"x", "a", "b"}
     assert [name for name, pid in left_running.items() if alive(pid)] == []
+    for name, pid in left_running.items():
+        session, worker = name.removesuffix(".pid").split("-")[2:]
+        where = "" if worker == "main" else f" of {worker}"
+        line = (
+            f"shardscale: 1 process(es) started by ranks{where} outlived the session and were killed: [{pid}]"
+        )
+        assert line in sessions[session].stdout, sessions[session].stdout[-3000:]
     for inner in sessions.values():
         assert wait_until_gone(inner.tag) == [], f"session {inner.name} left processes"
 
@@ -237,33 +245,34 @@ from harness import plugin
 
 
 class LeakyPool:
-    """A pool whose close() left a process behind in one of its rank groups."""
+    """A pool whose ranks left a process running: close() kills it and returns its pid."""
 
     def __init__(self):
         self.left = subprocess.Popen(["sleep", "600"])
         pathlib.Path(os.environ["SHARDSCALE_SELFTEST_DIR"], "left.pid").write_text(str(self.left.pid))
 
     def close(self):
-        pass
-
-    def leftovers(self):
+        self.left.kill()
+        self.left.wait()
         return [self.left.pid]
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session):
-    session.config.stash[plugin._state_key].pool = LeakyPool()
+    if not session.config.pluginmanager.has_plugin("dsession"):  # not the xdist controller: it runs no test
+        session.config.stash[plugin._state_key].pool = LeakyPool()
 '''
 
 
-def test_plugin_kills_and_reports_what_the_pool_left_behind(tmp_path):
-    """At the end of the session the plugin kills every process ``RankPool.leftovers()`` names and
-    reports them in the terminal summary (the pool is a stand-in that leaves a ``sleep`` behind)."""
+@pytest.mark.parametrize(("args", "where"), [((), ""), (("-n", "1"), " of gw0")], ids=["plain", "xdist"])
+def test_plugin_reports_what_the_pool_killed_at_the_end(tmp_path, args, where):
+    """The processes ``RankPool.close()`` killed because they outlived the session are named in the
+    terminal summary, the controller's under xdist (the pool is a stand-in that kills a ``sleep``)."""
     (tmp_path / "conftest.py").write_text(LEAKY_CONFTEST)
     (tmp_path / "test_ok.py").write_text("def test_ok():\n    pass\n")
     tag = uuid.uuid4().hex
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(tmp_path)],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args, str(tmp_path)],
         cwd=tmp_path,
         env=inner_env(tag, tmp_path),
         capture_output=True,
@@ -272,6 +281,9 @@ def test_plugin_kills_and_reports_what_the_pool_left_behind(tmp_path):
     )
     left = int((tmp_path / "left.pid").read_text())
     assert proc.returncode == 0, proc.stdout
-    assert f"shardscale: 1 rank process(es) outlived the session and were killed: [{left}]" in proc.stdout
+    expected = (
+        f"shardscale: 1 process(es) started by ranks{where} outlived the session and were killed: [{left}]"
+    )
+    assert expected in proc.stdout
     assert not alive(left)
     assert wait_until_gone(tag) == []
