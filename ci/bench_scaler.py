@@ -33,19 +33,23 @@ def _setup(n_params: int, scaler_factory):
     return scaler, opt
 
 
-def _time_iterations(scaler, opt, iterations: int) -> float:
-    start = time.perf_counter()
+def _time_iterations(scaler, opt, iterations: int) -> tuple[float, float]:
+    """(wall, CPU of this thread) seconds per iteration. The thread's CPU time leaves out waiting
+    for a peer rank in a collective, which on a shared machine is mostly scheduling noise."""
+    wall, cpu = time.perf_counter(), time.thread_time()
     for _ in range(iterations):
         scaler.unscale_(opt)
         scaler.step(opt)
         scaler.update()
-    return (time.perf_counter() - start) / iterations
+    return (time.perf_counter() - wall) / iterations, (time.thread_time() - cpu) / iterations
 
 
-def compare(factories: dict[str, object], n_params: int, iterations: int, barrier=None) -> dict[str, float]:
-    """Fastest round's seconds per iteration for each named scaler factory, rounds interleaved."""
+def compare(
+    factories: dict[str, object], n_params: int, iterations: int, barrier=None
+) -> dict[str, tuple[float, float]]:
+    """Fastest round's (wall, thread CPU) seconds per iteration for each named scaler factory."""
     setups = {name: _setup(n_params, factory) for name, factory in factories.items()}
-    samples: dict[str, list[float]] = {name: [] for name in factories}
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in factories}
     for scaler, opt in setups.values():  # warm-up
         _time_iterations(scaler, opt, max(1, iterations // 10))
     order = list(setups)
@@ -56,14 +60,14 @@ def compare(factories: dict[str, object], n_params: int, iterations: int, barrie
                 barrier()
             samples[name].append(_time_iterations(scaler, opt, iterations))
         order.reverse()  # neither side always runs first after the barrier
-    return {name: min(values) for name, values in samples.items()}
+    return {name: (min(w for w, _ in values), min(c for _, c in values)) for name, values in samples.items()}
 
 
 def _iterations_for(n_params: int) -> int:
     return {10: 400, 100: 100, 1000: 20}[n_params]
 
 
-def local_rows() -> list[tuple[str, int, float, float]]:
+def local_rows() -> list[tuple[str, int, tuple[float, float], tuple[float, float]]]:
     from scaler import GradScaler
 
     factories = {
@@ -77,7 +81,7 @@ def local_rows() -> list[tuple[str, int, float, float]]:
     return rows
 
 
-def _on_rank_sharded() -> list[tuple[str, int, float, float]]:
+def _on_rank_sharded() -> list[tuple[str, int, tuple[float, float], tuple[float, float]]]:
     import torch.distributed as dist
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchShardedGradScaler
 
@@ -97,7 +101,7 @@ def _on_rank_sharded() -> list[tuple[str, int, float, float]]:
     return rows
 
 
-def sharded_rows() -> list[tuple[str, int, float, float]]:
+def sharded_rows() -> list[tuple[str, int, tuple[float, float], tuple[float, float]]]:
     """Rank 0's rows from ``_on_rank_sharded`` on a fresh pool; raises ``RankFailure`` with every
     bad rank's traceback (the harness's own verdict) if any rank did not pass."""
     from harness import DistConfig, RankFailure
@@ -125,9 +129,16 @@ def sharded_rows() -> list[tuple[str, int, float, float]]:
 def main() -> None:
     torch.set_num_threads(1)
     print("Scaler overhead: unscale_ + step + update per iteration, CPU, SGD(lr=0), 64-element params")
-    print(f"{'scaler':<30} {'params':>7} {'ours (us)':>11} {'torch (us)':>11} {'ours/torch':>11}")
+    print("wall: elapsed time; cpu: the training thread's CPU time (no waiting for the peer rank)")
+    header = f"{'scaler':<30} {'params':>7}"
+    for clock in ("wall", "cpu"):
+        header += f" {clock + ' ours':>10} {clock + ' torch':>11} {'ratio':>7}"
+    print(header + "   (us per iteration)")
     for name, n, ours, theirs in local_rows() + sharded_rows():
-        print(f"{name:<30} {n:>7} {ours * 1e6:>11.1f} {theirs * 1e6:>11.1f} {ours / theirs:>10.3f}x")
+        line = f"{name:<30} {n:>7}"
+        for mine, other in zip(ours, theirs, strict=True):
+            line += f" {mine * 1e6:>10.1f} {other * 1e6:>11.1f} {mine / other:>6.3f}x"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -117,7 +117,8 @@ class ShardedGradScaler(GradScaler):
         self._process_group_name: str | None = None
         self._steps = 0
         self._skipped_on_host = 0
-        self._counts: dict[str, torch.Tensor | None] = dict.fromkeys(("skipped_steps", "growths", "backoffs"))
+        self._backoffs_on_host = 0
+        self._counts: dict[str, torch.Tensor | None] = dict.fromkeys(("skipped_steps", "resets", "backoffs"))
         self._reduction_cache: tuple[dist.ProcessGroup, torch.device, torch.device] | None = None
         self._last_found_inf: dict[int, torch.Tensor | bool] = {}
 
@@ -213,10 +214,15 @@ class ShardedGradScaler(GradScaler):
         return super()._combined_found_inf().clamp(max=1.0)
 
     def _update_scale(self, scale: torch.Tensor, tracker: torch.Tensor, found_inf: torch.Tensor) -> None:
-        before = scale.clone()
         update_scale_(scale, tracker, found_inf, self._config)
-        self._counter("growths").add_(scale > before)
-        self._counter("backoffs").add_(found_inf)
+        # The rule resets the tracker on every backoff and every completed growth interval, so
+        # growths = resets - backoffs: one comparison counts both, and no copy of the scale is needed.
+        self._counter("resets").add_(tracker == 0)
+        records = self._per_optimizer_states.values()
+        if all("skipped" in record for record in records):  # decided on the host at step()
+            self._backoffs_on_host += any(record["skipped"] for record in records)
+        else:
+            self._counter("backoffs").add_(found_inf)
 
     def step_was_skipped(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether this optimizer's last ``step`` through this scaler was skipped (syncs the host)."""
@@ -246,13 +252,15 @@ class ShardedGradScaler(GradScaler):
 
     @property
     def growths(self) -> int:
-        """``update()`` calls that grew the scale (syncs when read)."""
-        return self._count("growths")
+        """``update()`` calls that completed ``growth_interval`` clean steps, so that the scale was
+        multiplied by ``growth_factor`` (unless that would pass ``max_scale`` or float32's range).
+        Syncs when read."""
+        return self._count("resets") - self.backoffs
 
     @property
     def backoffs(self) -> int:
         """``update()`` calls that backed the scale off (syncs when read)."""
-        return self._count("backoffs")
+        return self._backoffs_on_host + self._count("backoffs")
 
     def get_min_scale(self) -> float | None:
         return self._config.min_scale

@@ -79,10 +79,11 @@ def test_scale_never_grows_to_inf_where_torchs_cpu_update_does(world_of_one):
     assert ours.scales == [2.0**127, 2.0**127]
 
 
-def test_counters_and_step_was_skipped_follow_the_plan(world_of_one):
+@pytest.mark.parametrize("fused", [False, True], ids=["skip_decided_on_host", "fused_skip_on_device"])
+def test_counters_and_step_was_skipped_follow_the_plan(world_of_one, fused):
     scaler = ShardedGradScaler("cpu", init_scale=64.0, growth_interval=2)
     model = torch.nn.Linear(3, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, fused=fused)
     skipped = []
     for overflow in (False, False, True, False, True):
         opt.zero_grad()
