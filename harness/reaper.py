@@ -138,51 +138,41 @@ def family(procs: dict[int, Proc], roots: Iterable[int]) -> set[int]:
     return members
 
 
-def _pidfd_if_tagged(pid: int, tag: str) -> int | None:
-    """A pidfd on ``pid`` if it is alive and carries ``tag`` (opened before the tag is read, so it
-    cannot refer to a process that took over the pid afterwards)."""
+def _signal_if_tagged(pid: int, tag: str, send: Callable[[int], None]) -> bool:
+    """Call ``send(pidfd)`` if ``pid`` is alive and carries ``tag``; return whether it was sent.
+
+    The pidfd is opened before the tag is read, so it cannot refer to a process that took over the
+    pid afterwards; a kernel without pidfds (or a pid already gone) means no signal at all.
+    """
     try:
         fd = os.pidfd_open(pid)
-    except OSError:  # gone (ESRCH), or a kernel without pidfds: then never signal
-        return None
-    if carries_tag(pid, tag):
-        return fd
-    os.close(fd)
-    return None
-
-
-def kill_if_tagged(pid: int, tag: str) -> bool:
-    """SIGKILL ``pid`` if it carries ``tag``; return whether it was signalled."""
-    fd = _pidfd_if_tagged(pid, tag)
-    if fd is None:
+    except OSError:
         return False
     try:
-        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        if not carries_tag(pid, tag):
+            return False
+        send(fd)
         return True
     except OSError:
         return False
     finally:
         os.close(fd)
+
+
+def kill_if_tagged(pid: int, tag: str) -> bool:
+    """SIGKILL ``pid`` if it carries ``tag``; return whether it was signalled."""
+    return _signal_if_tagged(pid, tag, lambda fd: signal.pidfd_send_signal(fd, signal.SIGKILL))
 
 
 def killpg_if_tagged(pgid: int, tag: str) -> bool:
     """SIGKILL process group ``pgid`` if its leader (pid ``pgid``) is alive and carries ``tag``.
 
-    Once the leader is verified, its group id stays reserved while the group has a member (Linux
-    frees a pid only when no process uses it as pid, pgid or sid). The race left needs the whole
-    group to exit and the pid to be handed out again, cycling through ``pid_max`` pids, between the
-    check and ``killpg``.
+    Once the leader is verified (and held by its pidfd), its group id stays reserved while the group
+    has a member (Linux frees a pid only when no process uses it as pid, pgid or sid). The race left
+    needs the whole group to exit and the pid to be handed out again, cycling through ``pid_max``
+    pids, between the check and ``killpg``.
     """
-    fd = _pidfd_if_tagged(pgid, tag)
-    if fd is None:
-        return False
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+    return _signal_if_tagged(pgid, tag, lambda _fd: os.killpg(pgid, signal.SIGKILL))
 
 
 def kill_until_gone(find: Callable[[], list[int]], tag: str, *, timeout_s: float) -> list[int]:

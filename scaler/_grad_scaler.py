@@ -45,6 +45,12 @@ class _OptimizerRecords(dict):
         return record
 
 
+def _sum_on(device: torch.device, flags: Iterable[torch.Tensor]) -> torch.Tensor:
+    """The found_inf flags, moved to ``device`` and added (the flag itself when there is one)."""
+    moved = [flag.to(device, non_blocking=True) for flag in flags]
+    return moved[0] if len(moved) == 1 else torch.stack(moved).sum()
+
+
 _NEW_SCALE_REASON = (
     "new_scale should be a float or a 1-element torch.cuda.FloatTensor or "
     "torch.FloatTensor with requires_grad=False."
@@ -228,8 +234,7 @@ class GradScaler:
             self._agree_found_inf(record)
         scale = self._scale
         assert scale is not None
-        flags = [t.to(scale.device, non_blocking=True) for t in record["found_inf_per_device"].values()]
-        found_inf = flags[0] if len(flags) == 1 else torch.stack(flags).sum()
+        found_inf = _sum_on(scale.device, record["found_inf_per_device"].values())
         if record["stage"] is OptState.UNSCALED:
             optimizer.grad_scale = getattr(optimizer, "grad_scale", None)  # type: ignore[attr-defined]
         else:
@@ -289,7 +294,7 @@ class GradScaler:
         scale = self._scale
         assert scale is not None
         flags = [
-            flag.to(device=scale.device, non_blocking=True)
+            flag
             for record in self._per_optimizer_states.values()
             for flag in record["found_inf_per_device"].values()
         ]
@@ -297,7 +302,7 @@ class GradScaler:
             raise ScalerUsageError(
                 "No inf checks were recorded prior to update(): call scaler.step(optimizer) first."
             )
-        return flags[0] if len(flags) == 1 else torch.stack(flags).sum()
+        return _sum_on(scale.device, flags)
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         """End the iteration: move the scale by the rule (or set it to ``new_scale``).

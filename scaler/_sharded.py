@@ -9,13 +9,14 @@ and the scale moves by the single shared rule in :mod:`scaler._rule`.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from scaler._grad_scaler import GradScaler
-from scaler._rule import ScaleConfig, update_scale_
+from scaler._rule import update_scale_
 
 __all__ = ["ShardedGradScaler", "default_device"]
 
@@ -100,13 +101,7 @@ class ShardedGradScaler(GradScaler):
             growth_interval=growth_interval,
             enabled=enabled,
         )
-        self._config = ScaleConfig(
-            growth_factor=growth_factor,
-            backoff_factor=backoff_factor,
-            growth_interval=growth_interval,
-            min_scale=min_scale,
-            max_scale=max_scale,
-        )
+        self._config = dataclasses.replace(self._config, min_scale=min_scale, max_scale=max_scale)
         if (min_scale is not None and self._init_scale < min_scale) or (
             max_scale is not None and self._init_scale > max_scale
         ):
@@ -204,14 +199,10 @@ class ShardedGradScaler(GradScaler):
             self._counter("skipped_steps").add_(flag)
 
     def _combined_found_inf(self) -> torch.Tensor:
-        flags = [
-            flag
-            for record in self._per_optimizer_states.values()
-            for flag in record["found_inf_per_device"].values()
-        ]
-        if len(flags) == 1:
-            return flags[0]  # already agreed, exactly 0.0 or 1.0
-        return super()._combined_found_inf().clamp(max=1.0)
+        found = super()._combined_found_inf()
+        # Each optimizer's flag is already agreed and exactly 0.0 or 1.0; only a sum over several
+        # optimizers can exceed 1.
+        return found if len(self._per_optimizer_states) == 1 else found.clamp(max=1.0)
 
     def _update_scale(self, scale: torch.Tensor, tracker: torch.Tensor, found_inf: torch.Tensor) -> None:
         update_scale_(scale, tracker, found_inf, self._config)
