@@ -41,5 +41,14 @@ bench: setup
 demo: setup
 	$(PY) -m scaler.demo
 
+# make parity [BACKEND=gloo] [WORLD_SIZE=2] [SCALER=ours] [K='fsdp2 and not bf16'] [OUT=reports]
+BACKEND    ?= gloo
+WORLD_SIZE ?= 2
+SCALER     ?= ours
+OUT        ?= reports
+K          ?=
+parity: setup
+	$(PY) -m harness.parity --backend $(BACKEND) --world-size $(WORLD_SIZE) --scaler $(SCALER) --out $(OUT) $(if $(K),-k "$(K)")
+
 clean:
 	rm -rf $(VENV) reports .pytest_cache .ruff_cache

@@ -71,7 +71,13 @@ def _format_failure(exc: BaseException, skip_frames: int) -> str:
 def call_case(
     target: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, rank: int, world_size: int
 ) -> tuple[str, Any, str]:
-    """Call ``target`` and return ``(status, value, text)`` with the status rules above."""
+    """Call ``target`` and return ``(status, payload, text)`` with the status rules above.
+
+    ``payload`` is the return value pickled with the standard pickler (``None`` unless passed): the
+    pickling both proves the value can reach the controller and makes tensors travel by value.
+    Handing live tensors to a ``multiprocessing`` pipe instead would share each tensor's storage
+    through a file descriptor, and a few thousand tensors exhaust the process's descriptors.
+    """
     filled = {
         key: rank if value is Placeholder.RANK else world_size if value is Placeholder.WORLD_SIZE else value
         for key, value in kwargs.items()
@@ -80,13 +86,13 @@ def call_case(
         func = resolve(target)
         value = func(*args, **filled)
         try:
-            pickle.dumps(value)
+            payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # noqa: BLE001 - any pickling error is the same user mistake
             raise TypeError(
                 f"the return value of {target} cannot be sent to the controller ({exc}); "
                 "return something picklable (plain data, tensors) or nothing"
             ) from exc
-        return "passed", value, ""
+        return "passed", payload, ""
     except BaseException as exc:  # noqa: BLE001 - a rank reports everything, it never dies of it
         status = _classify(exc)
         if status != "failed":

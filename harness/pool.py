@@ -24,6 +24,7 @@ import itertools
 import multiprocessing as mp
 import multiprocessing.connection
 import os
+import pickle
 import shutil
 import signal
 import sys
@@ -355,7 +356,7 @@ class RankPool:
                     results[event.rank] = RankResult(
                         rank=event.rank,
                         status=event.status,
-                        value=event.value,
+                        value=None if event.value is None else pickle.loads(event.value),
                         text=event.text,
                         order=next(order),
                     )

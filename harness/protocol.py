@@ -108,8 +108,9 @@ class CaseFinished(Message):
     case_id: int
     rank: int
     status: str
-    value: Any = None
-    """The function's return value when ``status == "passed"`` (checked picklable by the rank)."""
+    value: bytes | None = None
+    """The function's return value, pickled by the rank with the standard pickler, when
+    ``status == "passed"`` (so tensors travel by value, not as shared-memory descriptors)."""
     text: str = ""
     """Traceback for ``failed``, reason for ``skipped``/``xfailed``."""
     duration_s: float = 0.0

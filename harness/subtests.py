@@ -47,12 +47,12 @@ def run_subtests(
         except Exception:  # noqa: BLE001 - a failing configuration is recorded, the others still run
             error = traceback.format_exc()
             if ctx is not None and ctx.world_size > 1:
-                _leave_group()  # unblock peers that wait in a collective with us
+                leave_group()  # unblock peers that wait in a collective with us
         if error is not None:
             prefix = f"[rank {ctx.rank}] " if ctx is not None else ""
             failures.append(f"subtest {index} ({_describe(config)}) failed:\n{prefix}{error.rstrip()}")
         if ctx is not None and ctx.world_size > 1:
-            _agree(ctx, index, error is None, agree_timeout_s)
+            agree(ctx, f"subtest{index}", ok=error is None, timeout_s=agree_timeout_s)
     if failures:
         where = f" on rank {ctx.rank}" if ctx is not None else ""
         raise SubtestFailures(
@@ -60,19 +60,27 @@ def run_subtests(
         )
 
 
-def _leave_group() -> None:
+def leave_group() -> None:
+    """Destroy this rank's default process group, so peers blocked in a collective with it get an
+    error at once instead of waiting for the collective timeout."""
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.destroy_process_group()
 
 
-def _agree(ctx: context.RankContext, index: int, ok: bool, timeout_s: float) -> None:
-    """Publish this rank's result of subtest ``index``; rebuild the group if any rank failed."""
+def agree(ctx: context.RankContext, key: str, *, ok: bool, timeout_s: float = 60.0) -> bool:
+    """Publish whether this rank's part under ``key`` went well and wait for every rank's answer.
+
+    Returns True when every rank was fine. Otherwise every rank re-creates the default process group
+    (a rank that failed may have left it) and False is returned, the same on every rank. ``key``
+    must be unique within the running case.
+    """
     store = ctx.store
-    store.set(f"subtest{index}/rank{ctx.rank}", b"1" if ok else b"0")
-    keys = [f"subtest{index}/rank{r}" for r in range(ctx.world_size)]
+    store.set(f"{key}/rank{ctx.rank}", b"1" if ok else b"0")
+    keys = [f"{key}/rank{r}" for r in range(ctx.world_size)]
     store.wait(keys, timedelta(seconds=timeout_s))
-    if all(store.get(key) == b"1" for key in keys):
-        return
-    ctx.reset_group(f"subtest{index}")
+    if all(store.get(k) == b"1" for k in keys):
+        return True
+    ctx.reset_group(key)
+    return False

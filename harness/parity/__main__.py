@@ -1,0 +1,139 @@
+"""``python -m harness.parity`` (``make parity``): run the parity matrix and write the reports.
+
+Exit status: 0 when every configuration that ran held its tolerance, 1 when any broke it (each is
+named), 2 for bad arguments or ranks that could not be started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+from harness.parity import matrix, report, runner
+from harness.parity.select import ExpressionError, select
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.parity",
+        description="Does FSDP train exactly like DDP under loss scaling, and does every rank skip the same steps?",
+    )
+    parser.add_argument("--backend", choices=matrix.BACKENDS, default="gloo", help="gloo (CPU) or nccl (a GPU per rank)")
+    parser.add_argument("--world-size", type=int, default=2, help="ranks per configuration (default 2; HYBRID_SHARD needs >= 4)")
+    parser.add_argument("--scaler", choices=matrix.SCALERS, default="ours", help="the candidate's scaler: ours or torch's ShardedGradScaler")
+    parser.add_argument("-k", dest="expression", default="", help="select configurations, pytest-style: -k 'fsdp2 and not bf16'")
+    parser.add_argument("--out", default="reports", help="folder for parity.json, parity.md and parity.png (default reports)")
+    parser.add_argument("--list", action="store_true", help="print the selected configuration ids and exit")
+    parser.add_argument("--batch-size", type=int, default=8, help="configurations per rank call (default 8)")
+    parser.add_argument("--deadline", type=float, default=60.0, help="seconds allowed per configuration (default 60)")
+    parser.add_argument("--no-plot", action="store_true", help="do not write parity.png")
+    options = parser.parse_args(argv)
+    if options.world_size < 1:
+        parser.error(f"--world-size must be >= 1, got {options.world_size}")
+    if options.batch_size < 1:
+        parser.error(f"--batch-size must be >= 1, got {options.batch_size}")
+    if not options.deadline > 0:
+        parser.error(f"--deadline must be > 0 seconds, got {options.deadline}")
+    try:
+        options.configs = select(
+            matrix.default_matrix(world_size=options.world_size, backend=options.backend, scaler=options.scaler),
+            options.expression,
+        )
+    except ExpressionError as error:
+        parser.error(str(error))
+    if not options.configs:
+        parser.error(f"-k {options.expression!r} selects no configuration; see --list for the ids")
+    return options
+
+
+def _gpus(backend: str) -> int:
+    if backend != "nccl":
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _progress(update: runner.Progress) -> None:
+    result = update.outcome.result
+    width = len(str(update.total))
+    print(
+        f"[{update.done:>{width}}/{update.total}] {report.label(result):<5} {result.config.id:<60} "
+        f"{result.time_s:5.2f}s  elapsed {update.elapsed_s:5.1f}s, ETA {update.eta_s:5.1f}s",
+        flush=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = parse_args(argv)
+    gpus = _gpus(options.backend)
+    if options.list:
+        for config in options.configs:
+            reason = matrix.unsupported_reason(config, gpus=gpus)
+            print(config.id + (f"  (not here: {reason})" if reason else ""))
+        return 0
+    import torch
+
+    from harness.pool import PoolError, RankPool
+
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(
+        f"parity: {len(options.configs)} configurations, {options.backend}, world size {options.world_size}, "
+        f"scaler {options.scaler}, torch {torch.__version__}",
+        flush=True,
+    )
+    started = time.monotonic()
+    pool = RankPool(threads_per_rank=1)
+    try:
+        outcomes = runner.run(
+            options.configs,
+            runner.pool_executor(pool, deadline_per_config_s=options.deadline),
+            gpus=gpus,
+            batch_size=options.batch_size,
+            keep_records=False,
+            on_progress=_progress,
+        )
+    except PoolError as error:
+        print(f"parity: the ranks could not be started: {error}", file=sys.stderr)
+        return 2
+    finally:
+        pool.close()
+    wall = time.monotonic() - started
+    results = [outcome.result for outcome in outcomes]
+    run = {
+        "backend": options.backend,
+        "world_size": options.world_size,
+        "scaler": options.scaler,
+        "filter": options.expression,
+        "torch": torch.__version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "wall_s": round(wall, 2),
+    }
+    (out / "parity.json").write_text(json.dumps(report.to_json(results, run), indent=1) + "\n")
+    (out / "parity.md").write_text(report.render_markdown(results, run))
+    written = [out / "parity.json", out / "parity.md"]
+    if not options.no_plot:
+        try:
+            from harness.parity.plot import render_png
+        except ImportError:  # pragma: no cover - depends on the environment
+            print("parity: matplotlib is not installed, so parity.png is not written (pip install shardscale[report])")
+        else:
+            if render_png(results, out / "parity.png"):
+                written.append(out / "parity.png")
+    print()
+    print(report.render_summary(results))
+    print(f"\nparity: {wall:.1f}s wall; wrote {', '.join(str(p) for p in written)}")
+    broken = [r for r in results if r.broken]
+    if broken:
+        print(f"parity: {len(broken)} configuration(s) broke their tolerance: " + ", ".join(r.config.id for r in broken))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

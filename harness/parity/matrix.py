@@ -1,0 +1,395 @@
+"""What the parity engine runs: one frozen, validated :class:`ParityConfig` per configuration.
+
+Why data: the CLI (``python -m harness.parity``), the pytest suites under ``suites/parity`` and the
+CI gate all expand the *same* lists below, so a configuration has one id everywhere (the pytest
+id, the report row, the ``-k`` filter). A configuration names a candidate (FSDP1, FSDP2 or DDP)
+and a reference that it must train exactly like:
+
+* ``reference="ddp"``: DDP over the same model, optimizer and per-rank data, in the same
+  precision, scaled by ``torch.amp.GradScaler`` (a replicated reference needs no agreement, so
+  torch's single-device scaler is the trusted oracle). Planned faults hit *every* rank of the
+  reference: it shows what every rank of the candidate must do when any rank overflows.
+* ``reference="single"``: one process trains on every rank's batch at once, with the scaler
+  under test (for sparse gradients, which FSDP does not support).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator
+
+from harness.parity import workloads
+
+ENGINES = ("ddp", "fsdp1", "fsdp2")
+FSDP1_SHARDING = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard")
+PRECISIONS = ("fp32", "fp16", "bf16")
+OPTIMIZERS = ("sgd", "adam", "adam_fused")
+"""``sgd``: SGD with momentum 0.9 (not scale-invariant, so scaler bugs show); ``adam``:
+``Adam(foreach=True)``; ``adam_fused``: ``Adam(fused=True)`` (unscales and skips inside its kernel)."""
+PATHS = ("plain", "unscale_clip", "two_optimizers")
+"""``plain``: ``scale -> backward -> step -> update``; ``unscale_clip``: ``unscale_`` then
+``clip_grad_norm_`` before ``step``; ``two_optimizers``: the parameters split over two optimizers,
+both stepped through one scaler, one ``update``."""
+SCALERS = ("ours", "torch")
+REFERENCES = ("ddp", "single")
+SUITES = ("fsdp_vs_ddp", "forced_inf", "sparse", "cpu_offload")
+BACKENDS = ("gloo", "nccl")
+FAULT_VALUES = ("inf", "nan")
+
+
+def _choice(name: str, value: object, allowed: Iterable[object]) -> None:
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Fault:
+    """A non-finite value written into one gradient after backward (before unscaling)."""
+
+    step: int
+    """The step it happens in (0-based)."""
+    rank: int | None = 1
+    """The one rank whose gradient is poisoned; ``None``: every rank at once."""
+    value: str = "inf"
+    """``"inf"`` or ``"nan"``."""
+    optimizer: int = 0
+    """Which optimizer's parameters get it (``two_optimizers``: 0 or 1)."""
+
+    def __post_init__(self) -> None:
+        if self.step < 0:
+            raise ValueError(f"Fault.step must be >= 0, got {self.step}")
+        if self.rank is not None and self.rank < 0:
+            raise ValueError(f"Fault.rank must be >= 0 or None (every rank), got {self.rank}")
+        _choice("Fault.value", self.value, FAULT_VALUES)
+        _choice("Fault.optimizer", self.optimizer, (0, 1))
+
+    @property
+    def id(self) -> str:
+        """``inf@r1s2`` (rank 1, step 2), ``nan@alls4`` (every rank, step 4); ``o1`` marks optimizer 1."""
+        where = "all" if self.rank is None else f"r{self.rank}"
+        return f"{self.value}@{where}s{self.step}" + (f"o{self.optimizer}" if self.optimizer else "")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ParityConfig:
+    """One candidate-vs-reference training run. Fields that do not apply to an engine stay ``None``."""
+
+    engine: str
+    """The candidate: ``fsdp1``, ``fsdp2`` or ``ddp``."""
+    suite: str = "fsdp_vs_ddp"
+    """Which suite (and report section) the configuration belongs to."""
+    sharding: str | None = None
+    """FSDP1 only: ``full_shard``, ``shard_grad_op``, ``no_shard`` or ``hybrid_shard``."""
+    use_orig_params: bool | None = None
+    """FSDP1 only."""
+    reshard_after_forward: bool | None = None
+    """FSDP2 only."""
+    precision: str = "fp32"
+    """``fp32``, or ``fp16``/``bf16``: FSDP mixed precision (param and reduce dtype); the DDP
+    reference then trains a copy in that dtype and keeps float32 master weights, as FSDP does."""
+    optimizer: str = "sgd"
+    offload: bool = False
+    """FSDP2: ``CPUOffloadPolicy(pin_memory=False)``; FSDP1: ``CPUOffload(offload_params=True)``."""
+    workload: str = "mlp"
+    path: str = "plain"
+    faults: tuple[Fault, ...] = ()
+    scaler: str = "ours"
+    """The candidate's scaler: ``ours`` (``scaler.ShardedGradScaler``) or ``torch`` (torch's)."""
+    reference: str = "ddp"
+    world_size: int = 2
+    backend: str = "gloo"
+    steps: int = 6
+    init_scale: float = 2.0**16
+    growth_interval: int = 3
+    """Short, so a few steps show growth as well as backoff."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _choice("engine", self.engine, ENGINES)
+        _choice("suite", self.suite, SUITES)
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _choice("path", self.path, PATHS)
+        _choice("scaler", self.scaler, SCALERS)
+        _choice("reference", self.reference, REFERENCES)
+        _choice("backend", self.backend, BACKENDS)
+        workloads.get(self.workload)
+        if self.engine == "fsdp1":
+            _choice("sharding", self.sharding, FSDP1_SHARDING)
+            if self.use_orig_params is None:
+                raise ValueError("use_orig_params must be True or False for engine='fsdp1'")
+        elif self.sharding is not None or self.use_orig_params is not None:
+            raise ValueError(f"sharding and use_orig_params apply to engine='fsdp1' only, not {self.engine!r}")
+        if self.engine == "fsdp2":
+            if self.reshard_after_forward is None:
+                raise ValueError("reshard_after_forward must be True or False for engine='fsdp2'")
+        elif self.reshard_after_forward is not None:
+            raise ValueError(f"reshard_after_forward applies to engine='fsdp2' only, not {self.engine!r}")
+        if self.offload and self.engine == "ddp":
+            raise ValueError("offload applies to FSDP engines only; use engine='fsdp1' or 'fsdp2'")
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.growth_interval < 1:
+            raise ValueError(f"growth_interval must be >= 1, got {self.growth_interval}")
+        if not self.init_scale > 0:
+            raise ValueError(f"init_scale must be > 0, got {self.init_scale}")
+        for fault in self.faults:
+            if fault.step >= self.steps:
+                raise ValueError(f"fault {fault.id} lies past the last step ({self.steps - 1})")
+            if fault.optimizer == 1 and self.path != "two_optimizers":
+                raise ValueError(f"fault {fault.id} names optimizer 1 but path={self.path!r} has one optimizer")
+        if self.reference == "single" and not workloads.get(self.workload).sparse:
+            raise ValueError("reference='single' is for the sparse workload ('embedding'); use reference='ddp'")
+        if workloads.get(self.workload).sparse and (self.engine != "ddp" or self.reference != "single"):
+            raise ValueError(
+                "the sparse 'embedding' workload runs as engine='ddp' against reference='single' "
+                "(FSDP does not shard sparse gradients)"
+            )
+
+    # -- naming -----------------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        """Readable and unique: ``fsdp1-full_shard-flat-fp16-adam_fused-w2``,
+        ``fsdp2-reshard-offload-bf16-sgd-w2``, ``ddp-fp32-sgd-unscale_clip-inf@r1s2-w2``."""
+        parts = [self.engine]
+        if self.engine == "fsdp1":
+            parts += [self.sharding, "orig" if self.use_orig_params else "flat"]  # type: ignore[list-item]
+        if self.engine == "fsdp2":
+            parts.append("reshard" if self.reshard_after_forward else "keep")
+        if self.offload:
+            parts.append("offload")
+        parts += [self.precision, self.optimizer]
+        if self.workload != "mlp":
+            parts.append(self.workload)
+        if self.path != "plain":
+            parts.append(self.path)
+        parts += [fault.id for fault in self.faults]
+        if self.scaler != "ours":
+            parts.append(f"{self.scaler}_scaler")
+        parts.append(f"w{self.world_size}")
+        if self.backend != "gloo":
+            parts.append(self.backend)
+        return "-".join(parts)
+
+    @property
+    def keywords(self) -> frozenset[str]:
+        """What ``-k`` matches against: the id's parts, the suite, and ``field=value`` pairs."""
+        words = set(self.id.split("-")) | {self.suite, self.id}
+        for field in dataclasses.fields(self):
+            if field.name != "faults":
+                words.add(f"{field.name}={getattr(self, field.name)}")
+        if any(fault.rank is None for fault in self.faults):
+            words.add("every_rank")
+        if any(fault.rank is not None for fault in self.faults):
+            words.add("one_rank")
+        if self.optimizer.endswith("fused"):
+            words.add("fused")
+        return frozenset(words)
+
+    @property
+    def fused(self) -> bool:
+        return self.optimizer.endswith("_fused")
+
+    def reference_key(self) -> tuple[object, ...]:
+        """Configurations with equal keys share one reference run (the candidate's fields excluded)."""
+        return (
+            self.reference,
+            self.workload,
+            self.precision,
+            self.optimizer,
+            self.path,
+            tuple((f.step, f.value, f.optimizer) for f in self.faults),
+            self.scaler if self.reference == "single" else "torch.amp",
+            self.world_size,
+            self.backend,
+            self.steps,
+            self.init_scale,
+            self.growth_interval,
+            self.seed,
+        )
+
+    def with_(self, **changes: object) -> ParityConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+# -- where a configuration can run ------------------------------------------------------------------
+def unsupported_reason(config: ParityConfig, *, gpus: int = 0) -> str | None:
+    """Why ``config`` cannot run here (``None`` when it can): said in the report and the skip."""
+    if config.backend == "nccl" and gpus < config.world_size:
+        return f"nccl world size {config.world_size} needs {config.world_size} CUDA GPUs, this machine has {gpus}"
+    if config.sharding == "hybrid_shard" and (config.world_size < 4 or config.world_size % 2):
+        return (
+            "HYBRID_SHARD shards within a node and replicates across nodes, so it needs a 2-D mesh: "
+            f"an even world size >= 4, not {config.world_size} (run with --world-size 4)"
+        )
+    if config.engine == "fsdp1" and config.offload and config.backend == "gloo":
+        return "FSDP1 CPUOffload(offload_params=True) needs an accelerator (pinned memory); the GPU tier runs it"
+    if workloads.get(config.workload).sparse and config.precision == "fp16" and config.backend == "gloo":
+        return "gloo cannot all-reduce fp16 sparse gradients ('cadd_sparse' not implemented for 'Half'); the GPU tier runs it"
+    if config.world_size < 2 and any(f.rank not in (None, 0) for f in config.faults):
+        return f"a fault on rank {max(f.rank or 0 for f in config.faults)} needs world size >= 2"
+    return None
+
+
+# -- the matrices -----------------------------------------------------------------------------------
+def fsdp_vs_ddp(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
+    """FSDP1 (4 strategies x use_orig_params x precision x optimizer) and FSDP2 (reshard x precision
+    x offload x optimizer) against DDP, plus the tied-weight transformer and the frozen model with
+    an empty shard on every engine."""
+    common = {"world_size": world_size, "backend": backend}
+    configs = [
+        ParityConfig(engine="fsdp1", sharding=s, use_orig_params=o, precision=p, optimizer=opt, **common)
+        for s in FSDP1_SHARDING
+        for o in (False, True)
+        for p in PRECISIONS
+        for opt in OPTIMIZERS
+    ]
+    configs += [
+        ParityConfig(
+            engine="fsdp2", reshard_after_forward=r, precision=p, offload=off, optimizer=opt, **common
+        )
+        for r in (True, False)
+        for p in PRECISIONS
+        for off in (False, True)
+        for opt in OPTIMIZERS
+    ]
+    for workload in ("transformer", "frozen"):
+        for precision in PRECISIONS:
+            configs += [
+                ParityConfig(
+                    engine="fsdp1",
+                    sharding="full_shard",
+                    use_orig_params=orig,
+                    precision=precision,
+                    workload=workload,
+                    **common,
+                )
+                for orig in ((True,) if workload == "frozen" else (False, True))
+            ]
+            configs.append(
+                ParityConfig(
+                    engine="fsdp2", reshard_after_forward=True, precision=precision, workload=workload, **common
+                )
+            )
+    return configs
+
+
+def forced_inf(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
+    """inf and NaN on one rank only and on every rank at once, for DDP, FSDP1 and FSDP2 on every
+    scaler path. Steps 2 and 7 are poisoned; with ``growth_interval=3`` the scale backs off at
+    step 2, grows back after the three clean steps 3-5 and backs off again at step 7."""
+    engines = [
+        {"engine": "ddp"},
+        {"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": False},
+        {"engine": "fsdp2", "reshard_after_forward": True},
+    ]
+    paths = [("plain", "sgd"), ("plain", "adam_fused"), ("unscale_clip", "sgd"), ("two_optimizers", "sgd")]
+    configs = []
+    for engine in engines:
+        for path, optimizer in paths:
+            for rank in (1, None):
+                for value in FAULT_VALUES:
+                    faults = (Fault(step=2, rank=rank, value=value), Fault(step=7, rank=rank, value=value))
+                    configs.append(
+                        ParityConfig(
+                            suite="forced_inf",
+                            path=path,
+                            optimizer=optimizer,
+                            faults=faults,
+                            steps=9,
+                            init_scale=1024.0,
+                            world_size=world_size,
+                            backend=backend,
+                            **engine,  # type: ignore[arg-type]
+                        )
+                    )
+    return configs
+
+
+def sparse(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
+    """DDP with a sparse embedding against one process training on every rank's batch, in each
+    precision; step ``workloads.OVERFLOW_STEP`` overflows only once duplicates are summed."""
+    return [
+        ParityConfig(
+            suite="sparse",
+            engine="ddp",
+            reference="single",
+            workload="embedding",
+            precision=precision,
+            optimizer="sgd",  # torch's Adam refuses sparse gradients
+            init_scale=1024.0 if precision == "fp16" else 2.0**16,
+            world_size=world_size,
+            backend=backend,
+        )
+        for precision in PRECISIONS
+    ]
+
+
+def cpu_offload(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
+    """Parameters and gradients offloaded to the CPU: FSDP2 ``CPUOffloadPolicy`` (any backend) and
+    FSDP1 ``CPUOffload`` (an accelerator is needed), with a forced inf on one rank and without."""
+    configs = []
+    for precision in PRECISIONS:
+        for faults in ((), (Fault(step=2, rank=1),)):
+            for optimizer in ("sgd", "adam_fused"):
+                configs.append(
+                    ParityConfig(
+                        suite="cpu_offload",
+                        engine="fsdp2",
+                        reshard_after_forward=True,
+                        offload=True,
+                        precision=precision,
+                        optimizer=optimizer,
+                        faults=faults,
+                        world_size=world_size,
+                        backend=backend,
+                    )
+                )
+                configs.append(
+                    ParityConfig(
+                        suite="cpu_offload",
+                        engine="fsdp1",
+                        sharding="full_shard",
+                        use_orig_params=True,
+                        offload=True,
+                        precision=precision,
+                        optimizer=optimizer,
+                        faults=faults,
+                        world_size=world_size,
+                        backend=backend,
+                    )
+                )
+    return configs
+
+
+def default_matrix(*, world_size: int = 2, backend: str = "gloo", scaler: str = "ours") -> list[ParityConfig]:
+    """Every suite's configurations: what ``python -m harness.parity`` runs by default."""
+    configs = [
+        *fsdp_vs_ddp(world_size=world_size, backend=backend),
+        *forced_inf(world_size=world_size, backend=backend),
+        *sparse(world_size=world_size, backend=backend),
+        *cpu_offload(world_size=world_size, backend=backend),
+    ]
+    if scaler != "ours":
+        configs = [c.with_(scaler=scaler) for c in configs]
+    return unique(configs)
+
+
+def unique(configs: Iterable[ParityConfig]) -> list[ParityConfig]:
+    """``configs`` without repeats (equal ids), first occurrence kept."""
+    seen: dict[str, ParityConfig] = {}
+    for config in configs:
+        seen.setdefault(config.id, config)
+    return list(seen.values())
+
+
+def by_world(configs: Iterable[ParityConfig]) -> Iterator[tuple[tuple[str, int], list[ParityConfig]]]:
+    """Configurations grouped by ``(backend, world_size)`` (one process group each), in first-seen order."""
+    groups: dict[tuple[str, int], list[ParityConfig]] = {}
+    for config in configs:
+        groups.setdefault((config.backend, config.world_size), []).append(config)
+    yield from groups.items()

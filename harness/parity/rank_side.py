@@ -1,0 +1,77 @@
+"""The rank side of the parity engine: many configurations in one rank call, on the warm group.
+
+Why batched: a configuration costs well under a second on an existing process group, but seconds
+when ranks are spawned for it, so the controller sends a list of configurations and every rank
+runs them in the same order. References are cached (many candidates share one: same workload,
+precision, optimizer, path and faults), and each configuration is isolated: if any rank's run
+failed, the failing rank leaves the group (so peers waiting in a collective with it get an error
+instead of hanging), the ranks agree through the case's store, and every rank re-creates the
+group before the next configuration.
+
+Import target for the pool: ``harness.parity.rank_side:run_batch``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+
+from harness import context
+from harness.parity import gather, train
+from harness.parity.matrix import ParityConfig
+from harness.subtests import agree, leave_group
+
+_references: dict[tuple[Any, ...], tuple[dict[str, Any], str]] = {}
+
+
+def _reference(config: ParityConfig, device: Any) -> tuple[dict[str, Any], str, bool]:
+    """``(rank run, description, whether it came from the cache)``."""
+    key = (id(dist.distributed_c10d._get_default_group()), *config.reference_key())
+    cached = _references.get(key)
+    if cached is not None:
+        return (*cached, True)
+    run, description = train.run(config, "reference", device)
+    if run["error"] is None:
+        _references[key] = (run, description)
+    return run, description, False
+
+
+def run_one(config: ParityConfig) -> dict[str, Any]:
+    """Reference and candidate runs of ``config`` on this rank (never raises)."""
+    device = context.current().device
+    reference, reference_description, reused = _reference(config, device)
+    candidate, candidate_description = (
+        train.run(config, "candidate", device)
+        if reference["error"] is None
+        else (None, "not run: the reference failed")
+    )
+    return {
+        "id": config.id,
+        "reference": reference,
+        "reference_description": reference_description,
+        "reference_reused": reused,
+        "candidate": candidate,
+        "candidate_description": candidate_description,
+    }
+
+
+def run_batch(configs: list[ParityConfig]) -> list[dict[str, Any]]:
+    """Run every configuration of ``configs`` in order; one result dict per configuration."""
+    ctx = context.current()
+    results = []
+    for index, config in enumerate(configs):
+        if config.world_size != ctx.world_size or config.backend != ctx.backend:
+            raise ValueError(
+                f"configuration {config.id} needs {config.backend} world size {config.world_size}, "
+                f"but this batch runs on {ctx.backend} world size {ctx.world_size}"
+            )
+        result = run_one(config)
+        failed = result["reference"]["error"] or (result["candidate"] or {}).get("error")
+        if failed and ctx.world_size > 1:
+            leave_group()  # unblock peers still waiting in a collective with this rank
+        if ctx.world_size > 1 and not agree(ctx, f"parity{index}", ok=not failed):
+            _references.clear()
+            gather.forget_meshes()
+        results.append(result)
+    return results

@@ -1,0 +1,150 @@
+"""What one training run recorded, step by step, as plain data that crosses process boundaries.
+
+Why two shapes: every rank records its own scalars (loss, scale, growth tracker, found_inf, skip
+decisions), but only rank 0 gathers the full tensors (parameters, unscaled gradients, optimizer
+state), so the ranks send :func:`rank_run` dicts and the controller merges them into one
+:class:`RunRecord` per run with :func:`merge_rank_runs`. Records are keyed by (step, rank), never by
+arrival order; tensors are on the CPU in their own dtype (comparisons happen in float64 later).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class StepRecord:
+    """One optimizer iteration (``scale -> backward -> [unscale_] -> step -> update``)."""
+
+    step: int
+    losses: tuple[float, ...]
+    """The unscaled loss, by rank."""
+    scales: tuple[float, ...]
+    """The scale after ``update()``, by rank."""
+    trackers: tuple[int, ...]
+    """The growth tracker after ``update()``, by rank."""
+    found_inf: tuple[tuple[float, ...], ...]
+    """By rank, by optimizer: the found_inf the scaler held after ``step()`` (before ``update()``)."""
+    skipped: tuple[tuple[bool | None, ...], ...]
+    """By rank, by optimizer: whether ``step()`` left the rank's parameters bitwise unchanged;
+    ``None`` where the rank holds no element of that optimizer's parameters (an empty shard)."""
+    params: Tensors
+    """Full parameters after the step, by name (gathered on rank 0)."""
+    grads: Tensors
+    """Full gradients as the optimizer received them, unscaled (and clipped on ``unscale_clip``)."""
+    optim_state: dict[str, Tensors]
+    """Full optimizer state after the step, by parameter name then state key."""
+
+    def skipped_anywhere(self) -> bool:
+        return any(flag for flags in self.skipped for flag in flags)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class RunRecord:
+    """One run (the reference or the candidate) of one configuration."""
+
+    role: str
+    """``reference`` or ``candidate``."""
+    description: str
+    """What ran, in words (``DDP, fp16 working copy with float32 master weights``)."""
+    steps: tuple[StepRecord, ...]
+    counters: tuple[dict[str, int], ...] = ()
+    """By rank, after the last step: the scaler's ``steps``/``skipped_steps``/``growths``/``backoffs``
+    (empty dicts for a scaler without counters)."""
+    error: str | None = None
+    """The failure text when the run raised on some rank (``[rank N]``-prefixed); steps stop there."""
+    duration_s: float = 0.0
+
+    def to_wire(self) -> dict[str, Any]:
+        """Plain dicts, lists and tensors (what pickle and the JSON-free archive carry)."""
+        wire = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "steps"}
+        wire["steps"] = [dataclasses.asdict(step) for step in self.steps]
+        return wire
+
+    @classmethod
+    def from_wire(cls, wire: dict[str, Any]) -> RunRecord:
+        data = dict(wire)
+        data["steps"] = tuple(_step_from_dict(step) for step in data["steps"])
+        data["counters"] = tuple(data.get("counters", ()))
+        return cls(**data)
+
+
+def _step_from_dict(data: dict[str, Any]) -> StepRecord:
+    return StepRecord(
+        step=data["step"],
+        losses=tuple(data["losses"]),
+        scales=tuple(data["scales"]),
+        trackers=tuple(data["trackers"]),
+        found_inf=tuple(tuple(flags) for flags in data["found_inf"]),
+        skipped=tuple(tuple(flags) for flags in data["skipped"]),
+        params=dict(data["params"]),
+        grads=dict(data["grads"]),
+        optim_state={name: dict(state) for name, state in data["optim_state"].items()},
+    )
+
+
+def rank_step(
+    *,
+    loss: float,
+    scale: float,
+    tracker: int,
+    found_inf: list[float],
+    skipped: list[bool | None],
+    tensors: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """One rank's part of one step; ``tensors`` (``params``/``grads``/``optim_state``) on rank 0 only."""
+    return {
+        "loss": loss,
+        "scale": scale,
+        "tracker": tracker,
+        "found_inf": list(found_inf),
+        "skipped": list(skipped),
+        "tensors": tensors,
+    }
+
+
+def rank_run(
+    *, rank: int, steps: list[dict[str, Any]], counters: dict[str, int], error: str | None, duration_s: float
+) -> dict[str, Any]:
+    """One rank's part of one run, as sent to the controller."""
+    return {"rank": rank, "steps": steps, "counters": counters, "error": error, "duration_s": duration_s}
+
+
+def merge_rank_runs(role: str, description: str, parts: list[dict[str, Any]]) -> RunRecord:
+    """One :class:`RunRecord` from every rank's :func:`rank_run`; steps end where the first rank stopped."""
+    parts = sorted(parts, key=lambda part: part["rank"])
+    ranks = [part["rank"] for part in parts]
+    assert ranks == list(range(len(parts))), f"expected one part per rank, got ranks {ranks}"
+    errors = [part["error"] for part in parts if part["error"]]
+    count = min(len(part["steps"]) for part in parts)
+    assert all(s["tensors"] is not None for s in parts[0]["steps"][:count]), "rank 0 sends every step's tensors"
+    steps = []
+    for index in range(count):
+        per_rank = [part["steps"][index] for part in parts]
+        tensors = per_rank[0]["tensors"]
+        steps.append(
+            StepRecord(
+                step=index,
+                losses=tuple(s["loss"] for s in per_rank),
+                scales=tuple(s["scale"] for s in per_rank),
+                trackers=tuple(s["tracker"] for s in per_rank),
+                found_inf=tuple(tuple(s["found_inf"]) for s in per_rank),
+                skipped=tuple(tuple(s["skipped"]) for s in per_rank),
+                params=tensors["params"],
+                grads=tensors["grads"],
+                optim_state=tensors["optim_state"],
+            )
+        )
+    return RunRecord(
+        role=role,
+        description=description,
+        steps=tuple(steps),
+        counters=tuple(part["counters"] for part in parts),
+        error="\n".join(errors) if errors else None,
+        duration_s=max(part["duration_s"] for part in parts),
+    )

@@ -1,0 +1,227 @@
+"""The parity report as JSON and Markdown (pure renderers: results in, text out).
+
+``parity.json`` (``"schema": "shardscale.parity"``, ``"version": 1``)::
+
+    {
+      "schema": "shardscale.parity", "version": 1,
+      "run": {"backend", "world_size", "scaler", "filter", "torch", "created", "wall_s"},
+      "profiles": {"exact": {"rtol": 0.0, "atol": 0.0}, ...},
+      "summary": {"total", "pass", "fail", "crash", "error", "skip", "expected_failures"},
+      "configs": [{
+        "id", "suite", "config": {every ParityConfig field; faults as ids},
+        "status": "pass" | "fail" | "crash" | "error" | "skip",
+        "profile", "reason", "expected_failure",
+        "max_loss_diff", "first_diverging_step",       # null when none
+        "worst": {"step", "kind", "name", "max_abs", "max_rel", "mismatched", "numel"} | null,
+        "skipped_steps", "reference_skipped_steps", "counters", "time_s",
+        "reference", "candidate",                      # what ran, in words
+        "divergences": [{"step", "what", "message"}],
+        "curves": {"reference" | "candidate": {"loss": [[by rank] by step], "scale", "grad_norm", "skipped"}}
+      }]
+    }
+
+Non-finite numbers are written as the strings ``"inf"``, ``"-inf"`` and ``"nan"`` so the file is
+strict JSON. ``parity.md`` has one row per configuration (grouped by suite), then the divergences
+of every broken configuration and the reasons of the skipped ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from typing import Any
+
+from harness.parity import profiles
+from harness.parity.matrix import SUITES
+from harness.parity.result import ParityResult
+
+SCHEMA = "shardscale.parity"
+VERSION = 1
+_SUITE_TITLES = {
+    "fsdp_vs_ddp": "FSDP vs DDP",
+    "forced_inf": "Forced-inf step skipping",
+    "sparse": "Sparse-gradient unscaling",
+    "cpu_offload": "CPU offload",
+}
+
+
+def _number(value: float) -> float | str:
+    if math.isfinite(value):
+        return value
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+
+
+def _numbers(values: Any) -> Any:
+    if isinstance(values, float):
+        return _number(values)
+    if isinstance(values, (list, tuple)):
+        return [_numbers(v) for v in values]
+    return values
+
+
+def label(result: ParityResult) -> str:
+    """The status as the report shows it: ``xfail``/``XPASS`` for expected failures."""
+    if result.expected_failure:
+        return "xfail" if result.broken else ("skip" if result.status == "skip" else "XPASS")
+    return {"pass": "pass", "skip": "skip"}.get(result.status, result.status.upper())
+
+
+def summary(results: list[ParityResult]) -> dict[str, int]:
+    counts = Counter(r.status for r in results)
+    return {
+        "total": len(results),
+        **{status: counts.get(status, 0) for status in ("pass", "fail", "crash", "error", "skip")},
+        "expected_failures": sum(1 for r in results if r.expected_failure and r.broken),
+    }
+
+
+def result_to_json(result: ParityResult) -> dict[str, Any]:
+    config = {
+        field.name: getattr(result.config, field.name)
+        for field in dataclasses.fields(result.config)
+        if field.name != "faults"
+    }
+    config["faults"] = [fault.id for fault in result.config.faults]
+    return {
+        "id": result.config.id,
+        "suite": result.config.suite,
+        "config": config,
+        "status": result.status,
+        "profile": result.profile,
+        "reason": result.reason,
+        "expected_failure": result.expected_failure,
+        "max_loss_diff": _number(result.max_loss_diff),
+        "first_diverging_step": result.first_diverging_step,
+        "worst": None if result.worst is None else _numbers(dataclasses.asdict(result.worst)),
+        "skipped_steps": list(result.skipped_steps),
+        "reference_skipped_steps": list(result.reference_skipped_steps),
+        "counters": list(result.counters),
+        "time_s": round(result.time_s, 4),
+        "reference": result.reference,
+        "candidate": result.candidate,
+        "divergences": [dataclasses.asdict(d) for d in result.divergences],
+        "curves": {
+            role: {
+                "loss": _numbers(curves.loss),
+                "scale": _numbers(curves.scale),
+                "grad_norm": _numbers(curves.grad_norm),
+                "skipped": list(curves.skipped),
+            }
+            for role, curves in result.curves.items()
+        },
+    }
+
+
+def to_json(results: list[ParityResult], run: dict[str, Any]) -> dict[str, Any]:
+    """The whole report as a JSON-ready dict (``run`` is the run's metadata, see the schema)."""
+    return {
+        "schema": SCHEMA,
+        "version": VERSION,
+        "run": run,
+        "profiles": {name: {"rtol": p.rtol, "atol": p.atol} for name, p in profiles.PROFILES.items()},
+        "summary": summary(results),
+        "configs": [result_to_json(r) for r in results],
+    }
+
+
+def _fmt(value: float) -> str:
+    if value == 0:
+        return "0"
+    return f"{value:.2g}" if math.isfinite(value) else str(value)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _row(result: ParityResult) -> str:
+    c = result.config
+    sharding = c.sharding or ("reshard" if c.reshard_after_forward else "keep" if c.engine == "fsdp2" else "-")
+    if c.engine == "fsdp1":
+        sharding += " orig" if c.use_orig_params else " flat"
+    worst = "-"
+    if result.worst is not None:
+        w = result.worst
+        worst = f"{w.kind} {w.name} @{w.step}: abs {_fmt(w.max_abs)}, rel {_fmt(w.max_rel)}"
+    first = result.first_diverging_step
+    ran = result.status not in ("skip", "error")
+    cells = [
+        f"`{c.id}`",
+        c.engine,
+        sharding,
+        c.precision,
+        c.optimizer + ("" if c.path == "plain" else f" ({c.path})"),
+        "cpu" if c.offload else "-",
+        label(result),
+        _fmt(result.max_loss_diff) if ran else "-",
+        "-" if first is None else str(first),
+        worst,
+        ",".join(map(str, result.skipped_steps)) or "-",
+        f"{result.time_s:.2f}s",
+    ]
+    return "| " + " | ".join(_cell(cell) for cell in cells) + " |"
+
+
+_HEADER = (
+    "| configuration | engine | sharding | precision | optimizer | offload | status "
+    "| max loss diff | first diverging step | worst tensor | skipped steps | time |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
+    """``parity.md``: run line, summary, one table per suite, divergences, skip reasons."""
+    counts = summary(results)
+    lines = [
+        "# Parity report",
+        "",
+        f"{run.get('backend', '?')}, world size {run.get('world_size', '?')}, scaler {run.get('scaler', '?')}, "
+        f"torch {run.get('torch', '?')}" + (f", filter `-k {run['filter']}`" if run.get("filter") else ""),
+        "",
+        ", ".join(f"{counts[k]} {k}" for k in ("pass", "fail", "crash", "error", "skip") if counts[k])
+        + f" of {counts['total']}"
+        + (f" ({counts['expected_failures']} expected failures)" if counts["expected_failures"] else ""),
+        "",
+        "Profiles: " + "; ".join(f"`{n}` {p.describe()}" for n, p in profiles.PROFILES.items()) + ".",
+    ]
+    for suite in SUITES:
+        rows = [r for r in results if r.config.suite == suite]
+        if rows:
+            lines += ["", f"## {_SUITE_TITLES[suite]}", "", _HEADER, *(_row(r) for r in rows)]
+    broken = [r for r in results if r.broken]
+    if broken:
+        lines += ["", "## Divergences", ""]
+        for r in broken:
+            expected = f" (expected: {r.expected_failure})" if r.expected_failure else ""
+            lines.append(f"- `{r.config.id}` {label(r)}{expected}:")
+            shown = [d.message for d in r.divergences[:5]] or [r.reason]
+            lines += [f"  - {message}" for message in shown]
+            if len(r.divergences) > 5:
+                lines.append(f"  - ... and {len(r.divergences) - 5} more")
+    skipped = [r for r in results if r.status == "skip"]
+    if skipped:
+        lines += ["", "## Not run here", ""]
+        reasons = Counter(r.reason for r in skipped)
+        lines += [f"- {count} configuration(s): {reason}" for reason, count in reasons.items()]
+    return "\n".join(lines) + "\n"
+
+
+def render_summary(results: list[ParityResult]) -> str:
+    """The terminal's closing table: one line per suite, then each broken configuration."""
+    header = f"{'suite':<12} {'total':>5} {'pass':>5} {'fail':>5} {'crash':>5} {'error':>5} {'skip':>5} {'xfail':>5}"
+    lines = [header, "-" * len(header)]
+    for suite in SUITES:
+        rows = [r for r in results if r.config.suite == suite]
+        if not rows:
+            continue
+        c = summary(rows)
+        lines.append(
+            f"{suite:<12} {c['total']:>5} {c['pass']:>5} {c['fail']:>5} {c['crash']:>5} "
+            f"{c['error']:>5} {c['skip']:>5} {c['expected_failures']:>5}"
+        )
+    for r in results:
+        if r.broken:
+            expected = " [expected]" if r.expected_failure else ""
+            lines.append(f"{label(r)} {r.config.id}{expected}: {r.reason}")
+    return "\n".join(lines)

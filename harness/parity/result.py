@@ -1,0 +1,166 @@
+"""One verdict per configuration: merge what the ranks sent, compare, and say what it means.
+
+Why apart from ``compare.py``: the comparison is about two runs; a result also knows the
+configuration (its tolerance profile, whether it could run here, whether it is *expected* to fail,
+as torch's scaler is on some paths) and keeps the curves the report plots. Pure: no processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from harness.parity import compare, profiles
+from harness.parity.matrix import ParityConfig
+from harness.parity.record import RunRecord, merge_rank_runs
+
+STATUSES = ("pass", "fail", "crash", "error", "skip")
+"""``pass``: within the profile at every step; ``fail``: diverged; ``crash``: the candidate raised;
+``error``: the reference (the harness's side) could not run; ``skip``: cannot run here (``reason``)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Curves:
+    """Per-step series of one run, for the report and the CI gate (rank 0's view unless named)."""
+
+    loss: tuple[tuple[float, ...], ...] = ()
+    """By step, by rank."""
+    scale: tuple[float, ...] = ()
+    grad_norm: tuple[float, ...] = ()
+    """The 2-norm of all unscaled gradients (float64), ``inf``/``nan`` when they are."""
+    skipped: tuple[bool, ...] = ()
+
+    @classmethod
+    def of(cls, run: RunRecord) -> Curves:
+        norms = []
+        for step in run.steps:
+            total = 0.0
+            for grad in step.grads.values():
+                total += float(grad.double().pow(2).sum())
+            norms.append(math.sqrt(total) if math.isfinite(total) else total)
+        return cls(
+            loss=tuple(step.losses for step in run.steps),
+            scale=tuple(step.scales[0] for step in run.steps),
+            grad_norm=tuple(norms),
+            skipped=tuple(step.skipped_anywhere() for step in run.steps),
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ParityResult:
+    """The verdict on one configuration."""
+
+    config: ParityConfig
+    status: str
+    profile: str
+    reason: str = ""
+    """Why it was skipped, or the first divergence / crash / error in one line."""
+    expected_failure: str = ""
+    """Non-empty when this row is expected to fail (torch's scaler on a path where it is wrong)."""
+    divergences: tuple[compare.Divergence, ...] = ()
+    worst: compare.TensorDiff | None = None
+    max_loss_diff: float = 0.0
+    skipped_steps: tuple[int, ...] = ()
+    """Steps the candidate skipped (any optimizer, any rank)."""
+    reference_skipped_steps: tuple[int, ...] = ()
+    counters: tuple[dict[str, int], ...] = ()
+    """The candidate scaler's counters, by rank (ours only)."""
+    time_s: float = 0.0
+    """Wall time of the candidate run, plus the reference's when it was not shared with an earlier one."""
+    reference: str = ""
+    """What the reference was, in words."""
+    candidate: str = ""
+    curves: dict[str, Curves] = dataclasses.field(default_factory=dict)
+    """``reference`` and ``candidate`` curves."""
+
+    def __post_init__(self) -> None:
+        assert self.status in STATUSES, self.status
+
+    @property
+    def first_diverging_step(self) -> int | None:
+        return self.divergences[0].step if self.divergences else None
+
+    @property
+    def broken(self) -> bool:
+        """Breaks its tolerance (or crashed, or could not be judged)."""
+        return self.status in ("fail", "crash", "error")
+
+    @property
+    def as_expected(self) -> bool:
+        """Passed, was skipped, or failed where a failure is expected."""
+        return not self.broken or bool(self.expected_failure)
+
+
+def expected_failure(config: ParityConfig) -> str:
+    """Why ``config`` must fail (empty: it must pass): torch's ShardedGradScaler where it is wrong."""
+    if config.scaler != "torch":
+        return ""
+    if config.fused and config.path == "unscale_clip" and config.engine == "fsdp2":
+        return "torch's scaler crashes: unscale_ then a fused step on DTensor grads (found_inf shape [1] vs [])"
+    if config.fused and any(f.rank is not None for f in config.faults):
+        return "torch's scaler never agrees found_inf on the fused path: ranks without the inf step anyway"
+    return ""
+
+
+def skipped(config: ParityConfig, reason: str) -> ParityResult:
+    return ParityResult(config=config, status="skip", profile=profiles.profile_for(config).name, reason=reason)
+
+
+def failed_batch(config: ParityConfig, report: str) -> ParityResult:
+    """``config`` was in a batch that did not come back from every rank (the harness's report)."""
+    first = report.strip().splitlines()[0] if report.strip() else "the ranks failed"
+    return ParityResult(
+        config=config,
+        status="error",
+        profile=profiles.profile_for(config).name,
+        reason=f"the batch failed on the ranks: {first}",
+        expected_failure=expected_failure(config),
+    )
+
+
+def judge(config: ParityConfig, parts: list[dict[str, Any]]) -> tuple[ParityResult, RunRecord, RunRecord | None]:
+    """The verdict on ``config`` from every rank's ``rank_side.run_one`` dict (ordered by rank),
+    with the merged reference and candidate records."""
+    profile = profiles.profile_for(config)
+    reference = merge_rank_runs(
+        "reference", parts[0]["reference_description"], [p["reference"] for p in parts]
+    )
+    candidate = (
+        None
+        if any(p["candidate"] is None for p in parts)
+        else merge_rank_runs("candidate", parts[0]["candidate_description"], [p["candidate"] for p in parts])
+    )
+    common = {
+        "config": config,
+        "profile": profile.name,
+        "expected_failure": expected_failure(config),
+        "reference": reference.description,
+    }
+    if reference.error or candidate is None:
+        text = (reference.error or "").strip().splitlines()[-1:] or ["reference failed"]
+        return (
+            ParityResult(status="error", reason=f"the reference failed: {text[0]}", time_s=reference.duration_s, **common),
+            reference,
+            candidate,
+        )
+    comparison = compare.compare_runs(
+        reference, candidate, profile=profile, poisoned_steps=frozenset(f.step for f in config.faults)
+    )
+    status = "pass" if comparison.ok else ("crash" if candidate.error else "fail")
+    first = comparison.first
+    result = ParityResult(
+        status=status,
+        reason=first.message if first else "",
+        divergences=comparison.divergences,
+        worst=comparison.worst,
+        max_loss_diff=comparison.max_loss_diff,
+        skipped_steps=tuple(s.step for s in candidate.steps if s.skipped_anywhere()),
+        reference_skipped_steps=tuple(s.step for s in reference.steps if s.skipped_anywhere()),
+        counters=candidate.counters,
+        time_s=candidate.duration_s + (0.0 if parts[0].get("reference_reused") else reference.duration_s),
+        candidate=candidate.description,
+        curves={"reference": Curves.of(reference), "candidate": Curves.of(candidate)},
+        **common,
+    )
+    return result, reference, candidate

@@ -1,0 +1,129 @@
+"""Run a list of configurations on ranks and judge each (controller side).
+
+Why it does not own processes: the CLI runs it on a :class:`harness.pool.RankPool` of its own,
+the pytest suites on the session's warm pool (the ``module_ranks`` fixture), so the caller passes
+an *executor*: ``execute(batch, backend, world_size)`` runs ``rank_side.run_batch(batch)`` on
+``world_size`` ranks and returns every rank's list of results (rank order), or raises
+:class:`BatchFailed` with the harness's report when a rank failed, died or missed its deadline.
+Configurations that cannot run here become ``skip`` results with their reason and cost nothing.
+A failed batch turns each of its configurations into an ``error`` result; the next batch runs on
+fresh ranks (the pool replaces them), so one broken configuration never hides the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from harness.parity import result as results
+from harness.parity.matrix import ParityConfig, by_world, unsupported_reason
+from harness.parity.record import RunRecord
+from harness.parity.result import ParityResult
+
+Executor = Callable[[list[ParityConfig], str, int], list[list[dict[str, Any]]]]
+RANK_TARGET = "harness.parity.rank_side:run_batch"
+
+
+class BatchFailed(RuntimeError):
+    """A batch did not come back from every rank; the message is the harness's verdict."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Outcome:
+    """One configuration's verdict, with the records it was judged on (``None`` when not run)."""
+
+    result: ParityResult
+    reference: RunRecord | None = None
+    candidate: RunRecord | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Progress:
+    """What a progress callback is told after each configuration."""
+
+    done: int
+    total: int
+    elapsed_s: float
+    outcome: Outcome
+
+    @property
+    def eta_s(self) -> float:
+        return self.elapsed_s / self.done * (self.total - self.done) if self.done else 0.0
+
+
+def _chunks(items: list[ParityConfig], size: int) -> Iterator[list[ParityConfig]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def run(
+    configs: Iterable[ParityConfig],
+    execute: Executor,
+    *,
+    gpus: int = 0,
+    batch_size: int = 8,
+    keep_records: bool = True,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> list[Outcome]:
+    """Judge every configuration (in the given order); see the module docstring."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    configs = list(configs)
+    outcomes: dict[str, Outcome] = {}
+    started = time.monotonic()
+
+    def finish(outcome: Outcome) -> None:
+        outcomes[outcome.result.config.id] = outcome
+        if on_progress is not None:
+            on_progress(
+                Progress(done=len(outcomes), total=len(configs), elapsed_s=time.monotonic() - started, outcome=outcome)
+            )
+
+    runnable = []
+    for config in configs:
+        reason = unsupported_reason(config, gpus=gpus)
+        if reason is None:
+            runnable.append(config)
+        else:
+            finish(Outcome(result=results.skipped(config, reason)))
+    for (backend, world_size), group in by_world(runnable):
+        for batch in _chunks(group, batch_size):
+            try:
+                per_rank = execute(batch, backend, world_size)
+            except BatchFailed as failure:
+                for config in batch:
+                    finish(Outcome(result=results.failed_batch(config, str(failure))))
+                continue
+            for index, config in enumerate(batch):
+                verdict, reference, candidate = results.judge(config, [rank[index] for rank in per_rank])
+                if keep_records:
+                    finish(Outcome(result=verdict, reference=reference, candidate=candidate))
+                else:
+                    finish(Outcome(result=verdict))
+    return [outcomes[config.id] for config in configs]
+
+
+def pool_executor(pool: Any, *, deadline_per_config_s: float = 60.0) -> Executor:
+    """An executor on a :class:`harness.pool.RankPool` (the CLI's)."""
+    from harness.outcome import judge
+    from harness.pool import CaseSpec
+    from harness.spec import DistConfig
+
+    def execute(batch: list[ParityConfig], backend: str, world_size: int) -> list[list[dict[str, Any]]]:
+        deadline = 30.0 + deadline_per_config_s * len(batch)
+        spec = CaseSpec(
+            target=RANK_TARGET,
+            config=DistConfig(world_size=world_size, backend=backend),
+            args=(batch,),
+            deadline_s=deadline,
+            collective_timeout_s=min(deadline_per_config_s, deadline / 2),
+        )
+        rank_results = pool.run(spec)
+        verdict = judge(rank_results, world_size=world_size)
+        if verdict.outcome != "passed":
+            raise BatchFailed(verdict.message or verdict.summary)
+        return verdict.values
+
+    return execute

@@ -1,0 +1,75 @@
+"""How the parity suites run: each module lists its configurations in ``CONFIGS``; every test that
+takes ``parity_config`` is parametrized over them (ids are the configurations' ids, skips decided
+at collection, torch's known failures marked ``xfail(strict=True)``), and the module-scoped
+``parity_outcomes`` fixture runs the selected configurations once, on the warm pool, in a few rank
+calls, for all of the module's tests to read.
+
+A module may set ``SCALER_PINNED = True`` to keep each configuration's own scaler under
+``--scaler torch`` (the side-by-side module runs both scalers on purpose).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.parity import runner
+from harness.parity.matrix import ParityConfig, unsupported_reason
+from harness.parity.result import expected_failure
+from suites.parity.support import ranks_executor
+
+_BATCH = 16
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _configs(metafunc_or_module, option: str) -> list[ParityConfig]:
+    configs = list(getattr(metafunc_or_module, "CONFIGS"))
+    if option != "ours" and not getattr(metafunc_or_module, "SCALER_PINNED", False):
+        configs = [c.with_(scaler=option) for c in configs]
+    return configs
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "parity_config" not in metafunc.fixturenames:
+        return
+    gpus = _gpus()
+    params = []
+    for config in _configs(metafunc.module, metafunc.config.getoption("scaler")):
+        marks = []
+        if config.backend == "nccl":
+            marks.append(pytest.mark.gpu)
+        reason = unsupported_reason(config, gpus=gpus)
+        if reason:
+            marks.append(pytest.mark.skip(reason=reason))
+        failure = expected_failure(config)
+        if failure and not getattr(metafunc.function, "unaffected_by_expected_failures", False):
+            marks.append(pytest.mark.xfail(strict=True, reason=failure))
+        params.append(pytest.param(config, id=config.id, marks=marks))
+    metafunc.parametrize("parity_config", params)
+
+
+@pytest.fixture(scope="module")
+def parity_outcomes(request: pytest.FixtureRequest, module_ranks) -> dict[str, runner.Outcome]:
+    """``{config id: Outcome}`` for the configurations this module's selected tests use."""
+    wanted: dict[str, ParityConfig] = {}
+    for item in request.session.items:
+        callspec = getattr(item, "callspec", None)
+        if item.module is request.module and callspec is not None and "parity_config" in callspec.params:
+            config = callspec.params["parity_config"]
+            if item.get_closest_marker("skip") is None:
+                wanted.setdefault(config.id, config)
+    outcomes = runner.run(wanted.values(), ranks_executor(module_ranks), gpus=_gpus(), batch_size=_BATCH)
+    return {outcome.result.config.id: outcome for outcome in outcomes}
+
+
+@pytest.fixture
+def outcome(parity_config: ParityConfig, parity_outcomes) -> runner.Outcome:
+    """The outcome of this test's configuration; a configuration whose batch failed fails here."""
+    found = parity_outcomes[parity_config.id]
+    if found.result.status == "error":
+        pytest.fail(f"{parity_config.id}: {found.result.reason}", pytrace=False)
+    return found

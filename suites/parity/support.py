@@ -1,0 +1,46 @@
+"""Helpers the parity suites share (the fixtures are in ``conftest.py``)."""
+
+from __future__ import annotations
+
+from harness import RankFailure
+from harness.parity import rank_side, runner
+
+_SECONDS_PER_CONFIG = 60.0
+
+
+def unaffected_by_expected_failures(func):
+    """Mark a test whose assertion holds even where torch's scaler is expected to fail."""
+    func.unaffected_by_expected_failures = True
+    return func
+
+
+def ranks_executor(ranks) -> runner.Executor:
+    """A runner executor on the session's warm pool (``ranks``/``module_ranks``)."""
+
+    def execute(batch, backend, world_size):
+        deadline = 30.0 + _SECONDS_PER_CONFIG * len(batch)
+        try:
+            return ranks.run(
+                rank_side.run_batch,
+                batch,
+                world_size=world_size,
+                backend=backend,
+                deadline=deadline,
+                collective_timeout=_SECONDS_PER_CONFIG,
+            )
+        except RankFailure as failure:
+            raise runner.BatchFailed(str(failure)) from failure
+
+    return execute
+
+
+def describe(outcome: runner.Outcome) -> str:
+    """A failure message: the verdict and its first divergences, one per line."""
+    result = outcome.result
+    lines = [f"{result.config.id}: {result.status} (profile {result.profile})"]
+    lines += [d.message for d in result.divergences[:8]]
+    if result.worst is not None:
+        lines.append(f"worst tensor: step {result.worst.step}, {result.worst.describe()}")
+    if outcome.candidate is not None and outcome.candidate.error:
+        lines.append(outcome.candidate.error)
+    return "\n".join(lines)

@@ -1,0 +1,25 @@
+"""FSDP trains exactly like DDP under loss scaling: FSDP1 (every sharding strategy, flat and original
+parameters) and FSDP2, in fp32, fp16 and bf16, with SGD-momentum, Adam (foreach) and fused Adam, on
+the nested MLP, the tied-weight transformer and the frozen model with an empty shard.
+
+fp32 at world size 2 is held bit-exact (``exact``); fused optimizers and world size 4
+(HYBRID_SHARD as a 2x2 mesh) hold the documented profiles (``harness.parity.profiles``).
+"""
+
+from harness.parity import matrix
+from suites.parity.support import describe
+
+CONFIGS = [c for c in matrix.fsdp_vs_ddp(world_size=2) if c.sharding != "hybrid_shard"] + [
+    c for c in matrix.fsdp_vs_ddp(world_size=4) if c.sharding == "hybrid_shard"
+]
+
+
+def test_fsdp_trains_like_ddp(parity_config, outcome):
+    """Every step: same skip decisions, scale and tracker on every rank as DDP, same losses,
+    unscaled gradients, parameters and optimizer state within the configuration's profile."""
+    assert outcome.result.status == "pass", describe(outcome)
+
+
+def test_the_scale_moves_identically_on_every_rank(parity_config, outcome):
+    scales = [step.scales for step in outcome.candidate.steps]
+    assert all(len(set(per_rank)) == 1 for per_rank in scales), scales

@@ -1,0 +1,17 @@
+"""The GPU tier (``make test-gpu``): the parity matrix on NCCL with one GPU per rank, at world sizes
+2 and 1. With fewer GPUs than ranks a configuration is skipped at collection, starting no process;
+at world size 1 the faults planted on rank 1 cannot happen and those configurations are skipped."""
+
+from harness.parity import matrix
+from suites.parity.support import describe
+
+CONFIGS = matrix.unique(
+    [
+        *matrix.default_matrix(world_size=2, backend="nccl"),
+        *matrix.default_matrix(world_size=1, backend="nccl"),
+    ]
+)
+
+
+def test_the_configuration_trains_like_its_reference_on_gpus(parity_config, outcome):
+    assert outcome.result.status == "pass", describe(outcome)

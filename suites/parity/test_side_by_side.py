@@ -1,0 +1,44 @@
+"""Ours and torch's ShardedGradScaler on the same configurations: where torch's is correct both
+pass; where it is not (a fused optimizer with an inf on one rank; ``unscale_`` then a fused step on
+FSDP2's DTensor gradients) torch's rows are expected failures and ours pass.
+"""
+
+import pytest
+
+from harness.parity import matrix
+from harness.parity.matrix import Fault, ParityConfig
+from suites.parity.support import describe, unaffected_by_expected_failures
+
+SCALER_PINNED = True
+_SHOWCASE = [
+    ParityConfig(engine="fsdp1", sharding="full_shard", use_orig_params=False, optimizer="sgd"),
+    ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam"),
+    ParityConfig(
+        suite="forced_inf", engine="fsdp1", sharding="full_shard", use_orig_params=False,
+        optimizer="adam_fused", faults=(Fault(step=2, rank=1),), init_scale=1024.0,
+    ),
+    ParityConfig(
+        suite="forced_inf", engine="fsdp2", reshard_after_forward=True,
+        optimizer="adam_fused", faults=(Fault(step=2, rank=1),), init_scale=1024.0,
+    ),
+    ParityConfig(suite="forced_inf", engine="ddp", optimizer="adam_fused", faults=(Fault(step=2, rank=1),), init_scale=1024.0),
+    ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam_fused", path="unscale_clip"),
+]
+CONFIGS = [config.with_(scaler=scaler) for config in _SHOWCASE for scaler in matrix.SCALERS]
+
+
+def test_the_scaler_trains_like_the_reference(parity_config, outcome):
+    assert outcome.result.status == "pass", describe(outcome)
+
+
+@unaffected_by_expected_failures
+def test_torchs_rows_fail_exactly_where_it_is_known_to_be_wrong(parity_config, outcome):
+    result = outcome.result
+    if parity_config.scaler == "ours":
+        pytest.skip("torch's rows only")
+    assert result.broken == bool(result.expected_failure), describe(outcome)
+    if "crashes" in result.expected_failure:
+        assert result.status == "crash" and "doesn't match the broadcast shape" in outcome.candidate.error
+    elif result.expected_failure:
+        first = result.divergences[0]
+        assert first.step == 2 and first.what == "agreement", describe(outcome)

@@ -1,0 +1,64 @@
+"""Sparse-gradient unscaling: DDP with ``nn.Embedding(sparse=True)`` against one process training on
+every rank's batch with the same scaler. Batches repeat indices (sparse gradients with duplicates);
+at ``OVERFLOW_STEP`` every duplicate is finite but their sum is not, in the run's own dtype.
+"""
+
+import pytest
+import torch
+
+import harness
+from harness.parity import matrix, train, workloads
+from suites.parity.support import describe
+
+CONFIGS = matrix.sparse(world_size=2)
+
+
+def test_ddp_with_a_sparse_embedding_matches_one_process(parity_config, outcome):
+    assert outcome.result.status == "pass", describe(outcome)
+
+
+def test_duplicates_that_overflow_only_when_summed_skip_the_step_everywhere(parity_config, outcome):
+    step = workloads.OVERFLOW_STEP
+    for run in (outcome.reference, outcome.candidate):
+        flags = run.steps[step].skipped
+        assert all(f == (True,) for f in flags), f"{run.role} at step {step}: {flags}"
+    clean = [s.step for s in outcome.candidate.steps if s.step != step]
+    assert not any(outcome.candidate.steps[s].skipped_anywhere() for s in clean)
+
+
+def _expected_embedding_grad(config, step):
+    """The unscaled gradient worked out by hand: each occurrence of an index adds
+    ``coefficient * projection / world_size``; every term is a power of two, so it is exact."""
+    model = workloads.SparseEmbedding()
+    expected = torch.zeros(model.vocab, model.width, dtype=torch.float64)
+    for rank in range(config.world_size):
+        batch = workloads.get("embedding").make_batch(workloads.data_generator(config.seed, rank, step), step)
+        for index in batch["indices"].tolist():
+            expected[index] += batch["coefficient"] * model.projection.double() / config.world_size
+    return expected
+
+
+def test_unscaled_sparse_gradients_are_exact(parity_config, outcome):
+    for record in outcome.candidate.steps:
+        if record.step == workloads.OVERFLOW_STEP:
+            continue
+        got = record.grads["embed.weight"].double()
+        assert torch.equal(got, _expected_embedding_grad(parity_config, record.step)), f"step {record.step}"
+
+
+def _single_process_run(precision):
+    config = matrix.ParityConfig(
+        suite="sparse", engine="ddp", reference="single", workload="embedding", precision=precision, init_scale=1024.0
+    )
+    run, _ = train.run(config, "reference", harness.current().device)
+    assert run["error"] is None, run["error"]
+    return [step["skipped"] for step in run["steps"]]
+
+
+@pytest.mark.parametrize("precision", matrix.PRECISIONS)
+def test_one_process_with_uncoalesced_duplicates_detects_the_overflow(ranks, precision):
+    """The single-process path alone (no DDP: gloo cannot all-reduce fp16 sparse gradients), so
+    every dtype, fp16 included, is checked on the CPU."""
+    for rank, skipped in enumerate(ranks.run(_single_process_run, precision, world_size=2)):
+        assert skipped[workloads.OVERFLOW_STEP] == [True], f"rank {rank}: {skipped}"
+        assert sum(flag == [True] for flag in skipped) == 1, f"rank {rank}: {skipped}"
