@@ -41,14 +41,15 @@ bench: setup
 demo: setup
 	$(PY) -m scaler.demo
 
-# make parity [BACKEND=gloo] [WORLD_SIZE=2] [SCALER=ours] [K='fsdp2 and not bf16'] [OUT=reports]
-BACKEND    ?= gloo
-WORLD_SIZE ?= 2
-SCALER     ?= ours
-OUT        ?= reports
-K          ?=
+# make parity [BACKEND=gloo] [WORLD_SIZE=2] [SCALER=ours] [K='fsdp2 and not bf16'] [REPORTS=reports]
+# Plain `=`: only the command line overrides these (a WORLD_SIZE exported by a cluster job does not).
+BACKEND    = gloo
+WORLD_SIZE = 2
+SCALER     = ours
+REPORTS    = reports
+K          =
 parity: setup
-	$(PY) -m harness.parity --backend $(BACKEND) --world-size $(WORLD_SIZE) --scaler $(SCALER) --out $(OUT) $(if $(K),-k "$(K)")
+	$(PY) -m harness.parity --backend $(BACKEND) --world-size $(WORLD_SIZE) --scaler $(SCALER) --out $(REPORTS) $(if $(K),-k "$(K)")
 
 clean:
 	rm -rf $(VENV) reports .pytest_cache .ruff_cache

@@ -97,13 +97,15 @@ def tensor_diff(
     both_nan = r.isnan() & c.isnan()
     if profile.bitwise:
         same = (ref == cand) | both_nan
-    else:
-        same = ((c - r).abs() <= profile.atol + profile.rtol * r.abs()) | (c == r) | both_nan
-    delta = (c - r).abs()
-    delta = torch.where(both_nan | (c == r), torch.zeros_like(delta), delta)
+    else:  # a non-finite value must be matched exactly: inf - (-inf) is within no tolerance
+        finite = r.isfinite() & c.isfinite()
+        close = (c - r).abs() <= profile.atol + profile.rtol * r.abs()
+        same = torch.where(finite, close, (c == r) | both_nan)
+    equal = both_nan | (c == r)
+    delta = torch.where(equal, torch.zeros_like(r), (c - r).abs())
     delta = torch.where(delta.isnan(), torch.full_like(delta, math.inf), delta)
     scale = r.abs()
-    rel = torch.where(scale > 0, delta / scale, torch.where(delta > 0, math.inf, 0.0))
+    rel = torch.where(scale.isfinite() & (scale > 0), delta / scale, torch.where(delta > 0, math.inf, 0.0))
     return TensorDiff(
         step=step,
         kind=kind,

@@ -154,19 +154,20 @@ def _row(result: ParityResult) -> str:
         c.optimizer + ("" if c.path == "plain" else f" ({c.path})"),
         "cpu" if c.offload else "-",
         label(result),
+        result.profile,
         _fmt(result.max_loss_diff) if ran else "-",
         "-" if first is None else str(first),
         worst,
         ",".join(map(str, result.skipped_steps)) or "-",
-        f"{result.time_s:.2f}s",
+        f"{result.time_s:.2f}s" if ran else "-",
     ]
     return "| " + " | ".join(_cell(cell) for cell in cells) + " |"
 
 
 _HEADER = (
-    "| configuration | engine | sharding | precision | optimizer | offload | status "
+    "| configuration | engine | sharding | precision | optimizer | offload | status | profile "
     "| max loss diff | first diverging step | worst tensor | skipped steps | time |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -181,7 +182,7 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
         "",
         ", ".join(f"{counts[k]} {k}" for k in ("pass", "fail", "crash", "error", "skip") if counts[k])
         + f" of {counts['total']}"
-        + (f" ({counts['expected_failures']} expected failures)" if counts["expected_failures"] else ""),
+        + (f" (expected failures: {counts['expected_failures']})" if counts["expected_failures"] else ""),
         "",
         "Profiles: " + "; ".join(f"`{n}` {p.describe()}" for n, p in profiles.PROFILES.items()) + ".",
     ]

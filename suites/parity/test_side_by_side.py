@@ -1,6 +1,8 @@
 """Ours and torch's ShardedGradScaler on the same configurations: where torch's is correct both
-pass; where it is not (a fused optimizer with an inf on one rank; ``unscale_`` then a fused step on
-FSDP2's DTensor gradients) torch's rows are expected failures and ours pass.
+pass; where it is not (a fused optimizer with an inf on one rank under DDP or FSDP1; ``unscale_``
+then a fused step on FSDP2's DTensor gradients) torch's rows are expected failures and ours pass.
+Under FSDP2 torch's fused path happens to agree: the unscale kernel on DTensor gradients all-reduces
+found_inf inside DTensor dispatch.
 """
 
 import pytest

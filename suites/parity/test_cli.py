@@ -1,0 +1,61 @@
+"""``python -m harness.parity`` (``make parity``) as a user runs it: progress, reports, exit status."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def parity(*args, cwd):
+    return subprocess.run(
+        [sys.executable, "-m", "harness.parity", *args], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_list_prints_the_selected_ids_and_why_some_cannot_run_here(tmp_path):
+    done = parity("--list", "-k", "sparse", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "ddp-fp32-sgd-embedding-w2",
+        "ddp-fp16-sgd-embedding-w2  (not here: gloo cannot all-reduce fp16 sparse gradients "
+        "('cadd_sparse' not implemented for 'Half'); the GPU tier runs it)",
+        "ddp-bf16-sgd-embedding-w2",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "complaint"),
+    [
+        (["--world-size", "0"], "--world-size must be >= 1, got 0"),
+        (["-k", "fsdp2 and"], "-k 'fsdp2 and': a word or '(' is missing"),
+        (["-k", "fsdp9"], "-k 'fsdp9' selects no configuration; see --list for the ids"),
+        (["--scaler", "apex"], "argument --scaler: invalid choice: 'apex'"),
+    ],
+)
+def test_bad_arguments_exit_2_with_the_fix(tmp_path, args, complaint):
+    done = parity(*args, cwd=tmp_path)
+    assert done.returncode == 2 and complaint in done.stderr, done.stderr
+
+
+def test_a_passing_run_shows_progress_and_writes_the_three_reports(tmp_path):
+    done = parity("-k", "suite=fsdp_vs_ddp and fsdp2 and reshard and fp32 and not offload", "--out", "out", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[1/5] pass" in done.stdout and "[5/5] pass" in done.stdout and "ETA" in done.stdout
+    assert "fsdp_vs_ddp      5     5     0" in done.stdout
+    data = json.loads((tmp_path / "out" / "parity.json").read_text())
+    assert data["summary"]["pass"] == 5 and data["run"]["world_size"] == 2
+    assert "| `fsdp2-reshard-fp32-sgd-w2` |" in (tmp_path / "out" / "parity.md").read_text()
+    assert (tmp_path / "out" / "parity.png").stat().st_size > 0
+
+
+def test_a_configuration_that_breaks_its_tolerance_exits_1_and_is_named(tmp_path):
+    done = parity(
+        "--scaler", "torch", "-k", "forced_inf and fsdp1 and adam_fused and one_rank and inf@", "--no-plot",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    broken = "fsdp1-full_shard-flat-fp32-adam_fused-inf@r1s2-inf@r1s7-torch_scaler-w2"
+    assert f"parity: 1 configuration(s) broke their tolerance: {broken}" in done.stdout
+    assert f"xfail {broken} [expected]: step 2, scale differs across ranks: rank 0=2048.0, rank 1=512.0" in done.stdout
+    assert not (tmp_path / "reports" / "parity.png").exists()

@@ -1,0 +1,127 @@
+"""The report's rendering is pinned with expecttest: a format change is a reviewed diff.
+
+Regenerate after a deliberate change with ``EXPECTTEST_ACCEPT=1 pytest suites/parity/test_report.py``.
+"""
+
+import json
+import math
+
+import expecttest
+
+from harness.parity import report
+from harness.parity.matrix import Fault, ParityConfig
+from harness.parity.result import judge, skipped
+from suites.parity.records import replace_step, step
+
+RUN = {"backend": "gloo", "world_size": 2, "scaler": "ours", "filter": "", "torch": "2.13.0+cpu"}
+
+
+def _part(rank, reference_steps, candidate_steps, error=None):
+    """What rank ``rank`` of ``rank_side.run_one`` sends for hand-made steps (tensors on rank 0)."""
+
+    def rank_run(steps, error):
+        sent = []
+        for s in steps:
+            tensors = {"params": s.params, "grads": s.grads, "optim_state": s.optim_state} if rank == 0 else None
+            sent.append({"loss": s.losses[rank], "scale": s.scales[rank], "tracker": s.trackers[rank],
+                         "found_inf": list(s.found_inf[rank]), "skipped": list(s.skipped[rank]), "tensors": tensors})
+        return {"rank": rank, "steps": sent, "counters": {}, "error": error, "duration_s": 0.25}
+
+    return {
+        "reference": rank_run(reference_steps, None),
+        "reference_description": "DDP",
+        "reference_reused": False,
+        "candidate": rank_run(candidate_steps, error),
+        "candidate_description": "candidate",
+    }
+
+
+def _results():
+    ok = ParityConfig(engine="fsdp1", sharding="full_shard", use_orig_params=False)
+    diverged = ParityConfig(engine="fsdp2", reshard_after_forward=True, precision="bf16", optimizer="adam")
+    crashed = ParityConfig(
+        suite="forced_inf", engine="fsdp2", reshard_after_forward=True, optimizer="adam_fused",
+        path="unscale_clip", faults=(Fault(step=1, rank=1),), scaler="torch",
+    )
+    hybrid = ParityConfig(engine="fsdp1", sharding="hybrid_shard", use_orig_params=True)
+    steps = [step(0), step(1, skipped=True, scale=2.0, tracker=0)]
+    drift = [step(0), replace_step(step(1, skipped=True, scale=2.0, tracker=0, weight=1.5), losses=(0.5, 0.625))]
+    error = "[rank 0] Traceback\n[rank 0] RuntimeError: output with shape [] doesn't match the broadcast shape [1]"
+    return [
+        judge(ok, [_part(r, steps, steps) for r in range(2)])[0],
+        judge(diverged, [_part(r, steps, drift) for r in range(2)])[0],
+        judge(crashed, [_part(r, steps, steps[:1], error) for r in range(2)])[0],
+        skipped(hybrid, "HYBRID_SHARD needs an even world size >= 4"),
+    ]
+
+
+class TestRendering(expecttest.TestCase):
+    def test_markdown_has_one_row_per_configuration_then_divergences_and_skip_reasons(self):
+        self.assertExpectedInline(report.render_markdown(_results(), RUN), """\
+# Parity report
+
+gloo, world size 2, scaler ours, torch 2.13.0+cpu
+
+1 pass, 1 fail, 1 crash, 1 skip of 4 (expected failures: 1)
+
+Profiles: `exact` bitwise; `fp32` rtol 1.3e-06, atol 1e-05; `bf16` rtol 0.016, atol 0.001; `fp16` rtol 0.001, atol 0.001.
+
+## FSDP vs DDP
+
+| configuration | engine | sharding | precision | optimizer | offload | status | profile | max loss diff | first diverging step | worst tensor | skipped steps | time |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| `fsdp1-full_shard-flat-fp32-sgd-w2` | fsdp1 | full_shard flat | fp32 | sgd | - | pass | exact | 0 | - | - | 1 | 0.50s |
+| `fsdp2-reshard-bf16-adam-w2` | fsdp2 | reshard | bf16 | adam | - | FAIL | exact | 0.12 | 1 | param layer.weight @1: abs 0.5, rel 0.5 | 1 | 0.50s |
+| `fsdp1-hybrid_shard-orig-fp32-sgd-w2` | fsdp1 | hybrid_shard orig | fp32 | sgd | - | skip | exact | - | - | - | - | - |
+
+## Forced-inf step skipping
+
+| configuration | engine | sharding | precision | optimizer | offload | status | profile | max loss diff | first diverging step | worst tensor | skipped steps | time |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| `fsdp2-reshard-fp32-adam_fused-unscale_clip-inf@r1s1-torch_scaler-w2` | fsdp2 | reshard | fp32 | adam_fused (unscale_clip) | - | xfail | fp32 | 0 | 1 | - | - | 0.50s |
+
+## Divergences
+
+- `fsdp2-reshard-bf16-adam-w2` FAIL:
+  - step 1, rank 1 loss 0.625, reference 0.5 (abs diff 0.125) (profile exact)
+  - step 1, param layer.weight: 4 / 4 mismatched; max abs 0.5, max rel 0.5 (profile exact)
+- `fsdp2-reshard-fp32-adam_fused-unscale_clip-inf@r1s1-torch_scaler-w2` xfail (expected: torch's scaler crashes: unscale_ then a fused step on DTensor grads (found_inf shape [1] vs [])):
+  - step 1, the candidate raised: [rank 0] RuntimeError: output with shape [] doesn't match the broadcast shape [1]
+
+## Not run here
+
+- 1 configuration(s): HYBRID_SHARD needs an even world size >= 4
+""")
+
+    def test_the_terminal_summary_counts_by_suite_and_names_what_broke(self):
+        self.assertExpectedInline(report.render_summary(_results()), """\
+suite        total  pass  fail crash error  skip xfail
+------------------------------------------------------
+fsdp_vs_ddp      3     1     1     0     0     1     0
+forced_inf       1     0     0     1     0     0     1
+FAIL fsdp2-reshard-bf16-adam-w2: step 1, rank 1 loss 0.625, reference 0.5 (abs diff 0.125) (profile exact)
+xfail fsdp2-reshard-fp32-adam_fused-unscale_clip-inf@r1s1-torch_scaler-w2 [expected]: step 1, the candidate raised: [rank 0] RuntimeError: output with shape [] doesn't match the broadcast shape [1]""")
+
+
+def test_the_json_report_is_strict_json_with_a_versioned_schema():
+    results = _results()
+    text = json.dumps(report.to_json(results, RUN), allow_nan=False)
+    data = json.loads(text)
+    assert (data["schema"], data["version"]) == ("shardscale.parity", 1)
+    assert data["summary"] == {"total": 4, "pass": 1, "fail": 1, "crash": 1, "error": 0, "skip": 1, "expected_failures": 1}
+    assert [c["status"] for c in data["configs"]] == ["pass", "fail", "crash", "skip"]
+    assert data["configs"][2]["config"]["faults"] == ["inf@r1s1"]
+    assert data["configs"][1]["curves"]["candidate"]["loss"] == [[0.5, 0.5], [0.5, 0.625]]
+    assert data["profiles"]["fp16"] == {"rtol": 1e-3, "atol": 1e-3}
+
+
+def test_non_finite_numbers_are_written_as_strings():
+    assert report._numbers([1.0, math.inf, -math.inf, [math.nan]]) == [1.0, "inf", "-inf", ["nan"]]
+
+
+def test_the_figure_is_written_when_something_ran(tmp_path):
+    from harness.parity.plot import render_png
+
+    assert render_png(_results(), tmp_path / "parity.png")
+    assert (tmp_path / "parity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not render_png(_results()[3:], tmp_path / "none.png")
