@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from ci import bench_harness, bench_scaler
+from ci import bench_harness, bench_parity, bench_scaler
 
 
 def main() -> None:
     bench_scaler.main()
     print()
     bench_harness.main()
+    print()
+    bench_parity.main()
 
 
 if __name__ == "__main__":

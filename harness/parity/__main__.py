@@ -22,14 +22,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m harness.parity",
         description="Does FSDP train exactly like DDP under loss scaling, and does every rank skip the same steps?",
     )
-    parser.add_argument("--backend", choices=matrix.BACKENDS, default="gloo", help="gloo (CPU) or nccl (a GPU per rank)")
-    parser.add_argument("--world-size", type=int, default=2, help="ranks per configuration (default 2; HYBRID_SHARD needs >= 4)")
-    parser.add_argument("--scaler", choices=matrix.SCALERS, default="ours", help="the candidate's scaler: ours or torch's ShardedGradScaler")
-    parser.add_argument("-k", dest="expression", default="", help="select configurations, pytest-style: -k 'fsdp2 and not bf16'")
-    parser.add_argument("--out", default="reports", help="folder for parity.json, parity.md and parity.png (default reports)")
+    parser.add_argument(
+        "--backend", choices=matrix.BACKENDS, default="gloo", help="gloo (CPU) or nccl (a GPU per rank)"
+    )
+    parser.add_argument(
+        "--world-size",
+        type=int,
+        default=2,
+        help="ranks per configuration (default 2; HYBRID_SHARD needs >= 4)",
+    )
+    parser.add_argument(
+        "--scaler",
+        choices=matrix.SCALERS,
+        default="ours",
+        help="the candidate's scaler: ours or torch's ShardedGradScaler",
+    )
+    parser.add_argument(
+        "-k",
+        dest="expression",
+        default="",
+        help="select configurations, pytest-style: -k 'fsdp2 and not bf16'",
+    )
+    parser.add_argument(
+        "--out", default="reports", help="folder for parity.json, parity.md and parity.png (default reports)"
+    )
     parser.add_argument("--list", action="store_true", help="print the selected configuration ids and exit")
     parser.add_argument("--batch-size", type=int, default=8, help="configurations per rank call (default 8)")
-    parser.add_argument("--deadline", type=float, default=60.0, help="seconds allowed per configuration (default 60)")
+    parser.add_argument(
+        "--deadline", type=float, default=60.0, help="seconds allowed per configuration (default 60)"
+    )
     parser.add_argument("--no-plot", action="store_true", help="do not write parity.png")
     options = parser.parse_args(argv)
     if options.world_size < 1:
@@ -40,7 +61,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--deadline must be > 0 seconds, got {options.deadline}")
     try:
         options.configs = select(
-            matrix.default_matrix(world_size=options.world_size, backend=options.backend, scaler=options.scaler),
+            matrix.default_matrix(
+                world_size=options.world_size, backend=options.backend, scaler=options.scaler
+            ),
             options.expression,
         )
     except ExpressionError as error:
@@ -121,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             from harness.parity.plot import render_png
         except ImportError:  # pragma: no cover - depends on the environment
-            print("parity: matplotlib is not installed, so parity.png is not written (pip install shardscale[report])")
+            print(
+                "parity: matplotlib is not installed, so parity.png is not written (pip install shardscale[report])"
+            )
         else:
             if render_png(results, out / "parity.png"):
                 written.append(out / "parity.png")
@@ -130,7 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nparity: {wall:.1f}s wall; wrote {', '.join(str(p) for p in written)}")
     broken = [r for r in results if r.broken]
     if broken:
-        print(f"parity: {len(broken)} configuration(s) broke their tolerance: " + ", ".join(r.config.id for r in broken))
+        print(
+            f"parity: {len(broken)} configuration(s) broke their tolerance: "
+            + ", ".join(r.config.id for r in broken)
+        )
         return 1
     return 0
 

@@ -83,7 +83,13 @@ class Comparison:
 
 
 def tensor_diff(
-    reference: torch.Tensor, candidate: torch.Tensor, profile: ToleranceProfile, *, step: int, kind: str, name: str
+    reference: torch.Tensor,
+    candidate: torch.Tensor,
+    profile: ToleranceProfile,
+    *,
+    step: int,
+    kind: str,
+    name: str,
 ) -> TensorDiff:
     """Elementwise comparison in float64 (``exact``: every element equal); NaN matches NaN."""
     ref = reference.detach().to("cpu")
@@ -160,7 +166,9 @@ def _scaler_state(ref: StepRecord, cand: StepRecord) -> list[tuple[str, str]]:
     want_inf = [bool(f) for f in ref.found_inf[0]]
     for rank, flags in enumerate(cand.found_inf):
         if [bool(f) for f in flags] != want_inf:
-            problems.append(("found_inf", f"rank {rank} found_inf {list(flags)}, reference {list(ref.found_inf[0])}"))
+            problems.append(
+                ("found_inf", f"rank {rank} found_inf {list(flags)}, reference {list(ref.found_inf[0])}")
+            )
             break
     for label, key, want, values in (
         ("scale", "scale", ref.scales[0], cand.scales),
@@ -194,7 +202,9 @@ def _flatten(step: StepRecord, kind: str) -> dict[str, torch.Tensor]:
         return step.params
     if kind == "grad":
         return step.grads
-    return {f"{name}:{key}": value for name, state in step.optim_state.items() for key, value in state.items()}
+    return {
+        f"{name}:{key}": value for name, state in step.optim_state.items() for key, value in state.items()
+    }
 
 
 def _tensor_problems(
@@ -210,7 +220,9 @@ def _tensor_problems(
         for name in sorted(set(want) & set(got)):
             w, g = want[name], got[name]
             if tuple(w.shape) != tuple(g.shape):
-                problems.append(("shape", f"{kind} {name}: shape {tuple(g.shape)}, reference {tuple(w.shape)}"))
+                problems.append(
+                    ("shape", f"{kind} {name}: shape {tuple(g.shape)}, reference {tuple(w.shape)}")
+                )
                 continue
             if w.dtype != g.dtype:
                 problems.append(("dtype", f"{kind} {name}: dtype {g.dtype}, reference {w.dtype}"))
@@ -254,13 +266,19 @@ def compare_runs(
             failing = [d for d in diffs if d.mismatched]
             worst_at_first = max(failing, key=lambda d: (d.max_abs, d.mismatched), default=None)
         divergences += [
-            Divergence(step=cand.step, what=what, message=f"step {cand.step}, {text} (profile {profile.name})")
+            Divergence(
+                step=cand.step, what=what, message=f"step {cand.step}, {text} (profile {profile.name})"
+            )
             for what, text in found
         ]
     shorter = min(len(reference.steps), len(candidate.steps))
     if candidate.error:
         first_line = candidate.error.strip().splitlines()[-1]
-        divergences.append(Divergence(step=shorter, what="crash", message=f"step {shorter}, the candidate raised: {first_line}"))
+        divergences.append(
+            Divergence(
+                step=shorter, what="crash", message=f"step {shorter}, the candidate raised: {first_line}"
+            )
+        )
     elif len(candidate.steps) != len(reference.steps):
         divergences.append(
             Divergence(

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from harness.parity import gather, workloads
+from harness.parity import flat, gather, workloads
 from harness.parity.matrix import ParityConfig
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -183,10 +183,11 @@ class SingleProcess(Engine):
                 param.grad = param.grad.coalesce()
 
     def losses(self, step: int, scale: float) -> tuple[torch.Tensor, float]:
-        parts = [
-            self.workload.loss(self.module, to_device(self.finish(self.batch(step, rank), scale), self.device))
+        batches = [
+            to_device(self.finish(self.batch(step, rank), scale), self.device)
             for rank in range(self.world_size)
         ]
+        parts = self.workload.losses(self.module, batches)
         return torch.stack(parts).mean(), parts[self.rank].item()
 
 
@@ -215,11 +216,15 @@ class FSDP1(Engine):
             kwargs["auto_wrap_policy"] = ModuleWrapPolicy(set(self.workload.units))
         if config.precision != "fp32":
             dtype = DTYPES[config.precision]
-            kwargs["mixed_precision"] = MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
+            kwargs["mixed_precision"] = MixedPrecision(
+                param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype
+            )
         if config.offload:
             kwargs["cpu_offload"] = CPUOffload(offload_params=True)
         if config.sharding == "hybrid_shard":
-            kwargs["device_mesh"] = gather.mesh(self.device.type, (self.world_size // 2, 2), ("replicate", "shard"))
+            kwargs["device_mesh"] = gather.mesh(
+                self.device.type, (self.world_size // 2, 2), ("replicate", "shard")
+            )
         return FSDP(module, **kwargs)
 
     def named_trainable(self) -> list[tuple[str, torch.Tensor]]:
@@ -229,13 +234,13 @@ class FSDP1(Engine):
         self.wrapped.clip_grad_norm_(max_norm)  # type: ignore[operator]
 
     def full_params(self) -> dict[str, torch.Tensor]:
-        return gather.fsdp1_full_params(self.wrapped)
+        return flat.full_params(self.wrapped, self.device)
 
     def full_grads(self) -> dict[str, torch.Tensor]:
-        return gather.fsdp1_full_grads(self.wrapped, self.device)
+        return flat.full_grads(self.wrapped, self.device)
 
     def full_optim_state(self, optimizers: list[torch.optim.Optimizer]) -> dict[str, dict[str, torch.Tensor]]:
-        return gather.fsdp1_full_optim_state(self.wrapped, optimizers, self.device)
+        return flat.full_optim_state(self.wrapped, optimizers, self.device)
 
 
 class FSDP2(Engine):
@@ -268,19 +273,24 @@ class FSDP2(Engine):
         return module
 
     def full_params(self) -> dict[str, torch.Tensor]:
-        return {n: gather.full_tensor(p, self.device) for n, p in self.module.named_parameters()}
+        return gather.full_tensors(dict(self.module.named_parameters()), self.device)
 
     def full_grads(self) -> dict[str, torch.Tensor]:
-        return {n: gather.full_tensor(p.grad, self.device) for n, p in self.named_trainable() if p.grad is not None}
+        grads = {n: p.grad for n, p in self.named_trainable() if p.grad is not None}
+        return gather.full_tensors(grads, self.device)
 
     def full_optim_state(self, optimizers: list[torch.optim.Optimizer]) -> dict[str, dict[str, torch.Tensor]]:
         names = {id(p): n for n, p in self.named_trainable()}
-        return {
-            names[id(p)]: {key: gather.full_tensor(value, self.device) for key, value in state.items()}
+        flat = {
+            (names[id(p)], key): value
             for opt in optimizers
             for p, state in opt.state.items()
-            if state
+            for key, value in state.items()
         }
+        state: dict[str, dict[str, torch.Tensor]] = {}
+        for (name, key), value in gather.full_tensors(flat, self.device).items():
+            state.setdefault(name, {})[key] = value
+        return state
 
 
 def build(config: ParityConfig, role: str, device: torch.device) -> Engine:

@@ -11,7 +11,6 @@ calls it, and every rank gets the full tensors back (rank 0 keeps them for the r
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -63,120 +62,47 @@ def forget_meshes() -> None:
     _meshes.clear()
 
 
-def fsdp1_full_params(model: Any) -> dict[str, torch.Tensor]:
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    with FSDP.summon_full_params(model, writeback=False):
-        return {clean_name(n): to_cpu(p) for n, p in model.named_parameters()}
-
-
-def _fsdp1_units(model: Any) -> list[tuple[str, Any, Any]]:
-    """``(name prefix, FSDP module, flat parameter)`` of every FSDP1 unit that owns parameters."""
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    units = []
-    for module_name, module in model.named_modules():
-        if isinstance(module, FSDP) and module._handle is not None:
-            prefix = clean_name(module_name)
-            units.append((f"{prefix}." if prefix else "", module, module._handle.flat_param))
-    return units
+def _rows_of_rank(dim0: int, world: int, rank: int) -> int:
+    """Rows of a ``Shard(0)`` tensor on ``rank``: DTensor chunks dim 0 like ``torch.chunk``."""
+    chunk = -(-dim0 // world)
+    return max(0, min(chunk, dim0 - rank * chunk))
 
 
-def _unflatten(module: Any, flat: Any, local: torch.Tensor, device: torch.device) -> dict[str, torch.Tensor]:
-    """All-gather a unit's local flat shard (any per-element quantity laid out like the flat
-    parameter) over the unit's shard group and cut it into the original parameters."""
-    local = local.detach().to(device)
-    if module._handle.uses_sharded_strategy:
-        group = module.process_group
-        full = local.new_empty(local.numel() * dist.get_world_size(group))
-        dist.all_gather_into_tensor(full, local.contiguous(), group=group)
-    else:
-        full = local
-    full = full[: flat._unpadded_unsharded_size.numel()]
-    pieces = full.split(list(flat._numels_with_padding))
-    padding = getattr(flat, "_is_padding_mask", None) or [False] * len(pieces)
-    real = [piece for piece, is_padding in zip(pieces, padding, strict=True) if not is_padding]
-    return {
-        clean_name(fqn): to_cpu(piece.view(shape))
-        for fqn, shape, piece in zip(flat._fqns, flat._shapes, real, strict=True)
+def full_tensors(values: dict[Any, Any], device: torch.device) -> dict[Any, torch.Tensor]:
+    """Full CPU copies of many tensors at once: DTensors sharded on dim 0 of a 1-D mesh travel in
+    *one* all-gather (each padded to its largest shard, in float64, which holds every fp32/bf16/
+    fp16 value exactly); other DTensors through ``full_tensor()``; plain tensors are copied."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    batched = {
+        name: value
+        for name, value in values.items()
+        if isinstance(value, DTensor)
+        and value.device_mesh.ndim == 1
+        and tuple(value.placements) == (Shard(0),)
     }
-
-
-def fsdp1_full_grads(model: Any, device: torch.device) -> dict[str, torch.Tensor]:
-    """Full unsharded gradients by original parameter name (see the module docstring)."""
-    grads: dict[str, torch.Tensor] = {}
-    for prefix, module, flat in _fsdp1_units(model):
-        if flat.grad is not None:
-            pieces = _unflatten(module, flat, flat.grad, device)
-            grads.update({prefix + name: value for name, value in pieces.items()})
-    return grads
-
-
-def _local_flat_state(flat: Any, state: dict[int, dict[str, Any]], key: str) -> tuple[torch.Tensor, list[bool]]:
-    """This rank's shard of one per-element state ``key`` of a unit, laid out like the flat
-    parameter, and which original parameters have state here.
-
-    With ``use_orig_params=False`` the optimizer owns the flat parameter itself; with ``True`` it
-    owns the original parameters, each holding the part of the shard its ``_shard_param_infos``
-    entry places at ``offset_in_shard``.
-    """
-    buffer = torch.zeros(flat.numel(), dtype=torch.float32, device=flat.device)
-    count = len(flat._fqns)
-    if getattr(flat, "_params", None) is None:
-        values = state.get(id(flat), {})
-        if key in values:
-            buffer = values[key].detach().reshape(-1).to(flat.device).clone()
-        return buffer, [key in values] * count
-    present = []
-    for param, info in zip(flat._params, flat._shard_param_infos, strict=True):
-        values = state.get(id(param), {})
-        present.append(key in values)
-        if key in values and info.in_shard:
-            offset = info.offset_in_shard
-            buffer = buffer.to(values[key].dtype)
-            buffer[offset : offset + info.numel_in_shard] = values[key].detach().reshape(-1)
-    return buffer, present
-
-
-def fsdp1_full_optim_state(
-    model: Any, optimizers: list[torch.optim.Optimizer], device: torch.device
-) -> dict[str, dict[str, torch.Tensor]]:
-    """Full optimizer state by original parameter name, gathered like the gradients.
-
-    Not ``FSDP.optim_state_dict``: with ``use_orig_params=True`` it returns ``exp_avg_sq`` in place
-    of Adam's ``exp_avg`` (torch 2.13), and it costs dozens of object collectives per call. Per-
-    element state (momentum, moments) is gathered over each unit's shard group; scalar state
-    (Adam's ``step``) is the same for every element of a parameter, so the largest value any rank
-    holds is taken (a rank whose shard of a parameter is empty holds none).
-    """
-    state = {id(p): values for opt in optimizers for p, values in opt.state.items()}
-    local_keys = {(k, v.dim() == 0 if isinstance(v, torch.Tensor) else True) for s in state.values() for k, v in s.items()}
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, sorted(local_keys))
-    keys = sorted({tuple(entry) for entries in gathered for entry in entries})
-    full: dict[str, dict[str, torch.Tensor]] = {}
-    for prefix, module, flat in _fsdp1_units(model):
-        if not flat.requires_grad:
-            continue
-        names = [prefix + clean_name(fqn) for fqn in flat._fqns]
-        for key, scalar in keys:
-            if scalar:
-                owners = flat._params if getattr(flat, "_params", None) is not None else [flat] * len(names)
-                values = torch.tensor(
-                    [float(state[id(o)][key]) if key in state.get(id(o), {}) else -math.inf for o in owners],
-                    dtype=torch.float64,
-                    device=device,
-                )
-                dist.all_reduce(values, op=dist.ReduceOp.MAX)
-                for name, value in zip(names, values.tolist(), strict=True):
-                    if value != -math.inf:
-                        full.setdefault(name, {})[key] = torch.tensor(value, dtype=torch.float32)
-                continue
-            local, present = _local_flat_state(flat, state, key)
-            flags = torch.tensor(present, dtype=torch.float32, device=device)
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-            pieces = _unflatten(module, flat, local, device)
-            for name, flag in zip(names, flags.tolist(), strict=True):
-                if flag:
-                    full.setdefault(name, {})[key] = pieces[name[len(prefix) :]]
-    return full
+    out = {name: full_tensor(value, device) for name, value in values.items() if name not in batched}
+    if not batched:
+        return out
+    mesh = next(iter(batched.values())).device_mesh
+    group = mesh.get_group()
+    world = dist.get_world_size(group)
+    layout = []
+    pieces = []
+    for name, value in batched.items():
+        shape = tuple(value.shape)
+        row = int(torch.tensor(shape[1:]).prod().item()) if len(shape) > 1 else 1
+        width = _rows_of_rank(shape[0], world, 0) * row
+        local = value.to_local().detach().reshape(-1).to(device, torch.float64)
+        pieces.append(torch.nn.functional.pad(local, (0, width - local.numel())))
+        layout.append((name, shape, row, width, value.dtype))
+    local = torch.cat(pieces)
+    gathered = local.new_empty(world * local.numel())
+    dist.all_gather_into_tensor(gathered, local, group=group)
+    per_rank = gathered.view(world, -1)
+    offset = 0
+    for name, shape, row, width, dtype in layout:
+        parts = [per_rank[r, offset : offset + _rows_of_rank(shape[0], world, r) * row] for r in range(world)]
+        out[name] = to_cpu(torch.cat(parts).view(shape).to(dtype))
+        offset += width
+    return out

@@ -23,13 +23,17 @@ from harness.parity import workloads
 ENGINES = ("ddp", "fsdp1", "fsdp2")
 FSDP1_SHARDING = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard")
 PRECISIONS = ("fp32", "fp16", "bf16")
-OPTIMIZERS = ("sgd", "adam", "adam_fused")
+OPTIMIZERS = ("sgd", "adam", "adam_fused", "sgd_plain")
 """``sgd``: SGD with momentum 0.9 (not scale-invariant, so scaler bugs show); ``adam``:
-``Adam(foreach=True)``; ``adam_fused``: ``Adam(fused=True)`` (unscales and skips inside its kernel)."""
+``Adam(foreach=True)``; ``adam_fused``: ``Adam(fused=True)`` (unscales and skips inside its kernel);
+``sgd_plain``: SGD without momentum (fp16 sparse gradients: a sparse momentum buffer needs a sparse
+``add`` that the CPU lacks for fp16)."""
 PATHS = ("plain", "unscale_clip", "two_optimizers")
 """``plain``: ``scale -> backward -> step -> update``; ``unscale_clip``: ``unscale_`` then
 ``clip_grad_norm_`` before ``step``; ``two_optimizers``: the parameters split over two optimizers,
 both stepped through one scaler, one ``update``."""
+MATRIX_OPTIMIZERS = ("sgd", "adam", "adam_fused")
+"""The optimizer axis of the FSDP-vs-DDP matrix."""
 SCALERS = ("ours", "torch")
 REFERENCES = ("ddp", "single")
 SUITES = ("fsdp_vs_ddp", "forced_inf", "sparse", "cpu_offload")
@@ -120,7 +124,9 @@ class ParityConfig:
             if self.use_orig_params is None:
                 raise ValueError("use_orig_params must be True or False for engine='fsdp1'")
         elif self.sharding is not None or self.use_orig_params is not None:
-            raise ValueError(f"sharding and use_orig_params apply to engine='fsdp1' only, not {self.engine!r}")
+            raise ValueError(
+                f"sharding and use_orig_params apply to engine='fsdp1' only, not {self.engine!r}"
+            )
         if self.engine == "fsdp2":
             if self.reshard_after_forward is None:
                 raise ValueError("reshard_after_forward must be True or False for engine='fsdp2'")
@@ -140,9 +146,13 @@ class ParityConfig:
             if fault.step >= self.steps:
                 raise ValueError(f"fault {fault.id} lies past the last step ({self.steps - 1})")
             if fault.optimizer == 1 and self.path != "two_optimizers":
-                raise ValueError(f"fault {fault.id} names optimizer 1 but path={self.path!r} has one optimizer")
+                raise ValueError(
+                    f"fault {fault.id} names optimizer 1 but path={self.path!r} has one optimizer"
+                )
         if self.reference == "single" and not workloads.get(self.workload).sparse:
-            raise ValueError("reference='single' is for the sparse workload ('embedding'); use reference='ddp'")
+            raise ValueError(
+                "reference='single' is for the sparse workload ('embedding'); use reference='ddp'"
+            )
         if workloads.get(self.workload).sparse and (self.engine != "ddp" or self.reference != "single"):
             raise ValueError(
                 "the sparse 'embedding' workload runs as engine='ddp' against reference='single' "
@@ -227,7 +237,9 @@ def unsupported_reason(config: ParityConfig, *, gpus: int = 0) -> str | None:
             f"an even world size >= 4, not {config.world_size} (run with --world-size 4)"
         )
     if config.engine == "fsdp1" and config.offload and config.backend == "gloo":
-        return "FSDP1 CPUOffload(offload_params=True) needs an accelerator (pinned memory); the GPU tier runs it"
+        return (
+            "FSDP1 CPUOffload(offload_params=True) needs an accelerator (pinned memory); the GPU tier runs it"
+        )
     if workloads.get(config.workload).sparse and config.precision == "fp16" and config.backend == "gloo":
         return "gloo cannot all-reduce fp16 sparse gradients ('cadd_sparse' not implemented for 'Half'); the GPU tier runs it"
     if config.world_size < 2 and any(f.rank not in (None, 0) for f in config.faults):
@@ -246,7 +258,7 @@ def fsdp_vs_ddp(*, world_size: int = 2, backend: str = "gloo") -> list[ParityCon
         for s in FSDP1_SHARDING
         for o in (False, True)
         for p in PRECISIONS
-        for opt in OPTIMIZERS
+        for opt in MATRIX_OPTIMIZERS
     ]
     configs += [
         ParityConfig(
@@ -255,7 +267,7 @@ def fsdp_vs_ddp(*, world_size: int = 2, backend: str = "gloo") -> list[ParityCon
         for r in (True, False)
         for p in PRECISIONS
         for off in (False, True)
-        for opt in OPTIMIZERS
+        for opt in MATRIX_OPTIMIZERS
     ]
     for workload in ("transformer", "frozen"):
         for precision in PRECISIONS:
@@ -272,7 +284,11 @@ def fsdp_vs_ddp(*, world_size: int = 2, backend: str = "gloo") -> list[ParityCon
             ]
             configs.append(
                 ParityConfig(
-                    engine="fsdp2", reshard_after_forward=True, precision=precision, workload=workload, **common
+                    engine="fsdp2",
+                    reshard_after_forward=True,
+                    precision=precision,
+                    workload=workload,
+                    **common,
                 )
             )
     return configs
@@ -320,7 +336,7 @@ def sparse(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
             reference="single",
             workload="embedding",
             precision=precision,
-            optimizer="sgd",  # torch's Adam refuses sparse gradients
+            optimizer="sgd_plain" if precision == "fp16" else "sgd",  # torch's Adam refuses sparse gradients
             init_scale=1024.0 if precision == "fp16" else 2.0**16,
             world_size=world_size,
             backend=backend,

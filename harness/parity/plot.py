@@ -22,7 +22,11 @@ def _panels(results: list[ParityResult]) -> list[tuple[str, list[ParityResult]]]
         rows = [r for r in ran if r.config.suite == "fsdp_vs_ddp" and r.config.precision == precision]
         if rows:
             panels.append((f"FSDP vs DDP, {precision}", rows))
-    for suite, title in (("forced_inf", "forced inf/NaN"), ("sparse", "sparse"), ("cpu_offload", "CPU offload")):
+    for suite, title in (
+        ("forced_inf", "forced inf/NaN"),
+        ("sparse", "sparse"),
+        ("cpu_offload", "CPU offload"),
+    ):
         rows = [r for r in ran if r.config.suite == suite]
         if rows:
             panels.append((title, rows))
@@ -58,7 +62,9 @@ def render_png(results: list[ParityResult], path: str | Path) -> bool:
                 if role == "candidate":
                     style = {"color": colour, "linewidth": 0.8, "alpha": 0.5}
                 steps = range(len(curves.loss))
-                losses = [loss[0] if math.isfinite(loss[0]) and loss[0] > 0 else math.nan for loss in curves.loss]
+                losses = [
+                    loss[0] if math.isfinite(loss[0]) and loss[0] > 0 else math.nan for loss in curves.loss
+                ]
                 loss_ax.plot(steps, losses, **style)
                 scales = [math.log2(s) if s > 0 and math.isfinite(s) else math.nan for s in curves.scale]
                 scale_ax.step(steps, scales, where="post", **style)

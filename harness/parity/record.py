@@ -122,7 +122,9 @@ def merge_rank_runs(role: str, description: str, parts: list[dict[str, Any]]) ->
     assert ranks == list(range(len(parts))), f"expected one part per rank, got ranks {ranks}"
     errors = [part["error"] for part in parts if part["error"]]
     count = min(len(part["steps"]) for part in parts)
-    assert all(s["tensors"] is not None for s in parts[0]["steps"][:count]), "rank 0 sends every step's tensors"
+    assert all(s["tensors"] is not None for s in parts[0]["steps"][:count]), (
+        "rank 0 sends every step's tensors"
+    )
     steps = []
     for index in range(count):
         per_rank = [part["steps"][index] for part in parts]

@@ -137,7 +137,9 @@ def _cell(text: str) -> str:
 
 def _row(result: ParityResult) -> str:
     c = result.config
-    sharding = c.sharding or ("reshard" if c.reshard_after_forward else "keep" if c.engine == "fsdp2" else "-")
+    sharding = c.sharding or (
+        "reshard" if c.reshard_after_forward else "keep" if c.engine == "fsdp2" else "-"
+    )
     if c.engine == "fsdp1":
         sharding += " orig" if c.use_orig_params else " flat"
     worst = "-"

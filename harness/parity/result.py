@@ -97,7 +97,9 @@ def expected_failure(config: ParityConfig) -> str:
     if config.scaler != "torch":
         return ""
     if config.fused and config.path == "unscale_clip" and config.engine == "fsdp2":
-        return "torch's scaler crashes: unscale_ then a fused step on DTensor grads (found_inf shape [1] vs [])"
+        return (
+            "torch's scaler crashes: unscale_ then a fused step on DTensor grads (found_inf shape [1] vs [])"
+        )
     if config.fused and config.engine != "fsdp2" and any(f.rank is not None for f in config.faults):
         # FSDP2 escapes: its DTensor gradients make the unscale kernel all-reduce found_inf itself.
         return "torch's scaler never agrees found_inf on the fused path: ranks without the inf step anyway"
@@ -105,7 +107,9 @@ def expected_failure(config: ParityConfig) -> str:
 
 
 def skipped(config: ParityConfig, reason: str) -> ParityResult:
-    return ParityResult(config=config, status="skip", profile=profiles.profile_for(config).name, reason=reason)
+    return ParityResult(
+        config=config, status="skip", profile=profiles.profile_for(config).name, reason=reason
+    )
 
 
 def failed_batch(config: ParityConfig, report: str) -> ParityResult:
@@ -120,7 +124,9 @@ def failed_batch(config: ParityConfig, report: str) -> ParityResult:
     )
 
 
-def judge(config: ParityConfig, parts: list[dict[str, Any]]) -> tuple[ParityResult, RunRecord, RunRecord | None]:
+def judge(
+    config: ParityConfig, parts: list[dict[str, Any]]
+) -> tuple[ParityResult, RunRecord, RunRecord | None]:
     """The verdict on ``config`` from every rank's ``rank_side.run_one`` dict (ordered by rank),
     with the merged reference and candidate records."""
     profile = profiles.profile_for(config)
@@ -141,7 +147,12 @@ def judge(config: ParityConfig, parts: list[dict[str, Any]]) -> tuple[ParityResu
     if reference.error or candidate is None:
         text = (reference.error or "").strip().splitlines()[-1:] or ["reference failed"]
         return (
-            ParityResult(status="error", reason=f"the reference failed: {text[0]}", time_s=reference.duration_s, **common),
+            ParityResult(
+                status="error",
+                reason=f"the reference failed: {text[0]}",
+                time_s=reference.duration_s,
+                **common,
+            ),
             reference,
             candidate,
         )

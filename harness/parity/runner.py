@@ -78,7 +78,12 @@ def run(
         outcomes[outcome.result.config.id] = outcome
         if on_progress is not None:
             on_progress(
-                Progress(done=len(outcomes), total=len(configs), elapsed_s=time.monotonic() - started, outcome=outcome)
+                Progress(
+                    done=len(outcomes),
+                    total=len(configs),
+                    elapsed_s=time.monotonic() - started,
+                    outcome=outcome,
+                )
             )
 
     runnable = []

@@ -27,14 +27,16 @@ _CLIP_NORM = 1.0
 
 
 def make_optimizer(kind: str, params: list[torch.Tensor]) -> torch.optim.Optimizer:
-    """``sgd`` (momentum 0.9), ``adam`` (foreach) or ``adam_fused`` over ``params``."""
+    """``sgd`` (momentum 0.9), ``adam`` (foreach), ``adam_fused`` or ``sgd_plain`` over ``params``."""
     if kind == "sgd":
         return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    if kind == "sgd_plain":
+        return torch.optim.SGD(params, lr=0.05)
     if kind == "adam":
-        return torch.optim.Adam(params, lr=1e-2, foreach=True)
+        return torch.optim.Adam(params, lr=1e-3, foreach=True)
     if kind == "adam_fused":
-        return torch.optim.Adam(params, lr=1e-2, fused=True)
-    raise ValueError(f"optimizer must be 'sgd', 'adam' or 'adam_fused', got {kind!r}")
+        return torch.optim.Adam(params, lr=1e-3, fused=True)
+    raise ValueError(f"optimizer must be 'sgd', 'adam', 'adam_fused' or 'sgd_plain', got {kind!r}")
 
 
 def make_scaler(config: ParityConfig, role: str, device: torch.device) -> Any:

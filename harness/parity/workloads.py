@@ -171,6 +171,16 @@ class Workload:
     """Sparse gradients: trained in the run's precision throughout (no fp32 master weights)."""
     finish_batch: Callable[[Any, torch.dtype, float], Any] | None = None
     """``(batch, dtype, current scale) -> batch``, for data that depends on the loss scale."""
+    joint_losses: Callable[[nn.Module, list[Any]], list[torch.Tensor]] | None = None
+    """``(model, batches) -> one loss per batch`` from a single forward pass, for models whose
+    gradient must come out of one backward call (a sparse gradient accumulated over several
+    forward passes needs ``add`` on sparse tensors, which the CPU lacks for fp16)."""
+
+    def losses(self, model: nn.Module, batches: list[Any]) -> list[torch.Tensor]:
+        """One loss per batch (the single-process reference trains on every rank's batch)."""
+        if self.joint_losses is not None:
+            return self.joint_losses(model, batches)
+        return [self.loss(model, batch) for batch in batches]
 
 
 def _mlp_batch(generator: torch.Generator, step: int) -> torch.Tensor:
@@ -229,6 +239,12 @@ def _embedding_loss(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
     return (model(batch["indices"]) * batch["coefficient"]).sum()
 
 
+def _embedding_joint_losses(model: nn.Module, batches: list[dict[str, Any]]) -> list[torch.Tensor]:
+    outputs = model(torch.cat([batch["indices"] for batch in batches]))
+    parts = outputs.split([len(batch["indices"]) for batch in batches])
+    return [(part * batch["coefficient"]).sum() for part, batch in zip(parts, batches, strict=True)]
+
+
 WORKLOADS: dict[str, Workload] = {
     "mlp": Workload(
         name="mlp",
@@ -263,6 +279,7 @@ WORKLOADS: dict[str, Workload] = {
         first_unit="embed.",
         sparse=True,
         finish_batch=_embedding_finish,
+        joint_losses=_embedding_joint_losses,
     ),
 }
 

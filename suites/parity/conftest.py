@@ -26,9 +26,9 @@ def _gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _configs(metafunc_or_module, option: str) -> list[ParityConfig]:
-    configs = list(getattr(metafunc_or_module, "CONFIGS"))
-    if option != "ours" and not getattr(metafunc_or_module, "SCALER_PINNED", False):
+def _configs(module, option: str) -> list[ParityConfig]:
+    configs = list(module.CONFIGS)
+    if option != "ours" and not getattr(module, "SCALER_PINNED", False):
         configs = [c.with_(scaler=option) for c in configs]
     return configs
 

@@ -9,8 +9,18 @@ import torch
 from harness.parity.record import RunRecord, StepRecord
 
 
-def step(index: int, *, world: int = 2, weight: float = 1.0, scale: float = 4.0, tracker: int = 1, skipped: bool = False,
-         loss: float = 0.5, grad: float = 0.25, state: float = 0.125) -> StepRecord:
+def step(
+    index: int,
+    *,
+    world: int = 2,
+    weight: float = 1.0,
+    scale: float = 4.0,
+    tracker: int = 1,
+    skipped: bool = False,
+    loss: float = 0.5,
+    grad: float = 0.25,
+    state: float = 0.125,
+) -> StepRecord:
     """One step on ``world`` ranks where every rank agrees; tensors hold the given values."""
     return StepRecord(
         step=index,

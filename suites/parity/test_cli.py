@@ -39,7 +39,9 @@ def test_bad_arguments_exit_2_with_the_fix(tmp_path, args, complaint):
 
 
 def test_a_passing_run_shows_progress_and_writes_the_three_reports(tmp_path):
-    done = parity("-k", "suite=fsdp_vs_ddp and fsdp2 and reshard and fp32 and not offload", "--out", "out", cwd=tmp_path)
+    done = parity(
+        "-k", "suite=fsdp_vs_ddp and fsdp2 and reshard and fp32 and not offload", "--out", "out", cwd=tmp_path
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[1/5] pass" in done.stdout and "[5/5] pass" in done.stdout and "ETA" in done.stdout
     assert "fsdp_vs_ddp      5     5     0" in done.stdout
@@ -51,11 +53,18 @@ def test_a_passing_run_shows_progress_and_writes_the_three_reports(tmp_path):
 
 def test_a_configuration_that_breaks_its_tolerance_exits_1_and_is_named(tmp_path):
     done = parity(
-        "--scaler", "torch", "-k", "forced_inf and fsdp1 and adam_fused and one_rank and inf@", "--no-plot",
+        "--scaler",
+        "torch",
+        "-k",
+        "forced_inf and fsdp1 and adam_fused and one_rank and inf@",
+        "--no-plot",
         cwd=tmp_path,
     )
     assert done.returncode == 1, done.stdout + done.stderr
     broken = "fsdp1-full_shard-flat-fp32-adam_fused-inf@r1s2-inf@r1s7-torch_scaler-w2"
     assert f"parity: 1 configuration(s) broke their tolerance: {broken}" in done.stdout
-    assert f"xfail {broken} [expected]: step 2, scale differs across ranks: rank 0=2048.0, rank 1=512.0" in done.stdout
+    assert (
+        f"xfail {broken} [expected]: step 2, scale differs across ranks: rank 0=2048.0, rank 1=512.0"
+        in done.stdout
+    )
     assert not (tmp_path / "reports" / "parity.png").exists()

@@ -39,8 +39,14 @@ def test_ranks_that_disagree_come_before_anything_else():
     disagreeing = replace_step(step(0, weight=5.0), scales=(4.0, 2.0), skipped=((False,), (True,)))
     comparison = compare_runs(run(step(0)), run(disagreeing), profile=EXACT)
     assert [d.what for d in comparison.divergences[:2]] == ["agreement", "agreement"]
-    assert comparison.first.message == "step 0, scale differs across ranks: rank 0=4.0, rank 1=2.0 (profile exact)"
-    assert "optimizer 0 skipped on some ranks only: rank 0=False, rank 1=True" in comparison.divergences[1].message
+    assert (
+        comparison.first.message
+        == "step 0, scale differs across ranks: rank 0=4.0, rank 1=2.0 (profile exact)"
+    )
+    assert (
+        "optimizer 0 skipped on some ranks only: rank 0=False, rank 1=True"
+        in comparison.divergences[1].message
+    )
 
 
 def test_a_rank_with_an_empty_shard_does_not_count_as_disagreeing():
@@ -68,7 +74,9 @@ def test_names_shapes_and_dtypes_are_checked_before_values():
     )
     messages = [d.message for d in compare_runs(run(step(0)), run(wrong), profile=EXACT).divergences]
     assert "step 0, grad names differ: missing ['layer.bias'], unexpected [] (profile exact)" in messages
-    assert "step 0, param layer.bias: dtype torch.float16, reference torch.float32 (profile exact)" in messages
+    assert (
+        "step 0, param layer.bias: dtype torch.float16, reference torch.float32 (profile exact)" in messages
+    )
     assert "step 0, param layer.weight: shape (4,), reference (2, 2) (profile exact)" in messages
 
 
@@ -98,4 +106,7 @@ def test_nan_matches_nan_and_an_infinity_the_same_infinity():
 
 def test_sparse_tensors_are_compared_as_their_dense_sums():
     sparse = torch.sparse_coo_tensor([[1, 1]], [0.5, 0.25], (3,), check_invariants=True)
-    assert tensor_diff(torch.tensor([0.0, 0.75, 0.0]), sparse, EXACT, step=0, kind="grad", name="g").mismatched == 0
+    assert (
+        tensor_diff(torch.tensor([0.0, 0.75, 0.0]), sparse, EXACT, step=0, kind="grad", name="g").mismatched
+        == 0
+    )

@@ -20,11 +20,18 @@ def test_every_id_is_unique_across_suites_and_world_sizes():
 
 def test_ids_name_the_fields_a_reader_needs():
     config = ParityConfig(
-        engine="fsdp1", sharding="full_shard", use_orig_params=False, precision="fp16", optimizer="adam_fused",
-        path="unscale_clip", faults=(Fault(step=2, rank=1), Fault(step=5, rank=None, value="nan")),
+        engine="fsdp1",
+        sharding="full_shard",
+        use_orig_params=False,
+        precision="fp16",
+        optimizer="adam_fused",
+        path="unscale_clip",
+        faults=(Fault(step=2, rank=1), Fault(step=5, rank=None, value="nan")),
         scaler="torch",
     )
-    assert config.id == "fsdp1-full_shard-flat-fp16-adam_fused-unscale_clip-inf@r1s2-nan@alls5-torch_scaler-w2"
+    assert (
+        config.id == "fsdp1-full_shard-flat-fp16-adam_fused-unscale_clip-inf@r1s2-nan@alls5-torch_scaler-w2"
+    )
 
 
 def test_configurations_travel_to_the_ranks_by_pickle():
@@ -36,14 +43,26 @@ def test_configurations_travel_to_the_ranks_by_pickle():
     ("changes", "message"),
     [
         ({"engine": "fsdp3"}, "engine must be one of ('ddp', 'fsdp1', 'fsdp2'), got 'fsdp3'"),
-        ({"engine": "fsdp1", "sharding": "full_shard"}, "use_orig_params must be True or False for engine='fsdp1'"),
+        (
+            {"engine": "fsdp1", "sharding": "full_shard"},
+            "use_orig_params must be True or False for engine='fsdp1'",
+        ),
         ({"engine": "fsdp2"}, "reshard_after_forward must be True or False for engine='fsdp2'"),
-        ({"engine": "ddp", "sharding": "full_shard"}, "sharding and use_orig_params apply to engine='fsdp1' only"),
+        (
+            {"engine": "ddp", "sharding": "full_shard"},
+            "sharding and use_orig_params apply to engine='fsdp1' only",
+        ),
         ({"engine": "ddp", "offload": True}, "offload applies to FSDP engines only"),
-        ({"engine": "ddp", "precision": "fp8"}, "precision must be one of ('fp32', 'fp16', 'bf16'), got 'fp8'"),
+        (
+            {"engine": "ddp", "precision": "fp8"},
+            "precision must be one of ('fp32', 'fp16', 'bf16'), got 'fp8'",
+        ),
         ({"engine": "ddp", "faults": (Fault(step=9),)}, "fault inf@r1s9 lies past the last step (5)"),
         ({"engine": "ddp", "faults": (Fault(step=1, optimizer=1),)}, "names optimizer 1 but path='plain'"),
-        ({"engine": "fsdp2", "reshard_after_forward": True, "workload": "embedding"}, "runs as engine='ddp' against reference='single'"),
+        (
+            {"engine": "fsdp2", "reshard_after_forward": True, "workload": "embedding"},
+            "runs as engine='ddp' against reference='single'",
+        ),
         ({"engine": "ddp", "workload": "resnet"}, "workload must be one of"),
         ({"engine": "ddp", "steps": 0}, "steps must be >= 1, got 0"),
     ],
@@ -73,14 +92,21 @@ def test_what_cannot_run_on_gloo_says_why_and_where_it_runs():
     offload = ParityConfig(engine="fsdp1", sharding="full_shard", use_orig_params=True, offload=True)
     assert "the GPU tier runs it" in matrix.unsupported_reason(offload)
     nccl = ParityConfig(engine="ddp", backend="nccl")
-    assert matrix.unsupported_reason(nccl, gpus=1) == "nccl world size 2 needs 2 CUDA GPUs, this machine has 1"
+    assert (
+        matrix.unsupported_reason(nccl, gpus=1) == "nccl world size 2 needs 2 CUDA GPUs, this machine has 1"
+    )
 
 
 @pytest.mark.parametrize(
     ("config", "profile"),
     [
         (ParityConfig(engine="fsdp2", reshard_after_forward=True, precision="bf16"), "exact"),
-        (ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam_fused", precision="fp16"), "fp32"),
+        (
+            ParityConfig(
+                engine="fsdp2", reshard_after_forward=True, optimizer="adam_fused", precision="fp16"
+            ),
+            "fp32",
+        ),
         (ParityConfig(engine="fsdp2", reshard_after_forward=True, precision="fp16", world_size=4), "fp16"),
         (ParityConfig(engine="fsdp2", reshard_after_forward=True, backend="nccl"), "fp32"),
     ],

@@ -16,7 +16,11 @@ def test_round_trip_keeps_every_field():
     back = RunRecord.from_wire(original.to_wire())
     assert [f.name for f in dataclasses.fields(back)] == [f.name for f in dataclasses.fields(original)]
     assert (back.role, back.description, back.counters, back.error, back.duration_s) == (
-        original.role, original.description, original.counters, original.error, original.duration_s
+        original.role,
+        original.description,
+        original.counters,
+        original.error,
+        original.duration_s,
     )
     for got, want in zip(back.steps, original.steps, strict=True):
         for field in dataclasses.fields(want):
@@ -30,11 +34,19 @@ def test_round_trip_keeps_every_field():
 
 def _part(rank, steps, error=None):
     sent = [
-        rank_step(loss=float(rank), scale=4.0, tracker=s, found_inf=[0.0], skipped=[False],
-                  tensors={"params": {}, "grads": {}, "optim_state": {}} if rank == 0 else None)
+        rank_step(
+            loss=float(rank),
+            scale=4.0,
+            tracker=s,
+            found_inf=[0.0],
+            skipped=[False],
+            tensors={"params": {}, "grads": {}, "optim_state": {}} if rank == 0 else None,
+        )
         for s in range(steps)
     ]
-    return rank_run(rank=rank, steps=sent, counters={"steps": steps}, error=error, duration_s=0.1 * (rank + 1))
+    return rank_run(
+        rank=rank, steps=sent, counters={"steps": steps}, error=error, duration_s=0.1 * (rank + 1)
+    )
 
 
 def test_merging_orders_by_rank_whatever_the_arrival_order():

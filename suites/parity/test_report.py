@@ -22,9 +22,19 @@ def _part(rank, reference_steps, candidate_steps, error=None):
     def rank_run(steps, error):
         sent = []
         for s in steps:
-            tensors = {"params": s.params, "grads": s.grads, "optim_state": s.optim_state} if rank == 0 else None
-            sent.append({"loss": s.losses[rank], "scale": s.scales[rank], "tracker": s.trackers[rank],
-                         "found_inf": list(s.found_inf[rank]), "skipped": list(s.skipped[rank]), "tensors": tensors})
+            tensors = (
+                {"params": s.params, "grads": s.grads, "optim_state": s.optim_state} if rank == 0 else None
+            )
+            sent.append(
+                {
+                    "loss": s.losses[rank],
+                    "scale": s.scales[rank],
+                    "tracker": s.trackers[rank],
+                    "found_inf": list(s.found_inf[rank]),
+                    "skipped": list(s.skipped[rank]),
+                    "tensors": tensors,
+                }
+            )
         return {"rank": rank, "steps": sent, "counters": {}, "error": error, "duration_s": 0.25}
 
     return {
@@ -40,12 +50,20 @@ def _results():
     ok = ParityConfig(engine="fsdp1", sharding="full_shard", use_orig_params=False)
     diverged = ParityConfig(engine="fsdp2", reshard_after_forward=True, precision="bf16", optimizer="adam")
     crashed = ParityConfig(
-        suite="forced_inf", engine="fsdp2", reshard_after_forward=True, optimizer="adam_fused",
-        path="unscale_clip", faults=(Fault(step=1, rank=1),), scaler="torch",
+        suite="forced_inf",
+        engine="fsdp2",
+        reshard_after_forward=True,
+        optimizer="adam_fused",
+        path="unscale_clip",
+        faults=(Fault(step=1, rank=1),),
+        scaler="torch",
     )
     hybrid = ParityConfig(engine="fsdp1", sharding="hybrid_shard", use_orig_params=True)
     steps = [step(0), step(1, skipped=True, scale=2.0, tracker=0)]
-    drift = [step(0), replace_step(step(1, skipped=True, scale=2.0, tracker=0, weight=1.5), losses=(0.5, 0.625))]
+    drift = [
+        step(0),
+        replace_step(step(1, skipped=True, scale=2.0, tracker=0, weight=1.5), losses=(0.5, 0.625)),
+    ]
     error = "[rank 0] Traceback\n[rank 0] RuntimeError: output with shape [] doesn't match the broadcast shape [1]"
     return [
         judge(ok, [_part(r, steps, steps) for r in range(2)])[0],
@@ -57,7 +75,9 @@ def _results():
 
 class TestRendering(expecttest.TestCase):
     def test_markdown_has_one_row_per_configuration_then_divergences_and_skip_reasons(self):
-        self.assertExpectedInline(report.render_markdown(_results(), RUN), """\
+        self.assertExpectedInline(
+            report.render_markdown(_results(), RUN),
+            """\
 # Parity report
 
 gloo, world size 2, scaler ours, torch 2.13.0+cpu
@@ -91,16 +111,20 @@ Profiles: `exact` bitwise; `fp32` rtol 1.3e-06, atol 1e-05; `bf16` rtol 0.016, a
 ## Not run here
 
 - 1 configuration(s): HYBRID_SHARD needs an even world size >= 4
-""")
+""",
+        )
 
     def test_the_terminal_summary_counts_by_suite_and_names_what_broke(self):
-        self.assertExpectedInline(report.render_summary(_results()), """\
+        self.assertExpectedInline(
+            report.render_summary(_results()),
+            """\
 suite        total  pass  fail crash error  skip xfail
 ------------------------------------------------------
 fsdp_vs_ddp      3     1     1     0     0     1     0
 forced_inf       1     0     0     1     0     0     1
 FAIL fsdp2-reshard-bf16-adam-w2: step 1, rank 1 loss 0.625, reference 0.5 (abs diff 0.125) (profile exact)
-xfail fsdp2-reshard-fp32-adam_fused-unscale_clip-inf@r1s1-torch_scaler-w2 [expected]: step 1, the candidate raised: [rank 0] RuntimeError: output with shape [] doesn't match the broadcast shape [1]""")
+xfail fsdp2-reshard-fp32-adam_fused-unscale_clip-inf@r1s1-torch_scaler-w2 [expected]: step 1, the candidate raised: [rank 0] RuntimeError: output with shape [] doesn't match the broadcast shape [1]""",
+        )
 
 
 def test_the_json_report_is_strict_json_with_a_versioned_schema():
@@ -108,7 +132,15 @@ def test_the_json_report_is_strict_json_with_a_versioned_schema():
     text = json.dumps(report.to_json(results, RUN), allow_nan=False)
     data = json.loads(text)
     assert (data["schema"], data["version"]) == ("shardscale.parity", 1)
-    assert data["summary"] == {"total": 4, "pass": 1, "fail": 1, "crash": 1, "error": 0, "skip": 1, "expected_failures": 1}
+    assert data["summary"] == {
+        "total": 4,
+        "pass": 1,
+        "fail": 1,
+        "crash": 1,
+        "error": 0,
+        "skip": 1,
+        "expected_failures": 1,
+    }
     assert [c["status"] for c in data["configs"]] == ["pass", "fail", "crash", "skip"]
     assert data["configs"][2]["config"]["faults"] == ["inf@r1s1"]
     assert data["configs"][1]["curves"]["candidate"]["loss"] == [[0.5, 0.5], [0.5, 0.625]]

@@ -9,12 +9,43 @@ from harness.parity.result import expected_failure, failed_batch
 @pytest.mark.parametrize(
     ("config", "expected"),
     [
-        (ParityConfig(engine="ddp", optimizer="adam_fused", faults=(Fault(step=1),), scaler="torch"), "never agrees"),
-        (ParityConfig(engine="ddp", optimizer="adam_fused", faults=(Fault(step=1, rank=None),), scaler="torch"), ""),
+        (
+            ParityConfig(engine="ddp", optimizer="adam_fused", faults=(Fault(step=1),), scaler="torch"),
+            "never agrees",
+        ),
+        (
+            ParityConfig(
+                engine="ddp", optimizer="adam_fused", faults=(Fault(step=1, rank=None),), scaler="torch"
+            ),
+            "",
+        ),
         (ParityConfig(engine="ddp", optimizer="sgd", faults=(Fault(step=1),), scaler="torch"), ""),
-        (ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam_fused", faults=(Fault(step=1),), scaler="torch"), ""),
-        (ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam_fused", path="unscale_clip", scaler="torch"), "crashes"),
-        (ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam_fused", path="unscale_clip"), ""),
+        (
+            ParityConfig(
+                engine="fsdp2",
+                reshard_after_forward=True,
+                optimizer="adam_fused",
+                faults=(Fault(step=1),),
+                scaler="torch",
+            ),
+            "",
+        ),
+        (
+            ParityConfig(
+                engine="fsdp2",
+                reshard_after_forward=True,
+                optimizer="adam_fused",
+                path="unscale_clip",
+                scaler="torch",
+            ),
+            "crashes",
+        ),
+        (
+            ParityConfig(
+                engine="fsdp2", reshard_after_forward=True, optimizer="adam_fused", path="unscale_clip"
+            ),
+            "",
+        ),
     ],
 )
 def test_torch_rows_are_expected_to_fail_only_where_torchs_scaler_is_wrong(config, expected):
@@ -24,6 +55,11 @@ def test_torch_rows_are_expected_to_fail_only_where_torchs_scaler_is_wrong(confi
 
 def test_a_batch_that_failed_on_the_ranks_is_an_error_naming_the_harness_verdict():
     config = ParityConfig(engine="ddp")
-    result = failed_batch(config, "1 of 2 ranks did not pass; root cause: rank 1 died with signal SIGKILL (-9)\n...")
+    result = failed_batch(
+        config, "1 of 2 ranks did not pass; root cause: rank 1 died with signal SIGKILL (-9)\n..."
+    )
     assert result.status == "error" and result.broken
-    assert result.reason == "the batch failed on the ranks: 1 of 2 ranks did not pass; root cause: rank 1 died with signal SIGKILL (-9)"
+    assert (
+        result.reason
+        == "the batch failed on the ranks: 1 of 2 ranks did not pass; root cause: rank 1 died with signal SIGKILL (-9)"
+    )

@@ -40,7 +40,11 @@ def test_matching_ignores_case():
 
 @pytest.mark.parametrize(
     ("expression", "complaint"),
-    [("fsdp2 and", "a word or '(' is missing"), ("(fsdp2", "')' is missing"), ("fsdp2 bf16", "unexpected 'bf16'")],
+    [
+        ("fsdp2 and", "a word or '(' is missing"),
+        ("(fsdp2", "')' is missing"),
+        ("fsdp2 bf16", "unexpected 'bf16'"),
+    ],
 )
 def test_a_malformed_expression_names_the_problem_and_the_fix(expression, complaint):
     with pytest.raises(ExpressionError) as error:

@@ -46,19 +46,16 @@ def test_unscaled_sparse_gradients_are_exact(parity_config, outcome):
         assert torch.equal(got, _expected_embedding_grad(parity_config, record.step)), f"step {record.step}"
 
 
-def _single_process_run(precision):
-    config = matrix.ParityConfig(
-        suite="sparse", engine="ddp", reference="single", workload="embedding", precision=precision, init_scale=1024.0
-    )
+def _single_process_run(config):
     run, _ = train.run(config, "reference", harness.current().device)
     assert run["error"] is None, run["error"]
     return [step["skipped"] for step in run["steps"]]
 
 
-@pytest.mark.parametrize("precision", matrix.PRECISIONS)
-def test_one_process_with_uncoalesced_duplicates_detects_the_overflow(ranks, precision):
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.precision)
+def test_one_process_with_uncoalesced_duplicates_detects_the_overflow(ranks, config):
     """The single-process path alone (no DDP: gloo cannot all-reduce fp16 sparse gradients), so
     every dtype, fp16 included, is checked on the CPU."""
-    for rank, skipped in enumerate(ranks.run(_single_process_run, precision, world_size=2)):
+    for rank, skipped in enumerate(ranks.run(_single_process_run, config, world_size=2)):
         assert skipped[workloads.OVERFLOW_STEP] == [True], f"rank {rank}: {skipped}"
         assert sum(flag == [True] for flag in skipped) == 1, f"rank {rank}: {skipped}"

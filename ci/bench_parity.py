@@ -1,0 +1,112 @@
+"""Parity matrix speed: the whole CPU matrix on the warm pool against one spawn per configuration.
+
+``make bench`` calls :func:`main`. The matrix runs as ``make parity`` runs it (a fresh
+:class:`harness.pool.RankPool`, batches of configurations, cached references), and its wall time
+includes starting the pool. The alternative, what PyTorch's ``MultiProcessTestCase`` does for every
+test, spawns fresh ranks (``spawn``: a new interpreter importing torch) for each configuration,
+builds a process group and runs the same ``rank_side.run_batch([config])``; it is timed on a
+sample (``SAMPLE`` configurations spread over the matrix) and extrapolated to the matrix's size.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+from harness.parity import matrix, runner
+
+SAMPLE = 6
+
+
+def _spawned_rank(rank: int, world_size: int, store_path: str, config: matrix.ParityConfig) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from harness import context
+    from harness.parity import rank_side
+
+    torch.set_num_threads(1)
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+    context._set_current(
+        context.RankContext(
+            rank=rank,
+            world_size=world_size,
+            backend="gloo",
+            device=torch.device("cpu"),
+            store=dist.PrefixStore("case/", store),
+            reset_group=lambda suffix: None,
+        )
+    )
+    (result,) = rank_side.run_batch([config])
+    if result["candidate"] is None or result["candidate"]["error"]:
+        raise RuntimeError(f"{config.id} failed on rank {rank}")
+    dist.destroy_process_group()
+
+
+def spawn_one(config: matrix.ParityConfig) -> float:
+    """Seconds to run ``config`` on freshly spawned ranks (start, rendezvous, run, exit)."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="shardscale-spawn-") as tmp:
+        started = time.perf_counter()
+        mp.start_processes(
+            _spawned_rank,
+            args=(config.world_size, os.path.join(tmp, "store"), config),
+            nprocs=config.world_size,
+            start_method="spawn",
+        )
+        return time.perf_counter() - started
+
+
+def measure() -> dict[str, float]:
+    from harness.pool import RankPool
+
+    configs = [c for c in matrix.default_matrix() if matrix.unsupported_reason(c) is None]
+    started = time.perf_counter()
+    pool = RankPool(threads_per_rank=1)
+    try:
+        outcomes = runner.run(configs, runner.pool_executor(pool), keep_records=False)
+    finally:
+        pool.close()
+    wall = time.perf_counter() - started
+    broken = [o.result.config.id for o in outcomes if o.result.broken]
+    step = max(1, len(configs) // SAMPLE)
+    sample = configs[::step][:SAMPLE]
+    spawned = [spawn_one(config) for config in sample]
+    return {
+        "configs": len(configs),
+        "broken": len(broken),
+        "matrix_wall_s": wall,
+        "per_config_warm_s": wall / len(configs),
+        "spawn_per_config_s": statistics.fmean(spawned),
+        "spawn_sample": len(sample),
+    }
+
+
+def render(m: dict[str, float]) -> str:
+    extrapolated = m["spawn_per_config_s"] * m["configs"]
+    return "\n".join(
+        [
+            "parity matrix (gloo, world size 2)",
+            "-" * 72,
+            f"warm pool, whole matrix:   {m['matrix_wall_s']:7.1f} s for {m['configs']} configurations "
+            f"({m['per_config_warm_s'] * 1e3:.0f} ms each, pool start included; {m['broken']} broken)",
+            f"one spawn per config:      {m['spawn_per_config_s']:7.2f} s each (mean of {m['spawn_sample']}), "
+            f"{extrapolated:.0f} s for the matrix",
+            "-" * 72,
+            f"ratio spawn per configuration / warm pool: {extrapolated / m['matrix_wall_s']:.0f}x",
+        ]
+    )
+
+
+def main() -> int:
+    print(render(measure()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
