@@ -248,13 +248,22 @@ def unsupported_reason(config: ParityConfig, *, gpus: int = 0) -> str | None:
 
 
 # -- the matrices -----------------------------------------------------------------------------------
+def _init_scale(precision: str) -> float:
+    """fp16 starts high enough that its gradients overflow in the first steps, as real fp16 runs do:
+    the scale backs off until they fit, then grows (every rank must make the same decisions on the
+    way, with overflows that may show up in one rank's shard only)."""
+    return 2.0**20 if precision == "fp16" else 2.0**16
+
+
 def fsdp_vs_ddp(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
     """FSDP1 (4 strategies x use_orig_params x precision x optimizer) and FSDP2 (reshard x precision
     x offload x optimizer) against DDP, plus the tied-weight transformer and the frozen model with
     an empty shard on every engine."""
     common = {"world_size": world_size, "backend": backend}
     configs = [
-        ParityConfig(engine="fsdp1", sharding=s, use_orig_params=o, precision=p, optimizer=opt, **common)
+        ParityConfig(
+            engine="fsdp1", sharding=s, use_orig_params=o, precision=p, optimizer=opt, init_scale=_init_scale(p), **common
+        )
         for s in FSDP1_SHARDING
         for o in (False, True)
         for p in PRECISIONS
@@ -262,7 +271,13 @@ def fsdp_vs_ddp(*, world_size: int = 2, backend: str = "gloo") -> list[ParityCon
     ]
     configs += [
         ParityConfig(
-            engine="fsdp2", reshard_after_forward=r, precision=p, offload=off, optimizer=opt, **common
+            engine="fsdp2",
+            reshard_after_forward=r,
+            precision=p,
+            offload=off,
+            optimizer=opt,
+            init_scale=_init_scale(p),
+            **common,
         )
         for r in (True, False)
         for p in PRECISIONS

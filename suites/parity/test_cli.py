@@ -18,7 +18,7 @@ def test_list_prints_the_selected_ids_and_why_some_cannot_run_here(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "ddp-fp32-sgd-embedding-w2",
-        "ddp-fp16-sgd-embedding-w2  (not here: gloo cannot all-reduce fp16 sparse gradients "
+        "ddp-fp16-sgd_plain-embedding-w2  (not here: gloo cannot all-reduce fp16 sparse gradients "
         "('cadd_sparse' not implemented for 'Half'); the GPU tier runs it)",
         "ddp-bf16-sgd-embedding-w2",
     ]
