@@ -15,6 +15,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 
 from harness.parity import matrix, runner
 
@@ -28,6 +29,7 @@ def _spawned_rank(rank: int, world_size: int, store_path: str, config: matrix.Pa
     from harness import context
     from harness.parity import rank_side
 
+    warnings.simplefilter("ignore", FutureWarning)
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, world_size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
@@ -62,7 +64,7 @@ def spawn_one(config: matrix.ParityConfig) -> float:
         return time.perf_counter() - started
 
 
-def measure() -> dict[str, float]:
+def measure() -> dict[str, object]:
     from harness.pool import RankPool
 
     configs = [c for c in matrix.default_matrix() if matrix.unsupported_reason(c) is None]
@@ -76,18 +78,26 @@ def measure() -> dict[str, float]:
     broken = [o.result.config.id for o in outcomes if o.result.broken]
     step = max(1, len(configs) // SAMPLE)
     sample = configs[::step][:SAMPLE]
-    spawned = [spawn_one(config) for config in sample]
+    spawned, failed = [], []
+    for config in sample:
+        try:
+            spawned.append(spawn_one(config))
+        except Exception as error:  # noqa: BLE001 - a failed spawn is reported, not fatal to the bench
+            failed.append(f"{config.id}: {error}")
+    if not spawned:
+        raise RuntimeError("every spawned configuration failed:\n" + "\n".join(failed))
     return {
         "configs": len(configs),
         "broken": len(broken),
         "matrix_wall_s": wall,
         "per_config_warm_s": wall / len(configs),
         "spawn_per_config_s": statistics.fmean(spawned),
-        "spawn_sample": len(sample),
+        "spawn_sample": len(spawned),
+        "spawn_failures": failed,
     }
 
 
-def render(m: dict[str, float]) -> str:
+def render(m: dict[str, object]) -> str:
     extrapolated = m["spawn_per_config_s"] * m["configs"]
     return "\n".join(
         [
@@ -99,6 +109,7 @@ def render(m: dict[str, float]) -> str:
             f"{extrapolated:.0f} s for the matrix",
             "-" * 72,
             f"ratio spawn per configuration / warm pool: {extrapolated / m['matrix_wall_s']:.0f}x",
+            *(f"(spawn failed, left out of the mean: {failure})" for failure in m["spawn_failures"]),
         ]
     )
 

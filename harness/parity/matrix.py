@@ -262,7 +262,13 @@ def fsdp_vs_ddp(*, world_size: int = 2, backend: str = "gloo") -> list[ParityCon
     common = {"world_size": world_size, "backend": backend}
     configs = [
         ParityConfig(
-            engine="fsdp1", sharding=s, use_orig_params=o, precision=p, optimizer=opt, init_scale=_init_scale(p), **common
+            engine="fsdp1",
+            sharding=s,
+            use_orig_params=o,
+            precision=p,
+            optimizer=opt,
+            init_scale=_init_scale(p),
+            **common,
         )
         for s in FSDP1_SHARDING
         for o in (False, True)

@@ -118,7 +118,11 @@ def expected_failure(config: ParityConfig) -> str:
         return ""
     if any(f.rank is not None for f in config.faults):
         return "torch's scaler never agrees found_inf on the fused path: ranks without the inf step anyway"
-    if config.precision == "fp16" and config.init_scale >= 2.0**20 and config.sharding not in (None, "no_shard"):
+    if (
+        config.precision == "fp16"
+        and config.init_scale >= 2.0**20
+        and config.sharding not in (None, "no_shard")
+    ):
         return (
             "torch's scaler never agrees found_inf on the fused path: early fp16 overflows land in "
             "some ranks' gradient shards only"
