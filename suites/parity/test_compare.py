@@ -6,7 +6,7 @@ import torch
 
 from harness.parity import profiles
 from harness.parity.compare import compare_runs, tensor_diff
-from suites.parity.records import replace_step, run, step
+from fixtures.parity_records import replace_step, run, step
 
 EXACT, FP32 = profiles.EXACT, profiles.FP32
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from harness.parity.record import RunRecord, merge_rank_runs, rank_run, rank_step
-from suites.parity.records import run, step
+from fixtures.parity_records import run, step
 
 
 def test_round_trip_keeps_every_field():

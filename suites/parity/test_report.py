@@ -11,7 +11,7 @@ import expecttest
 from harness.parity import report
 from harness.parity.matrix import Fault, ParityConfig
 from harness.parity.result import judge, skipped
-from suites.parity.records import replace_step, step
+from fixtures.parity_records import replace_step, step
 
 RUN = {"backend": "gloo", "world_size": 2, "scaler": "ours", "filter": "", "torch": "2.13.0+cpu"}
 
