@@ -47,10 +47,15 @@ class Progress:
     total: int
     elapsed_s: float
     outcome: Outcome
+    ran: int = 0
+    """Configurations that ran so far (skips cost nothing and do not count)."""
+    to_run: int = 0
+    """Configurations that run in all."""
 
     @property
     def eta_s(self) -> float:
-        return self.elapsed_s / self.done * (self.total - self.done) if self.done else 0.0
+        """Time left, at the pace of the configurations that ran so far."""
+        return self.elapsed_s / self.ran * (self.to_run - self.ran) if self.ran else 0.0
 
 
 def _chunks(items: list[ParityConfig], size: int) -> Iterator[list[ParityConfig]]:
@@ -74,8 +79,13 @@ def run(
     outcomes: dict[str, Outcome] = {}
     started = time.monotonic()
 
+    runnable = [config for config in configs if unsupported_reason(config, gpus=gpus) is None]
+    ran = 0
+
     def finish(outcome: Outcome) -> None:
+        nonlocal ran
         outcomes[outcome.result.config.id] = outcome
+        ran += outcome.result.status != "skip"
         if on_progress is not None:
             on_progress(
                 Progress(
@@ -83,15 +93,14 @@ def run(
                     total=len(configs),
                     elapsed_s=time.monotonic() - started,
                     outcome=outcome,
+                    ran=ran,
+                    to_run=len(runnable),
                 )
             )
 
-    runnable = []
     for config in configs:
         reason = unsupported_reason(config, gpus=gpus)
-        if reason is None:
-            runnable.append(config)
-        else:
+        if reason is not None:
             finish(Outcome(result=results.skipped(config, reason)))
     for (backend, world_size), group in by_world(runnable):
         for batch in _chunks(group, batch_size):

@@ -4,9 +4,9 @@ import math
 
 import torch
 
+from fixtures.parity_records import replace_step, run, step
 from harness.parity import profiles
 from harness.parity.compare import compare_runs, tensor_diff
-from fixtures.parity_records import replace_step, run, step
 
 EXACT, FP32 = profiles.EXACT, profiles.FP32
 

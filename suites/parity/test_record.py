@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 import torch
 
-from harness.parity.record import RunRecord, merge_rank_runs, rank_run, rank_step
 from fixtures.parity_records import run, step
+from harness.parity.record import RunRecord, merge_rank_runs, rank_run, rank_step
 
 
 def test_round_trip_keeps_every_field():

@@ -8,10 +8,10 @@ import math
 
 import expecttest
 
+from fixtures.parity_records import replace_step, step
 from harness.parity import report
 from harness.parity.matrix import Fault, ParityConfig
 from harness.parity.result import judge, skipped
-from fixtures.parity_records import replace_step, step
 
 RUN = {"backend": "gloo", "world_size": 2, "scaler": "ours", "filter": "", "torch": "2.13.0+cpu"}
 
