@@ -60,8 +60,8 @@ class ShardedGradScaler(GradScaler):
             first needed (not at construction or import).
         min_scale, max_scale: optional bounds on the scale; ``None`` keeps torch's behaviour.
 
-    Grads may be fp16 (FSDP mixed precision), sparse (fp16 sparse grads are coalesced in fp32
-    first), DTensors (their local shards are unscaled; no per-bucket DTensor reduction), and may
+    Grads may be fp16 (FSDP mixed precision), sparse (an uncoalesced one is checked as coalesced;
+    fp16 ones are coalesced through fp32, as torch's do), DTensors (their local shards are unscaled; no per-bucket DTensor reduction), and may
     live on another device than the scale (CPU offload).
     """
 
@@ -165,6 +165,13 @@ class ShardedGradScaler(GradScaler):
             combined = torch.stack([flag.to(device).reshape(()) for flag in flags]).amax()
         dist.all_reduce(combined, op=dist.ReduceOp.MAX, group=group)
         record["found_inf_per_device"] = {scale.device: combined.to(scale.device)}
+
+    # ------------------------------------------------------------------------------ unscaling
+    @staticmethod
+    def _coalesce_fp16_sparse(grad: torch.Tensor) -> torch.Tensor:
+        """torch's ShardedGradScaler's way: coalesce through fp32, then back to fp16 (a sum past
+        fp16's range becomes inf)."""
+        return grad.to(torch.float32).coalesce().to(torch.float16)
 
     # ---------------------------------------------------------------------------- observability
     def _counter(self, name: str) -> torch.Tensor:
