@@ -189,3 +189,43 @@ def test_random_step_sequences_match_torch(
     }
     theirs, ours = both(plan, scaler_kwargs=kwargs)
     assert_same_trajectory(theirs, ours)
+
+
+def _mixed_params():
+    """fp32 and fp64 params (two buckets), one without a grad, one grad holding inf when asked."""
+    dtypes = (torch.float32, torch.float64, torch.float32, torch.float64)
+    params = [torch.nn.Parameter(torch.ones(3, dtype=dtype)) for dtype in dtypes]
+    for index, param in enumerate(params[:3]):  # the last one has no grad
+        param.grad = torch.full_like(param, 8.0 * (index + 1))
+    return params
+
+
+@pytest.mark.parametrize("overflow_in", [None, "float32", "float64"])
+def test_grads_of_several_dtypes_and_params_without_grads_match_torch(overflow_in):
+    results = []
+    for scaler in (torch.amp.GradScaler("cpu", init_scale=4.0), GradScaler("cpu", init_scale=4.0)):
+        params = _mixed_params()
+        for param in params[:3]:
+            if str(param.dtype) == f"torch.{overflow_in}":
+                param.grad[0] = float("inf")
+        opt = torch.optim.SGD(params, lr=1.0)
+        scaler.scale(torch.ones(()))
+        scaler.unscale_(opt)
+        flags = {device: flag.item() for device, flag in scaler._found_inf_per_device(opt).items()}
+        results.append(([p.grad for p in params], flags))
+    (grads_theirs, flags_theirs), (grads_ours, flags_ours) = results
+    assert flags_ours == flags_theirs
+    assert grads_ours[3] is None
+    for theirs, ours in zip(grads_theirs[:3], grads_ours[:3], strict=True):
+        assert torch.equal(theirs.nan_to_num(), ours.nan_to_num()) and theirs.dtype == ours.dtype
+
+
+def test_an_optimizer_without_any_grad_is_refused_at_step_like_torch():
+    errors = []
+    for scaler in (torch.amp.GradScaler("cpu"), GradScaler("cpu")):
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=1.0)
+        scaler.scale(torch.ones(()))
+        with pytest.raises(AssertionError) as raised:
+            scaler.step(opt)
+        errors.append(str(raised.value))
+    assert errors[0] == errors[1] == "No inf checks were recorded for this optimizer."

@@ -44,13 +44,6 @@ def test_arguments_after_init_scale_are_keyword_only():
         ShardedGradScaler("cpu", 2.0**16, 2.0)  # torch's two scalers order these differently
 
 
-def test_process_group_of_the_wrong_type_is_rejected():
-    with pytest.raises(
-        TypeError, match="process_group must be a torch.distributed.ProcessGroup or None, got str"
-    ):
-        ShardedGradScaler("cpu", process_group="world")
-
-
 def test_init_scale_outside_the_bounds_is_rejected():
     with pytest.raises(
         ValueError, match=r"init_scale=65536.0 lies outside \[min_scale=None, max_scale=1024.0\]"
