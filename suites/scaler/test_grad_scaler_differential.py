@@ -105,6 +105,25 @@ def test_state_dict_moves_between_torch_and_ours_mid_training(direction):
     assert_same_trajectory(drive(reference, plan[3:]), drive(target, plan[3:]))
 
 
+def test_load_state_dict_into_a_scaler_that_has_stepped_restores_scale_and_tracker_like_torch():
+    saved = {
+        "scale": 256.0,
+        "growth_factor": 2.0,
+        "backoff_factor": 0.5,
+        "growth_interval": 3,
+        "_growth_tracker": 2,
+    }
+    runs = []
+    for cls in (torch.amp.GradScaler, GradScaler):
+        scaler = cls("cpu", init_scale=1024.0, growth_interval=5)
+        drive(scaler, [CLEAN, OVERFLOW, CLEAN])  # the scale and tracker tensors exist and have moved
+        scaler.load_state_dict(saved)
+        assert (scaler.get_scale(), scaler._get_growth_tracker()) == (256.0, 2)
+        runs.append(drive(scaler, [CLEAN, CLEAN]))
+    assert_same_trajectory(*runs)
+    assert runs[1].scales == [512.0, 512.0]  # the restored tracker completes the interval at once
+
+
 def test_misuse_errors_have_torchs_types_and_messages():
     def misuse(scaler, what):
         model = torch.nn.Linear(2, 1)
