@@ -18,13 +18,9 @@ from scaler._fused import step_with_amp_attributes, takes_grad_scaler_kwarg
 from scaler._outputs import scale_outputs
 from scaler._records import OptimizerRecords, OptState, sum_on
 from scaler._rule import ScaleConfig, ScalerUsageError, check_scale, update_scale_
-from scaler._unscale import PerDevice, group_grads, unscale_groups_
+from scaler._unscale import PerDevice, fresh_flag, group_grads, unscale_groups_
 
 __all__ = ["GradScaler", "OptState"]
-
-
-def _fresh_flag(device: torch.device) -> torch.Tensor:
-    return torch.zeros((), dtype=torch.float32, device=device)
 
 
 _NEW_SCALE_REASON = (
@@ -184,7 +180,7 @@ class GradScaler:
             raise RuntimeError("unscale_() is being called after step().")
         groups = self._group_grads(optimizer, self._allow_fp16_grads)
         # Fresh zero flags, made directly on each grad's device (no master flag to copy from).
-        record["found_inf_per_device"] = unscale_groups_(groups, self._inv_scale(scale), _fresh_flag)
+        record["found_inf_per_device"] = unscale_groups_(groups, self._inv_scale(scale), fresh_flag)
         record["stage"] = OptState.UNSCALED
         self._agree_found_inf(record)
 
@@ -195,7 +191,7 @@ class GradScaler:
         if one is None or one.device != scale.device:  # the kernel only reads it: one per scaler
             one = self._one = torch.ones((), dtype=torch.float32, device=scale.device)
         record = self._per_optimizer_states[id(optimizer)]
-        record["found_inf_per_device"] = unscale_groups_(self._group_grads(optimizer, True), one, _fresh_flag)
+        record["found_inf_per_device"] = unscale_groups_(self._group_grads(optimizer, True), one, fresh_flag)
         return record["found_inf_per_device"]
 
     def _found_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[torch.device, torch.Tensor]:

@@ -32,7 +32,7 @@ try:  # DTensor is optional: torch builds without distributed support lack it.
 except ImportError:  # pragma: no cover - only on builds without torch.distributed
     DTensor = None  # type: ignore[assignment,misc]
 
-__all__ = ["PerDevice", "group_grads", "unscale_groups_"]
+__all__ = ["PerDevice", "fresh_flag", "group_grads", "unscale_groups_"]
 
 _GRAD = attrgetter("grad")
 _PARAMS = itemgetter("params")
@@ -63,10 +63,25 @@ class PerDevice:
         return copy
 
 
+_ZERO_FLAGS: dict[torch.device, torch.Tensor] = {}
+
+
+def fresh_flag(device: torch.device) -> torch.Tensor:
+    """A new float32 zero on ``device``: a found_inf flag for one optimizer step. ``zeros_like`` of
+    a kept template is the cheapest way to make one (no dtype/device arguments to parse)."""
+    template = _ZERO_FLAGS.get(device)
+    if template is None:
+        template = _ZERO_FLAGS[device] = torch.zeros((), dtype=torch.float32, device=device)
+    return torch.zeros_like(template)
+
+
 def _all_grads(optimizer: torch.optim.Optimizer) -> list[torch.Tensor | None]:
     """Every parameter's ``.grad`` (None included), in ``param_groups`` order, without a Python loop."""
+    groups = optimizer.param_groups
     try:
-        return list(map(_GRAD, chain.from_iterable(map(_PARAMS, optimizer.param_groups))))
+        if len(groups) == 1:
+            return list(map(_GRAD, groups[0]["params"]))
+        return list(map(_GRAD, chain.from_iterable(map(_PARAMS, groups))))
     except AttributeError:
         for param in chain.from_iterable(map(_PARAMS, optimizer.param_groups)):
             if not isinstance(param, torch.Tensor):
