@@ -2,7 +2,9 @@
 
 Same constructor, methods, misuse errors, ``state_dict`` keys and pickling as torch's, proven by
 the differential tests in ``suites/scaler``. It differs only where torch accepts nonsense: every
-constructor argument and ``update(new_scale)`` is validated with an error naming the argument.
+constructor argument and ``update(new_scale)`` is validated with an error naming the argument;
+and where torch misses an overflow: an uncoalesced sparse grad is checked as coalesced in every
+dtype, not only fp16 (see :mod:`scaler._unscale`).
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ def _backend_of(group: Any) -> str | None:
     """The group's backend name, or None for a group ``torch.distributed`` does not know."""
     try:
         return dist.get_backend(group)
-    except (ValueError, RuntimeError):
+    except (ValueError, RuntimeError, TypeError):  # the type varies between torch versions
         return None
 
 
