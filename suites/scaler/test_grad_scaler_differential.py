@@ -9,7 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fixtures.training import Step, assert_same_trajectory, drive
+from fixtures.training import Step, assert_same_trajectory, batch, drive, make_model
 from scaler import GradScaler
 
 CLEAN, OVERFLOW = Step(), Step(overflow=True)
@@ -248,3 +248,55 @@ def test_an_optimizer_without_any_grad_is_refused_at_step_like_torch():
             scaler.step(opt)
         errors.append(str(raised.value))
     assert errors[0] == errors[1] == "No inf checks were recorded for this optimizer."
+
+
+def test_grads_made_with_create_graph_unscale_like_torch():
+    """Grads that require grad (double backward) are unscaled without recording autograd history."""
+    grads = []
+    for scaler in (torch.amp.GradScaler("cpu", init_scale=4.0), GradScaler("cpu", init_scale=4.0)):
+        model = make_model(0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler.scale(model(batch(0)).pow(2).mean()).backward(create_graph=True)
+        scaler.unscale_(opt)
+        grads.append(
+            [
+                (p.grad.detach().clone(), p.grad.requires_grad, type(p.grad.grad_fn))
+                for p in model.parameters()
+            ]
+        )
+    for (g_theirs, rg_theirs, fn_theirs), (g_ours, rg_ours, fn_ours) in zip(*grads, strict=True):
+        assert torch.equal(g_theirs, g_ours) and rg_theirs == rg_ours and fn_theirs is fn_ours
+
+
+def test_an_inf_in_a_later_param_group_is_found_like_torch():
+    skipped = []
+    for scaler in (torch.amp.GradScaler("cpu"), GradScaler("cpu")):
+        model = make_model(0)
+        opt = torch.optim.SGD(
+            [{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 0.5}], lr=0.1
+        )
+        scaler.scale(model(batch(0)).pow(2).mean()).backward()
+        model[2].bias.grad[0] = float("inf")
+        before = model[2].weight.detach().clone()
+        scaler.step(opt)
+        scaler.update()
+        skipped.append((torch.equal(before, model[2].weight), scaler.get_scale()))
+    assert skipped[0] == skipped[1] == (True, 2.0**15)
+
+
+@pytest.mark.parametrize("unscale_first", [False, True], ids=["fused_unscale", "unscale_first"])
+def test_a_fused_optimizers_own_grad_scale_is_combined_like_torch(unscale_first):
+    """torch multiplies a ``grad_scale`` the optimizer already holds into the one it hands over."""
+    params = []
+    for scaler in (torch.amp.GradScaler("cpu", init_scale=4.0), GradScaler("cpu", init_scale=4.0)):
+        weight = torch.nn.Parameter(torch.ones(3))
+        opt = torch.optim.SGD([weight], lr=1.0, fused=True)
+        scaler.scale(torch.ones(()))
+        weight.grad = torch.full((3,), 8.0)
+        if unscale_first:
+            scaler.unscale_(opt)
+        opt.grad_scale = torch.full((), 2.0)
+        scaler.step(opt)
+        scaler.update()
+        params.append(weight.detach().clone())
+    assert torch.equal(params[0], params[1])
