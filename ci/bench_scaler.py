@@ -1,19 +1,34 @@
-"""Scaler overhead: ours against torch's, measured in the same run on the same tensors.
+"""Scaler overhead: ours against torch's and against the kernel floor, measured in the same run.
 
-For 10, 100 and 1000 parameter tensors on CPU, times one ``unscale_ + step + update`` iteration
-(SGD, lr=0, so the optimizer's own work is the same for both) and prints the ratio ours / torch.
-Rounds alternate between the two implementations (and which goes first), and the fastest round of
-each is reported: on a shared 2-core machine the minimum is the least noisy estimate of the cost. The sharded comparison runs on 2 gloo ranks of the harness's
-rank pool (``harness.pool.RankPool``), used directly since this runs outside pytest.
+For each configuration (parameter count x size, optimizer) it times, on the same kind of tensors:
+
+- ``floor``: the native ``torch._amp_foreach_non_finite_check_and_unscale_`` over the grads, the
+  one kernel a scaler cannot avoid;
+- ``step``: the optimizer's own ``step()`` without a scaler;
+- ``ours`` / ``torch``: one ``unscale_ + step + update`` iteration, minus ``step``: what the
+  scaler adds on top of the optimizer.
+
+and prints microseconds per iteration, each scaler's ratio to the floor and ours / torch. For a
+non-fused optimizer the scaler's work does not depend on what ``step()`` computes, so those rows
+use an optimizer whose ``step()`` does nothing (subtracting a full optimizer pass from a noisy
+total would bury the overhead of large tensors in noise). The fused row uses Adam(fused=True),
+lr=0: there the scaler's share includes the kernel's own unscaling. The scale is 1, so the grads
+stay the same across iterations. Rounds interleave all four measurements (reversing their order each round) and the
+fastest round of each is reported: on a shared machine the minimum is the least noisy estimate
+of the cost. The sharded comparison runs on 2 gloo ranks of the harness's rank pool
+(``harness.pool.RankPool``, used directly since this runs outside pytest); its ``allreduce``
+column is one bare all_reduce of a float32 scalar on the same group, which the sharded scalers
+add on top of the floor.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-PARAM_COUNTS = (10, 100, 1000)
 ROUNDS = 15
 SHARDED_WORLD_SIZE = 2
 # Ranks import the body by name; spelled out because under ``python -m ci.bench_scaler`` this
@@ -21,67 +36,157 @@ SHARDED_WORLD_SIZE = 2
 SHARDED_TARGET = "ci.bench_scaler:_on_rank_sharded"
 
 
-def _setup(n_params: int, scaler_factory):
-    torch.manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(64)) for _ in range(n_params)]
-    for p in params:
-        p.grad = torch.randn(64)
-    opt = torch.optim.SGD(params, lr=0.0)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Config:
+    """One benchmarked shape of work."""
+
+    label: str
+    """How the row is named, e.g. ``1000 x 4096``."""
+    n_params: int
+    """Number of parameter tensors."""
+    numel: int
+    """Elements per parameter (float32)."""
+    iterations: int
+    """Iterations per timed round."""
+    optimizer: str = "no_step"
+    """``no_step`` (an optimizer whose step does nothing) or ``adam_fused`` (Adam(fused=True), lr=0)."""
+
+
+CONFIGS = (
+    Config(label="10 x 4096", n_params=10, numel=4096, iterations=300),
+    Config(label="100 x 4096", n_params=100, numel=4096, iterations=40),
+    Config(label="1000 x 4096", n_params=1000, numel=4096, iterations=5),
+    Config(label="20 x 1M", n_params=20, numel=1 << 20, iterations=2),
+    Config(label="1000 x 4096, fused Adam", n_params=1000, numel=4096, iterations=5, optimizer="adam_fused"),
+)
+SHARDED_CONFIGS = CONFIGS[:4]
+
+
+class NoStep(torch.optim.Optimizer):
+    """An optimizer whose ``step()`` changes nothing: what a scaler does around it is all there is."""
+
+    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+        super().__init__(params, {})
+
+    def step(self, closure: None = None) -> None:
+        return None
+
+
+def _optimizer(config: Config) -> tuple[list[torch.nn.Parameter], torch.optim.Optimizer]:
+    generator = torch.Generator().manual_seed(0)
+    params = [
+        torch.nn.Parameter(torch.randn(config.numel, generator=generator)) for _ in range(config.n_params)
+    ]
+    for param in params:
+        param.grad = torch.randn(config.numel, generator=generator)
+    if config.optimizer == "adam_fused":
+        return params, torch.optim.Adam(params, lr=0.0, fused=True)
+    return params, NoStep(params)
+
+
+def _floor(config: Config) -> Callable[[], None]:
+    params, _ = _optimizer(config)
+    grads = [param.grad for param in params]
+    found_inf, inv_scale = torch.zeros(()), torch.ones(())
+    return lambda: torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+
+
+def _step(config: Config) -> Callable[[], None]:
+    return _optimizer(config)[1].step
+
+
+def _iteration(config: Config, factory: Callable[[], object]) -> Callable[[], None]:
+    _, opt = _optimizer(config)
     # init_scale=1 keeps the grads unchanged across iterations (no drift into denormals).
-    scaler = scaler_factory()
+    scaler = factory()
     scaler.scale(torch.ones(()))
-    return scaler, opt
 
-
-def _time_iterations(scaler, opt, iterations: int) -> tuple[float, float]:
-    """(wall, CPU of this thread) seconds per iteration. The thread's CPU time leaves out waiting
-    for a peer rank in a collective, which on a shared machine is mostly scheduling noise."""
-    wall, cpu = time.perf_counter(), time.thread_time()
-    for _ in range(iterations):
+    def iteration() -> None:
         scaler.unscale_(opt)
         scaler.step(opt)
         scaler.update()
-    return (time.perf_counter() - wall) / iterations, (time.thread_time() - cpu) / iterations
+
+    return iteration
 
 
-def compare(
-    factories: dict[str, object], n_params: int, iterations: int, barrier=None
-) -> dict[str, tuple[float, float]]:
-    """Fastest round's (wall, thread CPU) seconds per iteration for each named scaler factory."""
-    setups = {name: _setup(n_params, factory) for name, factory in factories.items()}
-    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in factories}
-    for scaler, opt in setups.values():  # warm-up
-        _time_iterations(scaler, opt, max(1, iterations // 10))
-    order = list(setups)
+def _time(fn: Callable[[], None], iterations: int) -> float:
+    """CPU seconds of this thread per call. Not wall time: on a shared machine wall time mostly
+    measures who else got the cores, and on 2 ranks it includes waiting for the peer rank."""
+    start = time.thread_time()
+    for _ in range(iterations):
+        fn()
+    return (time.thread_time() - start) / iterations
+
+
+def measure(
+    config: Config, factories: dict[str, Callable[[], object]], barrier: Callable[[], None] | None = None
+) -> dict[str, float]:
+    """Fastest round's seconds per iteration: ``floor``, ``step`` and each factory's scaler beyond
+    the optimizer's step."""
+    fns = {"floor": _floor(config), "step": _step(config)}
+    fns.update({name: _iteration(config, factory) for name, factory in factories.items()})
+    for fn in fns.values():  # warm-up
+        _time(fn, max(1, config.iterations // 5))
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    order = list(fns)
     for _ in range(ROUNDS):
         for name in order:
-            scaler, opt = setups[name]
             if barrier is not None:
                 barrier()
-            samples[name].append(_time_iterations(scaler, opt, iterations))
-        order.reverse()  # neither side always runs first after the barrier
-    return {name: (min(w for w, _ in values), min(c for _, c in values)) for name, values in samples.items()}
+            samples[name].append(_time(fns[name], config.iterations))
+        order.reverse()  # no measurement always runs first after the barrier
+    best = {name: min(values) for name, values in samples.items()}
+    return {name: best[name] - (best["step"] if name in factories else 0.0) for name in best}
 
 
-def _iterations_for(n_params: int) -> int:
-    return {10: 400, 100: 100, 1000: 20}[n_params]
-
-
-def local_rows() -> list[tuple[str, int, tuple[float, float], tuple[float, float]]]:
+def local_rows() -> list[tuple[str, str, dict[str, float]]]:
     from scaler import GradScaler
 
     factories = {
         "ours": lambda: GradScaler("cpu", init_scale=1.0, growth_interval=10**9),
         "torch": lambda: torch.amp.GradScaler("cpu", init_scale=1.0, growth_interval=10**9),
     }
-    rows = []
-    for n in PARAM_COUNTS:
-        result = compare(factories, n, _iterations_for(n))
-        rows.append(("GradScaler", n, result["ours"], result["torch"]))
-    return rows
+    return [("GradScaler", config.label, measure(config, factories)) for config in CONFIGS]
 
 
-def _on_rank_sharded() -> list[tuple[str, int, tuple[float, float], tuple[float, float]]]:
+def world_of_one_rows() -> list[tuple[str, str, dict[str, float]]]:
+    """The sharded scalers on a 1-rank gloo group in this process: their host work and one trivial
+    collective, without a peer rank to wait for."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchShardedGradScaler
+
+    from scaler import ShardedGradScaler
+
+    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        factories = {
+            "ours": lambda: ShardedGradScaler("cpu", init_scale=1.0, growth_interval=10**9),
+            "torch": lambda: TorchShardedGradScaler("cpu", init_scale=1.0, growth_interval=10**9),
+        }
+        all_reduce = _bare_all_reduce(lambda: None)
+        rows = []
+        for config in SHARDED_CONFIGS:
+            row = measure(config, factories)
+            row["allreduce"] = all_reduce
+            rows.append(("ShardedGradScaler (world 1)", config.label, row))
+        return rows
+    finally:
+        dist.destroy_process_group()
+
+
+def _bare_all_reduce(barrier: Callable[[], None]) -> float:
+    import torch.distributed as dist
+
+    flag = torch.zeros(())
+    best = float("inf")
+    for _ in range(ROUNDS):
+        barrier()
+        best = min(best, _time(lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX), 50))
+    return best
+
+
+def _on_rank_sharded() -> list[tuple[str, str, dict[str, float]]]:
     import torch.distributed as dist
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchShardedGradScaler
 
@@ -89,19 +194,20 @@ def _on_rank_sharded() -> list[tuple[str, int, tuple[float, float], tuple[float,
     from scaler import ShardedGradScaler
 
     world_size = harness.current().world_size
-
     factories = {
         "ours": lambda: ShardedGradScaler("cpu", init_scale=1.0, growth_interval=10**9),
         "torch": lambda: TorchShardedGradScaler("cpu", init_scale=1.0, growth_interval=10**9),
     }
+    all_reduce = _bare_all_reduce(dist.barrier)
     rows = []
-    for n in PARAM_COUNTS:
-        result = compare(factories, n, _iterations_for(n), barrier=dist.barrier)
-        rows.append((f"ShardedGradScaler (world {world_size})", n, result["ours"], result["torch"]))
+    for config in SHARDED_CONFIGS:
+        row = measure(config, factories, barrier=dist.barrier)
+        row["allreduce"] = all_reduce
+        rows.append((f"ShardedGradScaler (world {world_size})", config.label, row))
     return rows
 
 
-def sharded_rows() -> list[tuple[str, int, tuple[float, float], tuple[float, float]]]:
+def sharded_rows() -> list[tuple[str, str, dict[str, float]]]:
     """Rank 0's rows from ``_on_rank_sharded`` on a fresh pool; raises ``RankFailure`` with every
     bad rank's traceback (the harness's own verdict) if any rank did not pass."""
     from harness import DistConfig, RankFailure
@@ -114,8 +220,8 @@ def sharded_rows() -> list[tuple[str, int, tuple[float, float], tuple[float, flo
             CaseSpec(
                 target=SHARDED_TARGET,
                 config=DistConfig(world_size=SHARDED_WORLD_SIZE),
-                deadline_s=600.0,
-                collective_timeout_s=300.0,
+                deadline_s=900.0,
+                collective_timeout_s=450.0,
             )
         )
     finally:
@@ -126,19 +232,34 @@ def sharded_rows() -> list[tuple[str, int, tuple[float, float], tuple[float, flo
     return verdict.values[0]
 
 
+def render(rows: list[tuple[str, str, dict[str, float]]]) -> str:
+    """The table: microseconds per iteration and ratios (ours/floor, torch/floor, ours/torch)."""
+    lines = [
+        f"{'scaler':<30} {'params':<24} {'floor':>8} {'step':>9} {'ours':>8} {'torch':>8} "
+        f"{'ours/floor':>10} {'torch/floor':>11} {'ours/torch':>10} {'allreduce':>9}"
+    ]
+    for name, label, row in rows:
+        us = {key: value * 1e6 for key, value in row.items()}
+        all_reduce = f"{us['allreduce']:>9.1f}" if "allreduce" in us else f"{'':>9}"
+        lines.append(
+            f"{name:<30} {label:<24} {us['floor']:>8.1f} {us['step']:>9.1f} {us['ours']:>8.1f} "
+            f"{us['torch']:>8.1f} {us['ours'] / us['floor']:>9.2f}x {us['torch'] / us['floor']:>10.2f}x "
+            f"{us['ours'] / us['torch']:>9.2f}x {all_reduce}"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     torch.set_num_threads(1)
-    print("Scaler overhead: unscale_ + step + update per iteration, CPU, SGD(lr=0), 64-element params")
-    print("wall: elapsed time; cpu: the training thread's CPU time (no waiting for the peer rank)")
-    header = f"{'scaler':<30} {'params':>7}"
-    for clock in ("wall", "cpu"):
-        header += f" {clock + ' ours':>10} {clock + ' torch':>11} {'ratio':>7}"
-    print(header + "   (us per iteration)")
-    for name, n, ours, theirs in local_rows() + sharded_rows():
-        line = f"{name:<30} {n:>7}"
-        for mine, other in zip(ours, theirs, strict=True):
-            line += f" {mine * 1e6:>10.1f} {other * 1e6:>11.1f} {mine / other:>6.3f}x"
-        print(line)
+    print("Scaler overhead on CPU: us per unscale_ + step + update beyond the optimizer's own step,")
+    print("in CPU time of the training thread (waiting for a peer rank or the scheduler left out)")
+    print("floor: torch._amp_foreach_non_finite_check_and_unscale_ over the same grads; step: the")
+    print(
+        "optimizer alone (one whose step does nothing, or Adam(fused=True) lr=0); fastest of",
+        ROUNDS,
+        "rounds",
+    )
+    print(render(local_rows() + world_of_one_rows() + sharded_rows()))
 
 
 if __name__ == "__main__":

@@ -5,9 +5,28 @@ across the process group once per optimizer step on every path; ``ShardedOptimiz
 local optimizer over named (possibly sharded) parameters with name-keyed, reshardable state.
 """
 
-from scaler._grad_scaler import GradScaler, OptState
-from scaler._optimizer import ShardedOptimizer
-from scaler._rule import (
+import torch
+
+_TORCH_FLOOR = "2.6"
+"""The oldest torch this library runs on (``torch.accelerator``, DTensor under
+``torch.distributed.tensor``); pyproject.toml requires the same."""
+
+
+def _check_torch_version(version: str) -> None:
+    """Refuse, naming the fix, a torch older than the floor (an environment that pip's check did
+    not guard, e.g. a source checkout on ``PYTHONPATH``)."""
+    if torch.torch_version.TorchVersion(version) < _TORCH_FLOOR:
+        raise ImportError(
+            f"shardscale needs torch>={_TORCH_FLOOR}, found torch {version}; "
+            f"install a newer one, e.g. pip install 'torch>={_TORCH_FLOOR}'"
+        )
+
+
+_check_torch_version(torch.__version__)
+
+from scaler._grad_scaler import GradScaler, OptState  # noqa: E402
+from scaler._optimizer import ShardedOptimizer  # noqa: E402
+from scaler._rule import (  # noqa: E402
     ScaleConfig,
     ScalerArgumentError,
     ScalerUsageError,
@@ -15,7 +34,7 @@ from scaler._rule import (
     next_scale_state,
     update_scale_,
 )
-from scaler._sharded import ShardedGradScaler, default_device
+from scaler._sharded import ShardedGradScaler, default_device  # noqa: E402
 
 __all__ = [
     "GradScaler",

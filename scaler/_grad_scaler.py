@@ -2,53 +2,27 @@
 
 Same constructor, methods, misuse errors, ``state_dict`` keys and pickling as torch's, proven by
 the differential tests in ``suites/scaler``. It differs only where torch accepts nonsense: every
-constructor argument and ``update(new_scale)`` is validated with an error naming the argument.
+constructor argument and ``update(new_scale)`` is validated with an error naming the argument;
+and where torch misses an overflow: an uncoalesced sparse grad is checked as coalesced in every
+dtype, not only fp16 (see :mod:`scaler._unscale`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import warnings
 from collections.abc import Iterable
-from enum import Enum
 from typing import Any, overload
 
 import torch
 
+from scaler._fused import step_with_amp_attributes, takes_grad_scaler_kwarg
+from scaler._outputs import scale_outputs
+from scaler._records import OptimizerRecords, OptState, sum_on
 from scaler._rule import ScaleConfig, ScalerUsageError, check_scale, update_scale_
-from scaler._unscale import PerDevice, unscale_grads_
+from scaler._unscale import PerDevice, fresh_flag, group_grads, unscale_groups_
 
 __all__ = ["GradScaler", "OptState"]
-
-
-class OptState(Enum):
-    """Where one optimizer is within the current iteration (reset by ``update()``)."""
-
-    READY = 0
-    UNSCALED = 1
-    STEPPED = 2
-
-
-def _fresh_optimizer_record() -> dict[str, Any]:
-    return {"stage": OptState.READY, "found_inf_per_device": {}}
-
-
-class _OptimizerRecords(dict):
-    """``id(optimizer) -> {stage, found_inf_per_device}``, created on first access.
-
-    A dict subclass rather than ``defaultdict(lambda ...)`` so that a scaler stays picklable.
-    """
-
-    def __missing__(self, key: int) -> dict[str, Any]:
-        record = self[key] = _fresh_optimizer_record()
-        return record
-
-
-def _sum_on(device: torch.device, flags: Iterable[torch.Tensor]) -> torch.Tensor:
-    """The found_inf flags, moved to ``device`` and added (the flag itself when there is one)."""
-    moved = [flag.to(device, non_blocking=True) for flag in flags]
-    return moved[0] if len(moved) == 1 else torch.stack(moved).sum()
 
 
 _NEW_SCALE_REASON = (
@@ -76,6 +50,7 @@ class GradScaler:
 
     _allow_fp16_grads = False
     _local_dtensor_grads = False
+    _keep_output_dtype = False
 
     def __init__(
         self,
@@ -100,7 +75,9 @@ class GradScaler:
         self._init_growth_tracker = 0
         self._scale: torch.Tensor | None = None
         self._growth_tracker: torch.Tensor | None = None
-        self._per_optimizer_states: dict[int, dict[str, Any]] = _OptimizerRecords()
+        self._per_optimizer_states: dict[int, dict[str, Any]] = OptimizerRecords()
+        self._inv_scale_cpu: torch.Tensor | None = None  # reused on the CPU, see _inv_scale
+        self._one: torch.Tensor | None = None  # the fused path's dummy inv_scale
 
     # ----------------------------------------------------------------------------------- scale
     def _lazy_init_scale_growth_tracker(self, device: torch.device) -> None:
@@ -128,30 +105,35 @@ class GradScaler:
     def scale(self, outputs: Iterable[torch.Tensor]) -> Iterable[torch.Tensor]: ...
 
     def scale(self, outputs):
-        """Multiply a tensor, or a (nested) list/tuple/iterable of tensors, by the current scale."""
+        """Multiply a tensor, or a (nested) list/tuple/iterable of tensors, by the current scale.
+
+        The product has torch's type promotion (an fp16 0-dim loss times the float32 scale is
+        float32); ShardedGradScaler casts it back to each output's dtype, as torch's does.
+        """
         if not self._enabled:
             return outputs
-        if isinstance(outputs, torch.Tensor):
-            if self._scale is None:
-                self._lazy_init_scale_growth_tracker(outputs.device)
-            return outputs * self._scale.to(device=outputs.device, non_blocking=True)
-        replicated: list[PerDevice] = []
+        return scale_outputs(outputs, self._scale_on_first_use, keep_dtype=self._keep_output_dtype)
 
-        def apply(value):
-            if isinstance(value, torch.Tensor):
-                if not replicated:
-                    if self._scale is None:
-                        self._lazy_init_scale_growth_tracker(value.device)
-                    replicated.append(PerDevice(self._scale))
-                return value * replicated[0].get(value.device)
-            if isinstance(value, Iterable):
-                mapped = map(apply, value)
-                return type(value)(mapped) if isinstance(value, (list, tuple)) else mapped
-            raise ValueError("outputs must be a Tensor or an iterable of Tensors")
-
-        return apply(outputs)
+    def _scale_on_first_use(self, first_output: torch.Tensor) -> torch.Tensor:
+        if self._scale is None:
+            self._lazy_init_scale_growth_tracker(first_output.device)
+        assert self._scale is not None
+        return self._scale
 
     # --------------------------------------------------------------------------------- unscale
+    def _group_grads(self, optimizer: torch.optim.Optimizer, allow_fp16: bool):
+        return group_grads(
+            optimizer,
+            allow_fp16=allow_fp16,
+            local_dtensor=self._local_dtensor_grads,
+            coalesce_fp16=self._coalesce_fp16_sparse,
+        )
+
+    @staticmethod
+    def _coalesce_fp16_sparse(grad: torch.Tensor) -> torch.Tensor:
+        """torch.amp.GradScaler's way: coalesce in fp16 (the sum is fp16's, overflow becomes inf)."""
+        return grad.coalesce()
+
     def _unscale_grads_(
         self,
         optimizer: torch.optim.Optimizer,
@@ -159,9 +141,25 @@ class GradScaler:
         found_inf: torch.Tensor,
         allow_fp16: bool,
     ) -> dict[torch.device, torch.Tensor]:
-        return unscale_grads_(
-            optimizer, inv_scale, found_inf, allow_fp16=allow_fp16, local_dtensor=self._local_dtensor_grads
-        )
+        """torch's private helper, same signature and contract: unscale the optimizer's grads by
+        ``inv_scale`` and return ``{device: flag}``, each flag a copy of ``found_inf`` on that device
+        set to 1.0 if a grad there held an inf/NaN. ``found_inf`` itself is left untouched."""
+        return unscale_groups_(self._group_grads(optimizer, allow_fp16), inv_scale, PerDevice(found_inf).get)
+
+    def _inv_scale(self, scale: torch.Tensor) -> torch.Tensor:
+        """``1 / scale``, the reciprocal taken in float64 and rounded to float32 (float32 division can
+        be imprecise under some compile options; this is torch's arithmetic, bit for bit).
+
+        On the CPU the scale is read on the host (no sync to wait for) and the result written into
+        one reused tensor: one small op instead of three allocating ones. On an accelerator it stays
+        three device ops, so the host never waits for the device.
+        """
+        if scale.device.type != "cpu":
+            return scale.double().reciprocal().float()
+        inv_scale = self._inv_scale_cpu
+        if inv_scale is None:
+            inv_scale = self._inv_scale_cpu = torch.empty((), dtype=torch.float32)
+        return inv_scale.fill_(1.0 / scale.item())
 
     def _agree_found_inf(self, record: dict[str, Any]) -> None:
         """Hook for ShardedGradScaler: make every rank hold the same found_inf. Local: nothing."""
@@ -182,22 +180,20 @@ class GradScaler:
             )
         if record["stage"] is OptState.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
-        # float32 division can be imprecise under some compile options: take the reciprocal in float64.
-        inv_scale = scale.double().reciprocal().float()
-        found_inf = torch.zeros((), dtype=torch.float32, device=scale.device)
-        record["found_inf_per_device"] = self._unscale_grads_(
-            optimizer, inv_scale, found_inf, self._allow_fp16_grads
-        )
+        groups = self._group_grads(optimizer, self._allow_fp16_grads)
+        # Fresh zero flags, made directly on each grad's device (no master flag to copy from).
+        record["found_inf_per_device"] = unscale_groups_(groups, self._inv_scale(scale), fresh_flag)
         record["stage"] = OptState.UNSCALED
         self._agree_found_inf(record)
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[torch.device, torch.Tensor]:
         """Record inf/NaN in the grads without unscaling them (fused optimizers unscale in-kernel)."""
         scale, _ = self._check_scale_growth_tracker("_check_inf_per_device")
-        one = torch.ones((), dtype=torch.float32, device=scale.device)
-        found_inf = torch.zeros((), dtype=torch.float32, device=scale.device)
+        one = self._one
+        if one is None or one.device != scale.device:  # the kernel only reads it: one per scaler
+            one = self._one = torch.ones((), dtype=torch.float32, device=scale.device)
         record = self._per_optimizer_states[id(optimizer)]
-        record["found_inf_per_device"] = self._unscale_grads_(optimizer, one, found_inf, True)
+        record["found_inf_per_device"] = unscale_groups_(self._group_grads(optimizer, True), one, fresh_flag)
         return record["found_inf_per_device"]
 
     def _found_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[torch.device, torch.Tensor]:
@@ -207,26 +203,19 @@ class GradScaler:
     def _maybe_opt_step(
         self, optimizer: torch.optim.Optimizer, record: dict[str, Any], *args: Any, **kwargs: Any
     ) -> Any:
-        if not sum(v.item() for v in record["found_inf_per_device"].values()):
-            return optimizer.step(*args, **kwargs)
-        return None
+        flags = record["found_inf_per_device"].values()
+        if len(flags) == 1:
+            (flag,) = flags
+            found = flag.item()  # the host sync of the non-fused path (torch's makes it too)
+        else:
+            found = sum(v.item() for v in flags)
+        return None if found else optimizer.step(*args, **kwargs)
 
     def _step_fused(
         self, optimizer: torch.optim.Optimizer, record: dict[str, Any], *args: Any, **kwargs: Any
     ):
-        """Drive an optimizer that unscales and skips inside its own kernel.
-
-        It receives ``optimizer.grad_scale`` (None when grads were already unscaled) and
-        ``optimizer.found_inf``; the kernel skips only when found_inf is exactly 1.0.
-        """
-        if "grad_scaler" in inspect.signature(optimizer.step).parameters:
-            warnings.warn(
-                "GradScaler is going to stop passing itself as a keyword argument to the passed "
-                "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
-                "`found_inf: Tensor` to the passed optimizer and let the optimizer use them directly.",
-                FutureWarning,
-                stacklevel=3,
-            )
+        """Drive an optimizer that unscales and skips inside its own kernel (see :mod:`scaler._fused`)."""
+        if takes_grad_scaler_kwarg(optimizer):
             kwargs.update({"grad_scaler": self})
             return optimizer.step(*args, **kwargs)
         if record["stage"] is OptState.READY:
@@ -234,17 +223,13 @@ class GradScaler:
             self._agree_found_inf(record)
         scale = self._scale
         assert scale is not None
-        found_inf = _sum_on(scale.device, record["found_inf_per_device"].values())
-        if record["stage"] is OptState.UNSCALED:
-            optimizer.grad_scale = getattr(optimizer, "grad_scale", None)  # type: ignore[attr-defined]
-        else:
-            optimizer.grad_scale = scale * getattr(optimizer, "grad_scale", 1)  # type: ignore[attr-defined]
-        optimizer.found_inf = found_inf  # type: ignore[attr-defined]
-        try:
-            return optimizer.step(*args, **kwargs)
-        finally:
-            del optimizer.grad_scale  # type: ignore[attr-defined]
-            del optimizer.found_inf  # type: ignore[attr-defined]
+        return step_with_amp_attributes(
+            optimizer,
+            scale=None if record["stage"] is OptState.UNSCALED else scale,
+            found_inf=sum_on(scale.device, list(record["found_inf_per_device"].values())),
+            args=args,
+            kwargs=kwargs,
+        )
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
         """Unscale (unless ``unscale_`` ran), then call ``optimizer.step`` unless a grad was inf/NaN.
@@ -302,7 +287,7 @@ class GradScaler:
             raise ScalerUsageError(
                 "No inf checks were recorded prior to update(): call scaler.step(optimizer) first."
             )
-        return _sum_on(scale.device, flags)
+        return sum_on(scale.device, flags)
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         """End the iteration: move the scale by the rule (or set it to ``new_scale``).
@@ -317,7 +302,7 @@ class GradScaler:
             self._set_scale(new_scale)
         else:
             self._update_scale(scale, tracker, self._combined_found_inf())
-        self._per_optimizer_states = _OptimizerRecords()
+        self._per_optimizer_states = OptimizerRecords()
 
     def _update_scale(self, scale: torch.Tensor, tracker: torch.Tensor, found_inf: torch.Tensor) -> None:
         update_scale_(scale, tracker, found_inf, self._config)
@@ -414,7 +399,10 @@ class GradScaler:
             state["_init_growth_tracker"] = self._get_growth_tracker()
             state["_scale"] = None
             state["_growth_tracker"] = None
+        state["_inv_scale_cpu"] = state["_one"] = None  # caches: re-made when first needed
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("_inv_scale_cpu", None)  # pickles made before these caches existed
+        state.setdefault("_one", None)
         self.__dict__.update(state)

@@ -27,12 +27,29 @@ def default_device() -> str:
     return accelerator.type if accelerator is not None else "cpu"
 
 
+def _usable_as_group(group: object) -> bool:
+    """Whether ``torch.distributed`` collectives accept ``group``: None (the default group), what
+    ``new_group`` returns on a rank outside the group, or anything with ``allreduce`` (a real
+    ProcessGroup, or a duck-typed test double such as torch's ``DummyProcessGroup``)."""
+    if group is None or isinstance(group, int) and group == dist.GroupMember.NON_GROUP_MEMBER:
+        return True
+    return callable(getattr(group, "allreduce", None))
+
+
 def _device_available(device_type: str) -> bool:
     if device_type == "cpu":
         return True
     module = getattr(torch, device_type, None)
     is_available = getattr(module, "is_available", None)
     return bool(is_available()) if callable(is_available) else True
+
+
+def _backend_of(group: Any) -> str | None:
+    """The group's backend name, or None for a group ``torch.distributed`` does not know."""
+    try:
+        return dist.get_backend(group)
+    except (ValueError, RuntimeError, TypeError):  # the type varies between torch versions
+        return None
 
 
 class ShardedGradScaler(GradScaler):
@@ -60,13 +77,15 @@ class ShardedGradScaler(GradScaler):
             first needed (not at construction or import).
         min_scale, max_scale: optional bounds on the scale; ``None`` keeps torch's behaviour.
 
-    Grads may be fp16 (FSDP mixed precision), sparse (fp16 sparse grads are coalesced in fp32
-    first), DTensors (their local shards are unscaled; no per-bucket DTensor reduction), and may
-    live on another device than the scale (CPU offload).
+    Grads may be fp16 (FSDP mixed precision), sparse (an uncoalesced one is checked as coalesced;
+    fp16 ones are coalesced through fp32, as torch's do), DTensors (their local shards are unscaled;
+    no per-bucket DTensor reduction), and may live on another device than the scale (CPU offload).
+    ``scale(outputs)`` returns each output's own dtype (an fp16 loss stays fp16), as torch's does.
     """
 
     _allow_fp16_grads = True
     _local_dtensor_grads = True
+    _keep_output_dtype = True
 
     def __init__(
         self,
@@ -89,9 +108,10 @@ class ShardedGradScaler(GradScaler):
                 f"device={device_type!r} is not available on this machine; pass device='cpu' "
                 "(or leave device=None to pick the accelerator if there is one), or enabled=False"
             )
-        if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
+        if not _usable_as_group(process_group):
             raise TypeError(
-                f"process_group must be a torch.distributed.ProcessGroup or None, got {type(process_group).__name__}"
+                "process_group must be a torch.distributed.ProcessGroup, an object with its allreduce "
+                f"method (a test double), or None for the default group; got {type(process_group).__name__}"
             )
         super().__init__(
             device_type,
@@ -120,7 +140,10 @@ class ShardedGradScaler(GradScaler):
     # --------------------------------------------------------------------------- process group
     @property
     def process_group(self) -> dist.ProcessGroup:
-        """The group found_inf is agreed over, resolved now (``None`` -> the default group)."""
+        """The group found_inf is agreed over, resolved now (``None`` -> the default group).
+
+        Any object that ``torch.distributed.all_reduce`` accepts as ``group=`` works, registered or
+        not (torch's own scaler tests pass a duck-typed ``DummyProcessGroup``)."""
         if self._process_group is None and self._process_group_name is not None:
             self._process_group = dist.distributed_c10d._resolve_process_group(self._process_group_name)
         if self._process_group is not None:
@@ -134,12 +157,14 @@ class ShardedGradScaler(GradScaler):
 
     def _reduction_device(self, scale_device: torch.device, group: dist.ProcessGroup) -> torch.device:
         """Where the flag is reduced: the scale's device, unless the backend cannot reduce there
-        (NCCL with a CPU scale). Cached per group: ``get_backend`` is not free on the hot path."""
+        (NCCL with a CPU scale). Cached per group: ``get_backend`` is not free on the hot path.
+        A group that is not registered with ``torch.distributed`` (a test double) has no backend
+        to ask: it reduces on the scale's device."""
         cached = self._reduction_cache
         if cached is not None and cached[0] is group and cached[1] == scale_device:
             return cached[2]
         device = scale_device
-        if scale_device.type == "cpu" and dist.get_backend(group) == "nccl":
+        if scale_device.type == "cpu" and _backend_of(group) == "nccl":
             device = torch.device("cuda", torch.cuda.current_device())
         self._reduction_cache = (group, scale_device, device)
         return device
@@ -165,6 +190,28 @@ class ShardedGradScaler(GradScaler):
             combined = torch.stack([flag.to(device).reshape(()) for flag in flags]).amax()
         dist.all_reduce(combined, op=dist.ReduceOp.MAX, group=group)
         record["found_inf_per_device"] = {scale.device: combined.to(scale.device)}
+
+    # ------------------------------------------------------------------------------ unscaling
+    @staticmethod
+    def _coalesce_fp16_sparse(grad: torch.Tensor) -> torch.Tensor:
+        """torch's ShardedGradScaler's way: coalesce through fp32, then back to fp16 (a sum past
+        fp16's range becomes inf)."""
+        return grad.to(torch.float32).coalesce().to(torch.float16)
+
+    def _unscale_grads_(
+        self,
+        optimizer: torch.optim.Optimizer,
+        inv_scale: torch.Tensor,
+        found_inf: torch.Tensor,
+        allow_fp16: bool = True,
+    ) -> dict[torch.device, torch.Tensor]:
+        """torch's ShardedGradScaler private helper, same signature (fp16 allowed by default): as
+        GradScaler's, and a rank without grads still gets a flag on the scale's device."""
+        flags = super()._unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16)
+        if not flags:
+            scale, _ = self._check_scale_growth_tracker("_unscale_grads_")
+            flags[scale.device] = found_inf.to(scale.device, copy=True)
+        return flags
 
     # ---------------------------------------------------------------------------- observability
     def _counter(self, name: str) -> torch.Tensor:
@@ -274,8 +321,10 @@ class ShardedGradScaler(GradScaler):
         # A ProcessGroup cannot be pickled; its name can, and resolves to the same group in any
         # process that created it (names are assigned identically on every rank).
         state["_process_group"] = None
-        if group is not None:
+        if isinstance(group, getattr(dist, "ProcessGroup", ())):
             state["_process_group_name"] = group.group_name
+        else:  # not registered (a test double, NON_GROUP_MEMBER): pickled as it is, if it can be
+            state["_process_group"] = group
         state["_counts"] = {name: None if c is None else c.item() for name, c in self._counts.items()}
         state["_last_found_inf"] = {}
         state["_reduction_cache"] = None

@@ -22,6 +22,7 @@ process: the device mesh is rebuilt whenever the default process group changes.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,15 @@ def _mesh(world_size: int) -> Any:
     return _MESH[1]
 
 
+def _distribute(tensor: torch.Tensor, mesh: Any, placements: Any) -> DTensor:
+    """``distribute_tensor`` of a tensor every rank already holds in full, without communication
+    where torch can (``src_data_rank=None``, torch >= 2.7); older torch scatters rank 0's copy,
+    which is the same data."""
+    if "src_data_rank" in inspect.signature(distribute_tensor).parameters:
+        return distribute_tensor(tensor, mesh, placements, src_data_rank=None)
+    return distribute_tensor(tensor, mesh, placements)
+
+
 def build_params(world_size: int, *, zero: bool = False) -> dict[str, torch.Tensor]:
     """The model on this rank; ``zero=True`` fills it with zeros (a target that must be loaded into)."""
     init = full_init()
@@ -111,7 +121,7 @@ def build_params(world_size: int, *, zero: bool = False) -> dict[str, torch.Tens
     mesh = _mesh(world_size)
     params: dict[str, torch.Tensor] = {}
     for name, placements in DTENSOR_PLACEMENTS.items():
-        params[name] = torch.nn.Parameter(distribute_tensor(init[name], mesh, placements, src_data_rank=None))
+        params[name] = torch.nn.Parameter(_distribute(init[name], mesh, placements))
     spec = ChunkShardingSpec(dim=0, placements=[f"rank:{r}/cpu" for r in range(world_size)])
     table = sharded_tensor.empty(spec, *SHAPES["table.weight"], requires_grad=True)
     with torch.no_grad():
@@ -137,7 +147,7 @@ def local_loss(params: dict[str, torch.Tensor], step: int) -> torch.Tensor:
     for name, p in params.items():
         x = batch[name]
         if isinstance(p, DTensor):
-            local_x = distribute_tensor(x, p.device_mesh, p.placements, src_data_rank=None).to_local()
+            local_x = _distribute(x, p.device_mesh, p.placements).to_local()
             terms.append((p.to_local() * local_x).pow(2).sum())
         elif isinstance(p, ShardedTensor):
             for shard in p.local_shards():
@@ -404,9 +414,7 @@ def rank_bad_loads() -> dict[str, str]:
 
     # Another shape for "dense.weight" (10 rows instead of 8).
     other = dict(build_params(world_size))
-    other["dense.weight"] = torch.nn.Parameter(
-        distribute_tensor(torch.zeros(10, 4), _mesh(world_size), [Shard(0)], src_data_rank=None)
-    )
+    other["dense.weight"] = torch.nn.Parameter(_distribute(torch.zeros(10, 4), _mesh(world_size), [Shard(0)]))
     messages["global_shape"] = _message(lambda: make_optimizer(other, "adam").load_state_dict(saved))
 
     # A partial parameter makes no sense to optimize.

@@ -9,7 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fixtures.training import Step, assert_same_trajectory, drive
+from fixtures.training import Step, assert_same_trajectory, batch, drive, make_model
 from scaler import GradScaler
 
 CLEAN, OVERFLOW = Step(), Step(overflow=True)
@@ -105,6 +105,25 @@ def test_state_dict_moves_between_torch_and_ours_mid_training(direction):
     assert_same_trajectory(drive(reference, plan[3:]), drive(target, plan[3:]))
 
 
+def test_load_state_dict_into_a_scaler_that_has_stepped_restores_scale_and_tracker_like_torch():
+    saved = {
+        "scale": 256.0,
+        "growth_factor": 2.0,
+        "backoff_factor": 0.5,
+        "growth_interval": 3,
+        "_growth_tracker": 2,
+    }
+    runs = []
+    for cls in (torch.amp.GradScaler, GradScaler):
+        scaler = cls("cpu", init_scale=1024.0, growth_interval=5)
+        drive(scaler, [CLEAN, OVERFLOW, CLEAN])  # the scale and tracker tensors exist and have moved
+        scaler.load_state_dict(saved)
+        assert (scaler.get_scale(), scaler._get_growth_tracker()) == (256.0, 2)
+        runs.append(drive(scaler, [CLEAN, CLEAN]))
+    assert_same_trajectory(*runs)
+    assert runs[1].scales == [512.0, 512.0]  # the restored tracker completes the interval at once
+
+
 def test_misuse_errors_have_torchs_types_and_messages():
     def misuse(scaler, what):
         model = torch.nn.Linear(2, 1)
@@ -189,3 +208,95 @@ def test_random_step_sequences_match_torch(
     }
     theirs, ours = both(plan, scaler_kwargs=kwargs)
     assert_same_trajectory(theirs, ours)
+
+
+def _mixed_params():
+    """fp32 and fp64 params (two buckets), one without a grad, one grad holding inf when asked."""
+    dtypes = (torch.float32, torch.float64, torch.float32, torch.float64)
+    params = [torch.nn.Parameter(torch.ones(3, dtype=dtype)) for dtype in dtypes]
+    for index, param in enumerate(params[:3]):  # the last one has no grad
+        param.grad = torch.full_like(param, 8.0 * (index + 1))
+    return params
+
+
+@pytest.mark.parametrize("overflow_in", [None, "float32", "float64"])
+def test_grads_of_several_dtypes_and_params_without_grads_match_torch(overflow_in):
+    results = []
+    for scaler in (torch.amp.GradScaler("cpu", init_scale=4.0), GradScaler("cpu", init_scale=4.0)):
+        params = _mixed_params()
+        for param in params[:3]:
+            if str(param.dtype) == f"torch.{overflow_in}":
+                param.grad[0] = float("inf")
+        opt = torch.optim.SGD(params, lr=1.0)
+        scaler.scale(torch.ones(()))
+        scaler.unscale_(opt)
+        flags = {device: flag.item() for device, flag in scaler._found_inf_per_device(opt).items()}
+        results.append(([p.grad for p in params], flags))
+    (grads_theirs, flags_theirs), (grads_ours, flags_ours) = results
+    assert flags_ours == flags_theirs
+    assert grads_ours[3] is None
+    for theirs, ours in zip(grads_theirs[:3], grads_ours[:3], strict=True):
+        assert torch.equal(theirs.nan_to_num(), ours.nan_to_num()) and theirs.dtype == ours.dtype
+
+
+def test_an_optimizer_without_any_grad_is_refused_at_step_like_torch():
+    errors = []
+    for scaler in (torch.amp.GradScaler("cpu"), GradScaler("cpu")):
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=1.0)
+        scaler.scale(torch.ones(()))
+        with pytest.raises(AssertionError) as raised:
+            scaler.step(opt)
+        errors.append(str(raised.value))
+    assert errors[0] == errors[1] == "No inf checks were recorded for this optimizer."
+
+
+def test_grads_made_with_create_graph_unscale_like_torch():
+    """Grads that require grad (double backward) are unscaled without recording autograd history."""
+    grads = []
+    for scaler in (torch.amp.GradScaler("cpu", init_scale=4.0), GradScaler("cpu", init_scale=4.0)):
+        model = make_model(0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler.scale(model(batch(0)).pow(2).mean()).backward(create_graph=True)
+        scaler.unscale_(opt)
+        grads.append(
+            [
+                (p.grad.detach().clone(), p.grad.requires_grad, type(p.grad.grad_fn))
+                for p in model.parameters()
+            ]
+        )
+    for (g_theirs, rg_theirs, fn_theirs), (g_ours, rg_ours, fn_ours) in zip(*grads, strict=True):
+        assert torch.equal(g_theirs, g_ours) and rg_theirs == rg_ours and fn_theirs is fn_ours
+
+
+def test_an_inf_in_a_later_param_group_is_found_like_torch():
+    skipped = []
+    for scaler in (torch.amp.GradScaler("cpu"), GradScaler("cpu")):
+        model = make_model(0)
+        opt = torch.optim.SGD(
+            [{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 0.5}], lr=0.1
+        )
+        scaler.scale(model(batch(0)).pow(2).mean()).backward()
+        model[2].bias.grad[0] = float("inf")
+        before = model[2].weight.detach().clone()
+        scaler.step(opt)
+        scaler.update()
+        skipped.append((torch.equal(before, model[2].weight), scaler.get_scale()))
+    assert skipped[0] == skipped[1] == (True, 2.0**15)
+
+
+@pytest.mark.parametrize("unscale_first", [False, True], ids=["fused_unscale", "unscale_first"])
+def test_a_fused_optimizers_own_grad_scale_is_combined_like_torch(unscale_first):
+    """torch multiplies a ``grad_scale`` the optimizer already holds into the one it hands over."""
+    params = []
+    for scaler in (torch.amp.GradScaler("cpu", init_scale=4.0), GradScaler("cpu", init_scale=4.0)):
+        weight = torch.nn.Parameter(torch.ones(3))
+        opt = torch.optim.SGD([weight], lr=1.0, fused=True)
+        scaler.scale(torch.ones(()))
+        weight.grad = torch.full((3,), 8.0)
+        if unscale_first:
+            scaler.unscale_(opt)
+        opt.grad_scale = torch.full((), 2.0)
+        scaler.step(opt)
+        scaler.update()
+        params.append(weight.detach().clone())
+    assert torch.equal(params[0], params[1])

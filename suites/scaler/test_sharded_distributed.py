@@ -38,8 +38,8 @@ class AllReduceCounter:
         dist.all_reduce = self._real
 
 
-def _on_rank_train_with_overflow_on_rank_1(path, implementation):
-    """Three steps on identical data; step 1 has an inf grad on rank 1 only."""
+def _on_rank_train_with_overflow_on_rank_1(path, implementation, overflowing_ranks=(1,)):
+    """Three steps on identical data; step 1 has an inf grad on rank 1 only (or on the given ranks)."""
     rank = harness.current().rank
     model = make_model(0)
     kind = "sgd" if path in ("plain", "unscale_first") else path
@@ -50,7 +50,7 @@ def _on_rank_train_with_overflow_on_rank_1(path, implementation):
     for step in range(3):
         opt.zero_grad()
         scaler.scale(model(batch(step)).pow(2).mean()).backward()
-        if step == 1 and rank == 1:
+        if step == 1 and rank in overflowing_ranks:
             model[0].weight.grad[0, 0] = float("inf")
         before = [p.detach().clone() for p in model.parameters()]
         with AllReduceCounter() as counter:
@@ -83,6 +83,17 @@ def test_an_inf_on_one_rank_makes_every_rank_skip(ranks, path):
 def test_one_all_reduce_per_optimizer_step(ranks, path):
     records = ranks.run(_on_rank_train_with_overflow_on_rank_1, path, "ours", world_size=2)
     assert [record["all_reduces"] for record in records] == [[1, 1, 1], [1, 1, 1]]
+
+
+@pytest.mark.parametrize("path", ["adam_fused", "adamw_fused", "sgd_fused"])
+def test_an_inf_on_every_rank_skips_the_fused_step_on_every_rank(ranks, path):
+    """The agreed flag must be exactly 1.0 however many ranks overflow: fused kernels skip only on
+    1.0, so a flag of 2.0 (a SUM where a MAX belongs) would let them step on inf grads."""
+    records = ranks.run(_on_rank_train_with_overflow_on_rank_1, path, "ours", (0, 1), world_size=2)
+    for rank, record in enumerate(records):
+        assert record["skipped"] == [False, True, False], f"rank {rank}"
+        assert record["scales"] == [1024.0, 512.0, 512.0], f"rank {rank}"
+        assert torch.isfinite(record["params"]).all(), f"rank {rank}"
 
 
 def test_torchs_scaler_diverges_with_a_fused_optimizer_where_ours_agrees(ranks):
@@ -140,6 +151,13 @@ def _on_rank_fsdp2_step(overflow_on_rank_1):
     }
 
 
+needs_fsdp2_on_cpu = pytest.mark.skipif(
+    not hasattr(torch.cpu.Stream, "record_event"),
+    reason=f"torch {torch.__version__}: FSDP2 cannot run on the CPU (torch.cpu.Stream has no record_event)",
+)
+
+
+@needs_fsdp2_on_cpu
 def test_fsdp2_dtensor_grads_are_unscaled_through_their_local_shards(ranks):
     records = ranks.run(_on_rank_fsdp2_step, False, world_size=2)
     for record in records:
@@ -150,6 +168,7 @@ def test_fsdp2_dtensor_grads_are_unscaled_through_their_local_shards(ranks):
         assert record["all_reduces"] == 1  # ours only: no extra DTensor reduction per bucket
 
 
+@needs_fsdp2_on_cpu
 def test_fsdp2_inf_in_one_ranks_local_shard_makes_every_rank_skip(ranks):
     records = ranks.run(_on_rank_fsdp2_step, True, world_size=2)
     assert [(r["skipped"], r["scale"]) for r in records] == [(True, 128.0), (True, 128.0)]

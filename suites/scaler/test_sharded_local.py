@@ -44,13 +44,6 @@ def test_arguments_after_init_scale_are_keyword_only():
         ShardedGradScaler("cpu", 2.0**16, 2.0)  # torch's two scalers order these differently
 
 
-def test_process_group_of_the_wrong_type_is_rejected():
-    with pytest.raises(
-        TypeError, match="process_group must be a torch.distributed.ProcessGroup or None, got str"
-    ):
-        ShardedGradScaler("cpu", process_group="world")
-
-
 def test_init_scale_outside_the_bounds_is_rejected():
     with pytest.raises(
         ValueError, match=r"init_scale=65536.0 lies outside \[min_scale=None, max_scale=1024.0\]"
@@ -96,6 +89,48 @@ def test_counters_and_step_was_skipped_follow_the_plan(world_of_one, fused):
     assert skipped == [False, False, True, False, True]
     assert (scaler.steps, scaler.skipped_steps, scaler.growths, scaler.backoffs) == (5, 2, 1, 2)
     assert scaler.get_scale() == 32.0  # 64 -> grow 128 -> back off 64 -> back off 32
+
+
+@pytest.mark.parametrize(
+    "kinds",
+    [("fused", "fused"), ("plain", "fused"), ("plain", "plain")],
+    ids=["fused+fused", "plain+fused", "plain+plain"],
+)
+def test_two_optimizers_overflowing_in_one_iteration_back_off_once_and_skip_each(world_of_one, kinds):
+    scaler = ShardedGradScaler("cpu", init_scale=64.0)
+    models = [torch.nn.Linear(3, 1) for _ in kinds]
+    opts = [
+        torch.optim.Adam(m.parameters(), lr=0.1, fused=kind == "fused")
+        for m, kind in zip(models, kinds, strict=True)
+    ]
+    scaler.scale(sum(model(torch.ones(2, 3)).sum() for model in models)).backward()
+    for model in models:
+        model.bias.grad.fill_(float("inf"))
+    for opt in opts:
+        scaler.step(opt)
+    scaler.update()
+    assert [scaler.step_was_skipped(opt) for opt in opts] == [True, True]
+    assert (scaler.steps, scaler.skipped_steps, scaler.backoffs, scaler.growths) == (2, 2, 1, 0)
+    assert scaler.get_scale() == 32.0
+
+
+def test_load_state_dict_into_a_scaler_that_has_stepped_restores_scale_and_tracker_like_torchs(world_of_one):
+    saved = {
+        "scale": 256.0,
+        "growth_factor": 2.0,
+        "backoff_factor": 0.5,
+        "growth_interval": 3,
+        "_growth_tracker": 2,
+    }
+    runs = []
+    for cls in (TorchShardedGradScaler, ShardedGradScaler):
+        scaler = cls("cpu", init_scale=1024.0, growth_interval=5)
+        drive(scaler, [Step(), Step(overflow=True), Step()])  # the scale and tracker tensors exist
+        scaler.load_state_dict(saved)
+        assert (scaler.get_scale(), scaler._get_growth_tracker()) == (256.0, 2)
+        runs.append(drive(scaler, [Step(), Step()]))
+    assert_same_trajectory(*runs)
+    assert runs[1].scales == [512.0, 512.0]
 
 
 def test_step_was_skipped_before_any_step_names_the_fix():
