@@ -130,6 +130,16 @@ def expected_failure(config: ParityConfig) -> str:
     return ""
 
 
+def poisoned_steps(config: ParityConfig) -> frozenset[int]:
+    """Steps whose gradients hold a planted non-finite value: the faults', and the sparse workload's
+    overflow step (one process unscales each finite duplicate before summing, DDP sums them scaled,
+    so the overflow shows in one run's gradient only; both must skip)."""
+    steps = {fault.step for fault in config.faults}
+    if workloads.get(config.workload).sparse:
+        steps.add(workloads.OVERFLOW_STEP)
+    return frozenset(steps)
+
+
 def skipped(config: ParityConfig, reason: str) -> ParityResult:
     return ParityResult(
         config=config, status="skip", profile=profiles.profile_for(config).name, reason=reason
@@ -180,9 +190,7 @@ def judge(
             reference,
             candidate,
         )
-    comparison = compare.compare_runs(
-        reference, candidate, profile=profile, poisoned_steps=frozenset(f.step for f in config.faults)
-    )
+    comparison = compare.compare_runs(reference, candidate, profile=profile, poisoned_steps=poisoned_steps(config))
     status = "pass" if comparison.ok else ("crash" if candidate.error else "fail")
     first = comparison.first
     result = ParityResult(

@@ -63,3 +63,12 @@ def test_a_batch_that_failed_on_the_ranks_is_an_error_naming_the_harness_verdict
         result.reason
         == "the batch failed on the ranks: 1 of 2 ranks did not pass; root cause: rank 1 died with signal SIGKILL (-9)"
     )
+
+
+def test_gradients_are_not_compared_at_planted_faults_nor_at_the_sparse_overflow_step():
+    from harness.parity import workloads
+    from harness.parity.result import poisoned_steps
+
+    assert poisoned_steps(ParityConfig(engine="ddp", faults=(Fault(step=1), Fault(step=4)))) == {1, 4}
+    sparse = ParityConfig(suite="sparse", engine="ddp", reference="single", workload="embedding")
+    assert poisoned_steps(sparse) == {workloads.OVERFLOW_STEP}
