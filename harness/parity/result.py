@@ -190,7 +190,9 @@ def judge(
             reference,
             candidate,
         )
-    comparison = compare.compare_runs(reference, candidate, profile=profile, poisoned_steps=poisoned_steps(config))
+    comparison = compare.compare_runs(
+        reference, candidate, profile=profile, poisoned_steps=poisoned_steps(config)
+    )
     status = "pass" if comparison.ok else ("crash" if candidate.error else "fail")
     first = comparison.first
     result = ParityResult(
