@@ -1,6 +1,6 @@
 """ShardedGradScaler in one process: construction, defaults, bounds, counters, pickling, dtypes.
 
-Torch's ShardedGradScaler is shown side by side where we deliberately differ (DESIGN.md §1, §2.2).
+Torch's ShardedGradScaler is shown side by side where we deliberately differ (docs/architecture.md, sections 1 and 2.2).
 """
 
 import copy

@@ -1,4 +1,4 @@
-"""ShardedOptimizer (DESIGN.md 2.3), in one process: the torch.optim.Optimizer contract, name-keyed
+"""ShardedOptimizer (docs/architecture.md, section 2.3), in one process: the torch.optim.Optimizer contract, name-keyed
 state, AMP forwarding to a fused local optimizer, and the messages for bad input.
 
 Plain tensors need no process group; the few DTensor checks here use a one-rank group in this
