@@ -1,45 +1,40 @@
-# shardscale: every target sets itself up (venv + install) on a fresh machine.
-# Override the torch requirement with `make setup TORCH=torch==2.14.1` (or any pip requirement).
+# shardscale: every target sets itself up (venv + install) on a fresh machine; `make help` lists them.
+# The `## ` comment after a target is its one-line description: `make help` prints it and the
+# README's target table must match it (suites/project/test_docs.py checks).
 PYTHON ?= python3
 VENV   ?= .venv
-TORCH  ?= torch==2.13.0
+# The torch requirement (pip syntax) and extra pip arguments, e.g. a CPU-only build elsewhere:
+#   make setup TORCH=torch==2.13.0+cpu PIP_ARGS='--extra-index-url https://download.pytorch.org/whl/cpu'
+TORCH    ?= torch==2.13.0
+PIP_ARGS ?=
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.shardscale-setup
-# What the installed venv must match: the torch requirement and the project metadata.
-SETUP_KEY = $(TORCH) $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# What the installed venv must match: the torch requirement, pip arguments and the project metadata.
+SETUP_KEY = $(TORCH) $(PIP_ARGS) $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup test test-gpu lint bench demo parity clean
+.DEFAULT_GOAL := help
+.PHONY: help setup parity test test-gpu bench demo lint clean
 
-setup:
+help: ## list the targets and what each does
+	@echo "usage: make <target> [VARIABLE=value ...]"
+	@awk 'BEGIN { FS = ":.*## " } /^[a-z-]+:.*## / { printf "  %-9s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+
+setup: ## create or refresh .venv (idempotent; re-runs when TORCH, PIP_ARGS or pyproject.toml change)
 	@if [ -f $(STAMP) ] && [ "$$(cat $(STAMP))" = "$(SETUP_KEY)" ]; then \
 		echo "setup: $(VENV) is up to date ($(TORCH))"; \
 	else \
 		set -e; \
+		echo "setup: installing $(TORCH) and shardscale with its dev tools into $(VENV)"; \
+		echo "setup: (the first time takes a minute or more; a CUDA build of torch downloads several GB)"; \
 		[ -x $(PY) ] || $(PYTHON) -m venv $(VENV); \
-		$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)" -e ".[dev]"; \
+		$(PY) -m pip install -q --disable-pip-version-check $(PIP_ARGS) "$(TORCH)" -e ".[dev]"; \
 		echo "$(SETUP_KEY)" > $(STAMP); \
-		echo "setup: installed shardscale with $(TORCH) into $(VENV)"; \
+		echo "setup: installed shardscale with $$($(PY) -c 'import torch; print("torch", torch.__version__)') into $(VENV)"; \
 	fi
-
-test: setup
-	$(PY) -m pytest suites -q
-
-test-gpu: setup
-	$(PY) -m pytest suites -q -m gpu
-
-lint: setup
-	$(VENV)/bin/ruff check scaler harness suites fixtures ci
-	$(VENV)/bin/ruff format --check scaler harness suites fixtures ci
-
-bench: setup
-	$(PY) -m ci.bench
-
-demo: setup
-	$(PY) -m scaler.demo
 
 # make parity [BACKEND=gloo] [WORLD_SIZE=2] [SCALER=ours] [K='fsdp2 and not bf16'] [REPORTS=reports]
 # Plain `=`: only the command line overrides these (a WORLD_SIZE exported by a cluster job does not).
@@ -48,8 +43,24 @@ WORLD_SIZE = 2
 SCALER     = ours
 REPORTS    = reports
 K          =
-parity: setup
+parity: setup ## the parity matrix against DDP; writes reports/parity.{json,md,png}; exits 1 if a configuration broke its tolerance
 	$(PY) -m harness.parity --backend $(BACKEND) --world-size $(WORLD_SIZE) --scaler $(SCALER) --out $(REPORTS) $(if $(K),-k "$(K)")
 
-clean:
-	rm -rf $(VENV) reports .pytest_cache .ruff_cache
+test: setup ## all suites on CPU/gloo (.ci/run runs exactly this)
+	$(PY) -m pytest suites -q
+
+test-gpu: setup ## the GPU tier (-m gpu); skips with a reason and exits 0 on a machine without GPUs
+	$(PY) -m pytest suites -q -m gpu
+
+bench: setup ## scaler, harness and parity overhead, as ratios against PyTorch measured in the same run
+	$(PY) -m ci.bench
+
+demo: setup ## python -m scaler.demo: fp16 autocast on CPU, skipped steps and scale growth printed
+	$(PY) -m scaler.demo
+
+lint: setup ## ruff check and ruff format --check
+	$(VENV)/bin/ruff check scaler harness suites fixtures ci
+	$(VENV)/bin/ruff format --check scaler harness suites fixtures ci
+
+clean: ## remove .venv, reports and caches
+	rm -rf $(VENV) reports .pytest_cache .ruff_cache build *.egg-info
