@@ -53,7 +53,7 @@ test-gpu: setup ## the GPU tier (-m gpu); skips with a reason and exits 0 on a m
 	$(PY) -m pytest suites -q -m gpu
 
 bench: setup ## scaler, harness and parity overhead, as ratios against PyTorch measured in the same run
-	$(PY) -m ci.bench
+	$(PY) -m ci.bench --json $(REPORTS)/bench.json
 
 demo: setup ## python -m scaler.demo: fp16 autocast on CPU, skipped steps and scale growth printed
 	$(PY) -m scaler.demo

@@ -31,9 +31,9 @@ import torch
 
 ROUNDS = 15
 SHARDED_WORLD_SIZE = 2
-# Ranks import the body by name; spelled out because under ``python -m ci.bench_scaler`` this
-# module's ``__name__`` is ``__main__``, which names nothing inside a rank.
-SHARDED_TARGET = "ci.bench_scaler:_on_rank_sharded"
+# Ranks import the body by name; spelled out because under ``python -m ci.bench.scaler_overhead``
+# this module's ``__name__`` is ``__main__``, which names nothing inside a rank.
+SHARDED_TARGET = "ci.bench.scaler_overhead:_on_rank_sharded"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -232,34 +232,60 @@ def sharded_rows() -> list[tuple[str, str, dict[str, float]]]:
     return verdict.values[0]
 
 
-def render(rows: list[tuple[str, str, dict[str, float]]]) -> str:
+def as_rows(rows: list[tuple[str, str, dict[str, float]]]) -> list[dict[str, object]]:
+    """The measured rows as JSON-ready dicts: microseconds, and the ratios the table prints."""
+    out: list[dict[str, object]] = []
+    for name, label, row in rows:
+        us = {f"{key}_us": round(value * 1e6, 3) for key, value in row.items()}
+        out.append(
+            {
+                "scaler": name,
+                "params": label,
+                **us,
+                "ours_per_floor": round(row["ours"] / row["floor"], 3),
+                "torch_per_floor": round(row["torch"] / row["floor"], 3),
+                "ours_per_torch": round(row["ours"] / row["torch"], 3),
+            }
+        )
+    return out
+
+
+def measure_all() -> dict[str, object]:
+    """Every row (local, world of one, 2 ranks), as :func:`as_rows` gives them."""
+    torch.set_num_threads(1)
+    return {
+        "unit": f"us per unscale_ + step + update beyond the optimizer's step, thread CPU time, fastest of {ROUNDS} rounds",
+        "rows": as_rows(local_rows() + world_of_one_rows() + sharded_rows()),
+    }
+
+
+HEADER = [
+    "Scaler overhead on CPU: us per unscale_ + step + update beyond the optimizer's own step,",
+    "in CPU time of the training thread (waiting for a peer rank or the scheduler left out)",
+    "floor: torch._amp_foreach_non_finite_check_and_unscale_ over the same grads; step: the",
+    f"optimizer alone (one whose step does nothing, or Adam(fused=True) lr=0); fastest of {ROUNDS} rounds",
+]
+
+
+def render(measured: dict[str, object]) -> str:
     """The table: microseconds per iteration and ratios (ours/floor, torch/floor, ours/torch)."""
     lines = [
+        *HEADER,
         f"{'scaler':<30} {'params':<24} {'floor':>8} {'step':>9} {'ours':>8} {'torch':>8} "
-        f"{'ours/floor':>10} {'torch/floor':>11} {'ours/torch':>10} {'allreduce':>9}"
+        f"{'ours/floor':>10} {'torch/floor':>11} {'ours/torch':>10} {'allreduce':>9}",
     ]
-    for name, label, row in rows:
-        us = {key: value * 1e6 for key, value in row.items()}
-        all_reduce = f"{us['allreduce']:>9.1f}" if "allreduce" in us else f"{'':>9}"
+    for row in measured["rows"]:  # type: ignore[union-attr]
+        all_reduce = f"{row['allreduce_us']:>9.1f}" if "allreduce_us" in row else f"{'':>9}"
         lines.append(
-            f"{name:<30} {label:<24} {us['floor']:>8.1f} {us['step']:>9.1f} {us['ours']:>8.1f} "
-            f"{us['torch']:>8.1f} {us['ours'] / us['floor']:>9.2f}x {us['torch'] / us['floor']:>10.2f}x "
-            f"{us['ours'] / us['torch']:>9.2f}x {all_reduce}"
+            f"{row['scaler']:<30} {row['params']:<24} {row['floor_us']:>8.1f} {row['step_us']:>9.1f} "
+            f"{row['ours_us']:>8.1f} {row['torch_us']:>8.1f} {row['ours_per_floor']:>9.2f}x "
+            f"{row['torch_per_floor']:>10.2f}x {row['ours_per_torch']:>9.2f}x {all_reduce}"
         )
     return "\n".join(lines)
 
 
 def main() -> None:
-    torch.set_num_threads(1)
-    print("Scaler overhead on CPU: us per unscale_ + step + update beyond the optimizer's own step,")
-    print("in CPU time of the training thread (waiting for a peer rank or the scheduler left out)")
-    print("floor: torch._amp_foreach_non_finite_check_and_unscale_ over the same grads; step: the")
-    print(
-        "optimizer alone (one whose step does nothing, or Adam(fused=True) lr=0); fastest of",
-        ROUNDS,
-        "rounds",
-    )
-    print(render(local_rows() + world_of_one_rows() + sharded_rows()))
+    print(render(measure_all()))
 
 
 if __name__ == "__main__":

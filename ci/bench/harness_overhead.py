@@ -1,6 +1,7 @@
 """Harness overhead: a trivial 2-rank gloo test (one all_reduce) under our warm pool vs PyTorch's
 ``MultiProcessTestCase``, both run by pytest in the same run; plus an NCCL test skipped at
-collection. Called by ``make bench`` (``python -m ci.bench``) through :func:`main`.
+collection. Called by ``make bench`` (``python -m ci.bench``) through :func:`measure` and
+:func:`render`.
 
 Per-test times come from the JUnit XML of each inner session (setup + call + teardown, as pytest
 times them). Our first test also starts the pool, so it is reported apart (cold start) and the
@@ -95,7 +96,7 @@ def _run(directory: Path, name: str, source: str) -> tuple[dict[str, tuple[str, 
     return times, wall
 
 
-def measure() -> dict[str, float]:
+def measure() -> dict[str, float | int]:
     with tempfile.TemporaryDirectory(prefix="shardscale-bench-") as tmp:
         directory = Path(tmp)
         ours, ours_wall = _run(directory, "test_bench_ours", OURS)
@@ -107,6 +108,10 @@ def measure() -> dict[str, float]:
         raise RuntimeError(f"unexpected outcomes: ours={ours} mpc={mpc}")
     warm = runs[1:]
     return {
+        "our_tests": OUR_TESTS,
+        "mpc_tests": MPC_TESTS,
+        "skipped_tests": SKIPPED_TESTS,
+        "ratio_mpc_per_ours": statistics.fmean(mpc_runs) / statistics.fmean(warm),
         "ours_cold_s": runs[0],
         "ours_warm_mean_s": statistics.fmean(warm),
         "ours_warm_median_s": statistics.median(warm),
@@ -117,21 +122,21 @@ def measure() -> dict[str, float]:
     }
 
 
-def render(m: dict[str, float]) -> str:
-    ratio = m["mpc_mean_s"] / m["ours_warm_mean_s"]
+def render(m: dict[str, float | int]) -> str:
+    ratio = m["ratio_mpc_per_ours"]
     rows = [
         (
             "harness (warm pool), 2-rank gloo all_reduce",
             f"{m['ours_warm_mean_s'] * 1e3:9.1f} ms",
-            f"{OUR_TESTS - 1}",
+            f"{m['our_tests'] - 1}",
         ),
         ("harness, first test (starts the pool)", f"{m['ours_cold_s'] * 1e3:9.1f} ms", "1"),
         (
             "harness, NCCL test skipped at collection",
             f"{m['skipped_mean_s'] * 1e3:9.2f} ms",
-            f"{SKIPPED_TESTS}",
+            f"{m['skipped_tests']}",
         ),
-        ("MultiProcessTestCase, same test", f"{m['mpc_mean_s'] * 1e3:9.1f} ms", f"{MPC_TESTS}"),
+        ("MultiProcessTestCase, same test", f"{m['mpc_mean_s'] * 1e3:9.1f} ms", f"{m['mpc_tests']}"),
     ]
     width = max(len(r[0]) for r in rows)
     lines = [f"{'harness overhead (per test)':<{width}}  {'time':>12}  tests", "-" * (width + 21)]
@@ -144,9 +149,9 @@ def render(m: dict[str, float]) -> str:
         f"ratio >= 30x: {'ok' if ratio >= 30 else 'MISSED'}"
     )
     lines.append(
-        f"(MultiProcessTestCase measured over {MPC_TESTS} tests only, to keep the run short; "
-        f"session wall times: harness {m['ours_wall_s']:.1f} s for {OUR_TESTS + SKIPPED_TESTS} tests, "
-        f"MultiProcessTestCase {m['mpc_wall_s']:.1f} s for {MPC_TESTS}; JUnit times, 1 ms resolution)"
+        f"(MultiProcessTestCase measured over {m['mpc_tests']} tests only, to keep the run short; "
+        f"session wall times: harness {m['ours_wall_s']:.1f} s for {m['our_tests'] + m['skipped_tests']} tests, "
+        f"MultiProcessTestCase {m['mpc_wall_s']:.1f} s for {m['mpc_tests']}; JUnit times, 1 ms resolution)"
     )
     return "\n".join(lines)
 

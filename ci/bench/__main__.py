@@ -1,0 +1,84 @@
+"""``python -m ci.bench [--json PATH] [--only PART ...]``: run the benchmarks, print their tables and
+optionally write them as JSON (schema in :mod:`ci.bench`).
+
+Exit status: 0 when every part was measured, 1 when a part failed (the others still run and are
+printed; the failure is in the JSON as ``{"error": ...}``), 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from ci.bench import PARTS, SCHEMA, VERSION, render_part
+
+
+def _measure(name: str) -> dict[str, Any]:
+    if name == "scaler":
+        from ci.bench import scaler_overhead
+
+        return scaler_overhead.measure_all()
+    if name == "harness":
+        from ci.bench import harness_overhead
+
+        return harness_overhead.measure()
+    from ci.bench import parity_wall
+
+    return parity_wall.measure()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ci.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, default=None, help="also write the tables as JSON to this file")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=PARTS,
+        default=None,
+        help="measure only this part (repeatable; default: all three)",
+    )
+    options = parser.parse_args(argv)
+    if options.json is not None and options.json.is_dir():
+        parser.error(
+            f"--json {options.json} is a folder; give a file name, e.g. {options.json / 'bench.json'}"
+        )
+    import torch
+
+    data: dict[str, Any] = {
+        "schema": SCHEMA,
+        "version": VERSION,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "parts": {},
+    }
+    failed = []
+    for name in options.only or PARTS:
+        try:
+            data["parts"][name] = _measure(name)
+        except Exception as error:  # noqa: BLE001 - one failed part must not hide the others
+            traceback.print_exc()
+            data["parts"][name] = {"error": f"{type(error).__name__}: {error}"}
+            failed.append(name)
+        print(render_part(name, data["parts"][name]), end="\n\n", flush=True)
+    if options.json is not None:
+        options.json.parent.mkdir(parents=True, exist_ok=True)
+        options.json.write_text(json.dumps(data, indent=1) + "\n")
+        print(f"bench: wrote {options.json}")
+    if failed:
+        print(f"bench: {', '.join(failed)} could not be measured (see above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
