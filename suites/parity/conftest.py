@@ -15,7 +15,7 @@ import pytest
 from harness.parity import runner
 from harness.parity.matrix import ParityConfig, unsupported_reason
 from harness.parity.result import expected_failure
-from suites.parity.support import ranks_executor
+from suites.parity.support import junit_properties, ranks_executor
 
 _BATCH = 16
 
@@ -67,9 +67,12 @@ def parity_outcomes(request: pytest.FixtureRequest, module_ranks) -> dict[str, r
 
 
 @pytest.fixture
-def outcome(parity_config: ParityConfig, parity_outcomes) -> runner.Outcome:
-    """The outcome of this test's configuration; a configuration whose batch failed fails here."""
+def outcome(request: pytest.FixtureRequest, parity_config: ParityConfig, parity_outcomes) -> runner.Outcome:
+    """The outcome of this test's configuration; a configuration whose batch failed fails here.
+    Its metrics become properties of the test in the JUnit XML (``--junitxml``; valid in the
+    ``xunit1`` family, which the CI gate asks for)."""
     found = parity_outcomes[parity_config.id]
+    request.node.user_properties.extend(junit_properties(found.result))
     if found.result.status == "error":
         pytest.fail(f"{parity_config.id}: {found.result.reason}", pytrace=False)
     return found

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from harness import RankFailure
-from harness.parity import rank_side, runner
+from harness.parity import rank_side, report, runner
+from harness.parity.result import ParityResult
 
 _SECONDS_PER_CONFIG = 60.0
 
@@ -44,3 +45,31 @@ def describe(outcome: runner.Outcome) -> str:
     if outcome.candidate is not None and outcome.candidate.error:
         lines.append(outcome.candidate.error)
     return "\n".join(lines)
+
+
+def junit_properties(result: ParityResult) -> list[tuple[str, str]]:
+    """A configuration's metrics as JUnit properties (``parity.status``, ``parity.profile``, ...):
+    what CI dashboards show next to each parity test without opening parity.json."""
+    worst = "-"
+    if result.worst is not None:
+        worst = f"step {result.worst.step}, {result.worst.describe()}"
+    candidate = result.curves.get("candidate")
+    properties = [
+        ("parity.configuration", result.config.id),
+        ("parity.status", report.label(result)),
+        ("parity.profile", result.profile),
+        ("parity.max_loss_diff", repr(result.max_loss_diff)),
+        (
+            "parity.first_diverging_step",
+            "-" if result.first_diverging_step is None else str(result.first_diverging_step),
+        ),
+        ("parity.worst", worst),
+        ("parity.skipped_steps", ",".join(map(str, result.skipped_steps)) or "-"),
+        ("parity.time_s", f"{result.time_s:.3f}"),
+    ]
+    if candidate is not None and candidate.scale:
+        properties += [
+            ("parity.final_loss", repr(candidate.loss[-1][0])),
+            ("parity.final_scale", repr(candidate.scale[-1])),
+        ]
+    return properties
