@@ -25,7 +25,6 @@ import multiprocessing as mp
 import multiprocessing.connection
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -47,9 +46,9 @@ from harness.protocol import (
     Shutdown,
     from_wire,
 )
+from harness.rank_handle import CaseOutput, RankFiles, RankHandle, Tail, dump_stacks
 from harness.spec import DistConfig
 
-STACK_SIGNAL = signal.SIGUSR1  # must match rank_main.STACK_SIGNAL (rank_main imports torch)
 _live_pools: weakref.WeakSet[RankPool] = weakref.WeakSet()  # pools of this process with ranks up
 
 
@@ -68,35 +67,6 @@ class CaseSpec:
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     deadline_s: float = 60.0
     collective_timeout_s: float = 30.0
-
-
-class RankHandle:
-    """The controller's proxy of one rank process."""
-
-    def __init__(self, rank: int, process: Any, conn: Any, log_path: str) -> None:
-        self.rank = rank
-        self.process = process
-        self.conn = conn
-        self.log_path = log_path
-        self.pid: int | None = None
-        self.gone = False
-
-    def send(self, command: Message) -> None:
-        self.conn.send(command.to_wire())
-
-    def log_size(self) -> int:
-        try:
-            return os.path.getsize(self.log_path)
-        except OSError:
-            return 0
-
-    def read_log(self, start: int) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(start)
-                return f.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
 
 
 class RankPool:
@@ -120,11 +90,9 @@ class RankPool:
         self._ranks: list[RankHandle] = []
         self._store: Any = None
         self._group: tuple[str, int] | None = None
-        self._timeout_s = 0.0
         self._case_ids = itertools.count(1)
         self._session = uuid.uuid4().hex[:8]
         self._tag = reaper.controller_tag()
-        self._events: list[Message] = []
         self.started_ranks = 0
         self._ctx = mp.get_context("forkserver")
         self._ctx.set_forkserver_preload(["harness.rank_main"])
@@ -141,7 +109,7 @@ class RankPool:
         self._ensure_group(config.backend, config.world_size, case.collective_timeout_s)
         case_id = next(self._case_ids)
         ranks = self._ranks[: config.world_size]
-        offsets = {h.rank: h.log_size() for h in ranks}
+        output = CaseOutput(ranks)
         command = RunCase(
             case_id=case_id,
             target=case.target,
@@ -153,10 +121,9 @@ class RankPool:
         )
         for handle in ranks:
             handle.send(command)
-        results = self._collect(ranks, case_id, time.monotonic() + case.deadline_s)
-        final = [
-            dataclasses.replace(r, log=r.log or ranks[r.rank].read_log(offsets[r.rank])) for r in results
-        ]
+        results = self._collect(ranks, case_id, time.monotonic() + case.deadline_s, output)
+        output.finish()
+        final = [output.attach(r) for r in results]
         if any(r.status != "passed" for r in final):
             self._group = None  # failed ranks left the group; rebuild it before the next case
         if any(r.status in ("died", "timeout", "stopped") for r in final):
@@ -224,17 +191,17 @@ class RankPool:
         new = []
         for rank in range(len(self._ranks), world_size):
             parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-            log_path = os.path.join(self.log_dir, f"rank{rank}-{self.started_ranks}.log")
+            files = RankFiles.in_dir(self.log_dir, rank, self.started_ranks)
             process = self._ctx.Process(
                 target=_rank_entry,
-                args=(rank, child_conn, log_path, os.getpid(), self._host, self._port, self.threads_per_rank),
+                args=(rank, child_conn, files, os.getpid(), self._host, self._port, self.threads_per_rank),
                 name=f"shardscale-rank{rank}",
                 daemon=False,  # ranks may start DataLoader workers
             )
             process.start()
             child_conn.close()
             self.started_ranks += 1
-            handle = RankHandle(rank, process, parent_conn, log_path)
+            handle = RankHandle(rank, process, parent_conn, files)
             self._ranks.append(handle)
             new.append(handle)
         until = time.monotonic() + self.start_timeout_s
@@ -244,7 +211,8 @@ class RankPool:
                 raise PoolError(f"ranks did not start within {self.start_timeout_s}s")
             for event in self._loop_once(new, until):
                 if isinstance(event, RankCrashed):
-                    log = self._ranks[event.rank].read_log(0)
+                    files = self._ranks[event.rank].files
+                    log = "".join(Tail.whole(path) for path in (files.stderr, files.stacks))
                     self.kill()
                     raise PoolError(
                         f"rank {event.rank} died while starting (exit code {event.exitcode})\n{log}"
@@ -322,7 +290,9 @@ class RankPool:
                 reaper.warn_if_untagged(event.pid, self._tag, what=f"rank {event.rank}")
         return events
 
-    def _collect(self, ranks: list[RankHandle], case_id: int, deadline: float) -> list[RankResult]:
+    def _collect(
+        self, ranks: list[RankHandle], case_id: int, deadline: float, output: CaseOutput
+    ) -> list[RankResult]:
         results: dict[int, RankResult] = {}
         order = itertools.count()
         first_bad: float | None = None
@@ -331,24 +301,23 @@ class RankPool:
             limit = deadline if first_bad is None else min(deadline, first_bad + self.peer_grace_s)
             if now >= limit:
                 status = "timeout" if now >= deadline else "stopped"
-                stacks = self._dump_stacks(ranks)
+                title = (
+                    "Python stacks at the deadline" if status == "timeout" else "Python stacks when stopped"
+                )
+                stacks = dump_stacks(ranks, title=title)
                 for handle in ranks:
                     if handle.rank not in results:
                         results[handle.rank] = RankResult(
                             rank=handle.rank,
                             status=status,
                             order=next(order),
-                            text=stacks.get(handle.rank, ""),
+                            stacks=stacks.get(handle.rank, ""),
                         )
-                if status == "timeout":
-                    # Every rank's stack belongs in the report, finished ranks included.
-                    results.update(
-                        {
-                            r: dataclasses.replace(res, text=f"{res.text.rstrip()}\n{stacks[r]}".lstrip())
-                            for r, res in results.items()
-                            if r in stacks and res.status not in ("timeout", "stopped")
-                        }
-                    )
+                    elif status == "timeout" and handle.rank in stacks:
+                        # Every rank's stack belongs in the report, finished ranks included.
+                        results[handle.rank] = dataclasses.replace(
+                            results[handle.rank], stacks=stacks[handle.rank]
+                        )
                 break
             for event in self._loop_once(ranks, limit):
                 if isinstance(event, CaseFinished) and event.case_id == case_id:
@@ -361,37 +330,17 @@ class RankPool:
                     )
                 elif isinstance(event, RankCrashed) and event.rank not in results:
                     results[event.rank] = RankResult(
-                        rank=event.rank, status="died", exitcode=event.exitcode, order=next(order)
+                        rank=event.rank,
+                        status="died",
+                        exitcode=event.exitcode,
+                        order=next(order),
+                        stacks=output.crash_dump(event.rank),
                     )
                 else:
                     continue
                 if results[event.rank].status != "passed" and first_bad is None:
                     first_bad = time.monotonic()
         return [results[h.rank] for h in ranks]
-
-    def _dump_stacks(self, ranks: list[RankHandle]) -> dict[int, str]:
-        """Every live rank's Python stacks, via faulthandler on ``SIGUSR1`` (works with the GIL held)."""
-        live = [h for h in ranks if not h.gone and h.pid is not None]
-        offsets = {h.rank: h.log_size() for h in live}
-        for handle in live:
-            try:
-                os.kill(handle.pid, STACK_SIGNAL)  # type: ignore[arg-type]
-            except ProcessLookupError:
-                pass
-        until = time.monotonic() + 3.0
-        sizes = {h.rank: -1 for h in live}
-        while time.monotonic() < until:  # wait until every dump is written and stopped growing
-            time.sleep(0.1)
-            now = {h.rank: h.log_size() for h in live}
-            if all(now[r] > offsets[r] and now[r] == sizes[r] for r in now):
-                break
-            sizes = now
-        stacks = {}
-        for handle in live:
-            text = handle.read_log(offsets[handle.rank]).rstrip()
-            body = "\n".join(f"[rank {handle.rank}] {line}" for line in text.splitlines())
-            stacks[handle.rank] = f"[rank {handle.rank}] Python stacks at the deadline:\n{body}"
-        return stacks
 
 
 def _rank_entry(*args: Any) -> None:
