@@ -13,6 +13,13 @@ or ranks are still running ``peer_grace_s`` after another rank failed, the pool 
 stack of every live rank (``faulthandler`` on ``SIGUSR1``), kills every rank's process group and
 starts afresh on the next case.
 
+Interruptions: whatever leaves :meth:`RankPool.run` early (Ctrl-C, pytest-timeout's exception raised
+by its ``SIGALRM`` handler, any exception a signal handler raises) finds ranks in an unknown state,
+perhaps still inside the case. ``run`` then kills them before the interruption goes on (printing
+their stacks to stderr first, unless it is Ctrl-C), so the next case starts on fresh ranks and
+``close`` has nothing to wait for. If even that cleanup is cut short, the pool is still marked
+busy, and the next ``run`` or ``close`` kills the ranks first.
+
 Every process the pool starts, and all they start, carry this controller's tag in their environment
 (``harness/reaper.py``): leftovers are found and killed by that tag, never by recycled pids.
 """
@@ -94,6 +101,9 @@ class RankPool:
         self._session = uuid.uuid4().hex[:8]
         self._tag = reaper.controller_tag()
         self.started_ranks = 0
+        self._busy = False
+        """Commands are out whose answers were not all read: the ranks may be inside a case."""
+        self._in_flight: tuple[list[RankHandle], CaseOutput] | None = None
         self._ctx = mp.get_context("forkserver")
         self._ctx.set_forkserver_preload(["harness.rank_main"])
 
@@ -104,7 +114,23 @@ class RankPool:
 
     def run(self, case: CaseSpec) -> list[RankResult]:
         """Run ``case`` on ranks ``0..world_size-1`` and return one result per rank (never raises for
-        what the ranks did; raises :class:`PoolError` only when ranks cannot be started)."""
+        what the ranks did; raises :class:`PoolError` only when ranks cannot be started).
+
+        An exception or signal that interrupts the wait leaves this method only after the ranks of
+        the case are killed (see the module docstring), so the next case starts on fresh ranks.
+        """
+        if self._busy:
+            self.kill()  # an earlier run was interrupted and could not finish its cleanup
+        self._busy = True
+        try:
+            results = self._run(case)
+        except BaseException as exc:
+            self._abandon(exc)
+            raise
+        self._busy = False
+        return results
+
+    def _run(self, case: CaseSpec) -> list[RankResult]:
         config = case.config
         self._ensure_group(config.backend, config.world_size, case.collective_timeout_s)
         case_id = next(self._case_ids)
@@ -119,9 +145,11 @@ class RankPool:
             prefix=f"{self._session}/case{case_id}",
             collective_timeout_s=case.collective_timeout_s,
         )
+        self._in_flight = (ranks, output)
         for handle in ranks:
             handle.send(command)
         results = self._collect(ranks, case_id, time.monotonic() + case.deadline_s, output)
+        self._in_flight = None
         output.finish()
         final = [output.attach(r) for r in results]
         if any(r.status != "passed" for r in final):
@@ -133,7 +161,13 @@ class RankPool:
     def close(self, timeout_s: float = 10.0) -> list[int]:
         """Ask every rank to exit, then kill what is left: ranks that have not exited within
         ``timeout_s``, and every process the ranks started that outlived them. Returns the pids of
-        the latter (a test that leaks a process, or a daemon that escaped its rank's group)."""
+        the latter (a test that leaks a process, or a daemon that escaped its rank's group).
+
+        Ranks that may still be inside an interrupted case are killed at once: they would not read
+        the request to exit."""
+        if self._busy:
+            self.kill()
+            self._busy = False
         for handle in self._live():
             try:
                 handle.send(Shutdown())
@@ -166,6 +200,21 @@ class RankPool:
         self._ranks = []
         self._group = None
         reaper.kill_until_gone(self.leftovers, self._tag, timeout_s=5.0)
+
+    def _abandon(self, interruption: BaseException) -> None:
+        """Kill the ranks of an interrupted :meth:`run`; first, unless the user pressed Ctrl-C (who
+        wants the prompt back now), print where each rank of the case was to stderr (pytest shows it
+        in the test's captured stderr, next to pytest-timeout's stack of the controller)."""
+        in_flight, self._in_flight = self._in_flight, None
+        try:
+            if in_flight is not None and not isinstance(interruption, KeyboardInterrupt):
+                ranks, _ = in_flight
+                reason = f"{type(interruption).__name__}: {interruption}".rstrip(": ")
+                stacks = dump_stacks(ranks, title=f"Python stacks when the case was interrupted ({reason})")
+                sys.stderr.write("".join(f"{text}\n" for _, text in sorted(stacks.items())))
+        finally:
+            self.kill()
+            self._busy = False
 
     def leftovers(self) -> list[int]:
         """Pids of the live processes this pool started, directly or not, wherever they went
