@@ -12,6 +12,7 @@ import pickle
 import re
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ class _State:
         self.config = config
         self.deadline_s: float = config.getoption("dist_deadline")
         self.threads: int = config.getoption("rank_threads")
-        self.log_root = Path(config.rootpath, config.getoption("rank_logs"))
+        self._log_root: Path | None = None
         self.pool: Any = None
         self.outlived: dict[str, list[int]] = {}
         """Pids of processes started by ranks that outlived the session and were killed, by where
@@ -52,8 +53,22 @@ class _State:
         if self.pool is None:
             from harness.pool import RankPool
 
-            self.pool = RankPool(threads_per_rank=self.threads)
+            self.pool = RankPool(threads_per_rank=self.threads, on_output=echo_rank_output)
         return self.pool
+
+    @property
+    def log_root(self) -> Path:
+        """``--rank-logs`` (relative to where pytest was started), else ``rank-logs`` under pytest's
+        basetemp: a failed test's rank logs never land in the user's project by default."""
+        if self._log_root is None:
+            option = self.config.getoption("rank_logs")
+            if option is not None:
+                self._log_root = Path(self.config.invocation_params.dir, option)
+            else:
+                factory = getattr(self.config, "_tmp_path_factory", None)  # pytest's tmp_path plugin
+                base = factory.getbasetemp() if factory is not None else Path(tempfile.mkdtemp())
+                self._log_root = base / "rank-logs"
+        return self._log_root
 
     def run(
         self, node: pytest.Item, target: str, config: DistConfig, args: tuple, kwargs: dict
@@ -70,16 +85,17 @@ class _State:
             collective_timeout_s=collective,
         )
         results = self.get_pool().run(spec)
-        return judge(results, world_size=config.world_size), results
+        # What the ranks printed is already in the test's captured output (echo_rank_output).
+        return judge(results, world_size=config.world_size, include_output=False), results
 
     def failure_text(self, node: pytest.Item, verdict: Verdict, results: list[RankResult]) -> str:
         """The verdict, where the rank logs went, and (last line) a command reproducing the test."""
         log_dir = self.log_root / re.sub(r"[^A-Za-z0-9_.-]+", "_", node.nodeid).strip("_")
         log_dir.mkdir(parents=True, exist_ok=True)
         for result in results:
-            (log_dir / f"rank{result.rank}.log").write_text(
-                f"status: {result.status}\n{result.text}\n---- output ----\n{result.log}"
-            )
+            parts = [f"status: {result.status}", result.text, result.stacks]
+            parts += [f"---- stdout ----\n{result.stdout}", f"---- stderr ----\n{result.stderr}"]
+            (log_dir / f"rank{result.rank}.log").write_text("\n".join(p.rstrip() for p in parts if p) + "\n")
         return f"{verdict.message}\nrank logs: {log_dir}\n{repro_command(node)}"
 
     def close(self) -> None:
@@ -94,6 +110,15 @@ class _State:
             workeroutput[_WORKER_OUTPUT_KEY] = outlived
         elif outlived:
             self.outlived[""] = outlived
+
+
+def echo_rank_output(rank: int, stream: str, text: str) -> None:
+    """Write what a rank printed to this process's stdout or stderr, each line labelled
+    ``[rank N]``: pytest's capture puts it in the test's "Captured stdout/stderr" sections, and with
+    ``-s`` it reaches the terminal while the test runs."""
+    target = sys.stdout if stream == "stdout" else sys.stderr
+    target.write("".join(f"[rank {rank}] {line}\n" for line in text.splitlines()))
+    target.flush()
 
 
 def repro_command(node: pytest.Item) -> str:
@@ -130,8 +155,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--rank-threads", type=int, default=1, help="torch intra-op threads per rank (default 1)")
     group.addoption(
         "--rank-logs",
-        default="reports/rank-logs",
-        help="where per-rank logs of failed tests go (rootdir-relative)",
+        default=None,
+        metavar="DIR",
+        help="where per-rank logs of failed tests go (default: rank-logs under pytest's basetemp)",
     )
 
 

@@ -53,9 +53,10 @@ from harness.protocol import (
     Shutdown,
     from_wire,
 )
-from harness.rank_handle import CaseOutput, RankFiles, RankHandle, Tail, dump_stacks
+from harness.rank_handle import CaseOutput, OutputCallback, RankFiles, RankHandle, Tail, dump_stacks
 from harness.spec import DistConfig
 
+_OUTPUT_POLL_S = 0.1  # how often a running case's output is read: "live" for a person watching
 _live_pools: weakref.WeakSet[RankPool] = weakref.WeakSet()  # pools of this process with ranks up
 
 
@@ -86,12 +87,17 @@ class RankPool:
         start_timeout_s: float = 120.0,
         peer_grace_s: float = 5.0,
         log_dir: str | None = None,
+        on_output: OutputCallback | None = None,
     ) -> None:
+        """``on_output(rank, stream, text)``, if given, receives what the ranks of a running case
+        print, as whole lines, while the case runs (the pytest plugin echoes it, labelled by rank,
+        into the test's captured output). Every result also carries its rank's output."""
         if threads_per_rank < 1:
             raise ValueError(f"threads_per_rank must be >= 1, got {threads_per_rank}")
         self.threads_per_rank = threads_per_rank
         self.start_timeout_s = start_timeout_s
         self.peer_grace_s = peer_grace_s
+        self.on_output = on_output
         self._own_log_dir = log_dir is None
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="shardscale-ranks-")
         self._ranks: list[RankHandle] = []
@@ -135,7 +141,7 @@ class RankPool:
         self._ensure_group(config.backend, config.world_size, case.collective_timeout_s)
         case_id = next(self._case_ids)
         ranks = self._ranks[: config.world_size]
-        output = CaseOutput(ranks)
+        output = CaseOutput(ranks, self.on_output)
         command = RunCase(
             case_id=case_id,
             target=case.target,
@@ -207,6 +213,8 @@ class RankPool:
         in the test's captured stderr, next to pytest-timeout's stack of the controller)."""
         in_flight, self._in_flight = self._in_flight, None
         try:
+            if in_flight is not None:
+                in_flight[1].finish()  # what the ranks printed before the interruption
             if in_flight is not None and not isinstance(interruption, KeyboardInterrupt):
                 ranks, _ = in_flight
                 reason = f"{type(interruption).__name__}: {interruption}".rstrip(": ")
@@ -302,8 +310,9 @@ class RankPool:
         self._group = (backend, world_size)
 
     # -- the loop -------------------------------------------------------------------------------
-    def _loop_once(self, handles: list[RankHandle], until: float) -> list[Message]:
-        """Wait (at most until ``until``) for pipes or exits of ``handles``; return what arrived."""
+    def _loop_once(self, handles: list[RankHandle], until: float, *, poll_s: float = 0.5) -> list[Message]:
+        """Wait (at most until ``until``, and at most ``poll_s``) for pipes or exits of ``handles``;
+        return what arrived."""
         live = [h for h in handles if not h.gone]
         if not live:
             return []
@@ -311,7 +320,7 @@ class RankPool:
         for h in live:
             by_object[h.conn] = h
             by_object[h.process.sentinel] = h
-        timeout = max(0.0, min(until - time.monotonic(), 0.5))
+        timeout = max(0.0, min(until - time.monotonic(), poll_s))
         events: list[Message] = []
         for ready in multiprocessing.connection.wait(list(by_object), timeout):
             handle = by_object[ready]
@@ -368,7 +377,9 @@ class RankPool:
                             results[handle.rank], stacks=stacks[handle.rank]
                         )
                 break
-            for event in self._loop_once(ranks, limit):
+            events = self._loop_once(ranks, limit, poll_s=_OUTPUT_POLL_S)
+            output.pump()
+            for event in events:
                 if isinstance(event, CaseFinished) and event.case_id == case_id:
                     results[event.rank] = RankResult(
                         rank=event.rank,

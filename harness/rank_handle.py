@@ -16,6 +16,7 @@ import dataclasses
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 from harness.outcome import RankResult
@@ -103,30 +104,47 @@ class RankHandle:
         self.conn.send(command.to_wire())
 
 
-class CaseOutput:
-    """What the ranks of one case write: stdout and stderr as the test printed them, and what
-    ``faulthandler`` wrote when a rank crashed. Made before the case is sent, so nothing printed
-    earlier (between cases, while joining a group) is taken for the case's."""
+OutputCallback = Callable[[int, str, str], None]
+"""``on_output(rank, stream, text)``: ``stream`` is ``"stdout"`` or ``"stderr"``, ``text`` whole lines."""
 
-    def __init__(self, handles: list[RankHandle]) -> None:
+
+class CaseOutput:
+    """What the ranks of one case write: stdout and stderr as the test printed them (handed to
+    ``on_output`` as whole lines while the case runs), and what ``faulthandler`` wrote when a rank
+    crashed. Made before the case is sent, so nothing printed earlier (between cases, while joining
+    a group) is taken for the case's."""
+
+    def __init__(self, handles: list[RankHandle], on_output: OutputCallback | None = None) -> None:
         self._tails = {
             h.rank: {name: Tail(getattr(h.files, name)) for name in ("stdout", "stderr", "stacks")}
             for h in handles
         }
+        self._on_output = on_output
         self._text: dict[tuple[int, str], list[str]] = {}
+
+    def pump(self) -> None:
+        """Take the whole lines the ranks wrote since the last call."""
+        self._take(Tail.lines)
+
+    def finish(self) -> None:
+        """Take everything the ranks wrote so far, partial last lines included."""
+        self._take(Tail.rest)
+
+    def _take(self, read: Callable[[Tail], str]) -> None:
+        for rank, tails in self._tails.items():
+            for stream in ("stdout", "stderr"):
+                text = read(tails[stream])
+                if text:
+                    self._text.setdefault((rank, stream), []).append(text)
+                    if self._on_output is not None:
+                        self._on_output(rank, stream, text)
 
     def crash_dump(self, rank: int) -> str:
         """What ``faulthandler`` wrote when ``rank`` crashed (``[rank N]``-prefixed; empty if nothing)."""
         return prefix(self._tails[rank]["stacks"].rest(), rank)
 
-    def finish(self) -> None:
-        """Read everything the ranks wrote so far, partial last lines included."""
-        for rank, tails in self._tails.items():
-            for stream in ("stdout", "stderr"):
-                self._text.setdefault((rank, stream), []).append(tails[stream].rest())
-
     def attach(self, result: RankResult) -> RankResult:
-        """``result`` with the rank's output of this case (read by :meth:`finish`) filled in."""
+        """``result`` with the rank's output of this case (taken so far) filled in."""
         stdout = "".join(self._text.get((result.rank, "stdout"), []))
         stderr = "".join(self._text.get((result.rank, "stderr"), []))
         return dataclasses.replace(result, stdout=stdout, stderr=stderr, log=stdout + stderr)
