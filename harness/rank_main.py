@@ -93,6 +93,30 @@ def _redirect_output(files: Any) -> None:
     faulthandler.register(STACK_SIGNAL, file=_stacks_file, all_threads=True, chain=False)
 
 
+def _forget_destroyed_groups() -> None:
+    """Drop what torch caches across process groups once they are destroyed, so that a later case
+    runs as it would in a fresh process.
+
+    DTensor caches sharding decisions keyed by device-mesh equality, which ignores the mesh's
+    process groups: without this, a case after the group was rebuilt can get back a mesh of a
+    destroyed group ("Could not resolve the process group registered under the name 3"). Nothing
+    to do if DTensor was never imported; torch versions without the cache helpers are left alone.
+    """
+    if "torch.distributed.tensor" not in sys.modules:
+        return
+    try:
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    except ImportError:
+        from torch.distributed.tensor import DTensor
+
+        propagate = DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding
+        clear = getattr(getattr(propagate, "cache", propagate), "cache_clear", None)
+        if clear is not None:
+            clear()
+        return
+    _clear_sharding_prop_cache()
+
+
 class RankServer:
     """Serves one rank: dispatches each command to ``_on_<kind>`` and emits events."""
 
@@ -127,6 +151,7 @@ class RankServer:
     def _leave(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+        _forget_destroyed_groups()
 
     def _join(self, backend: str, world_size: int, prefix: str, timeout_s: float) -> None:
         self._leave()
