@@ -28,8 +28,10 @@ setup:
 test: setup
 	$(PY) -m pytest suites -q
 
+# REQUIRE_GPUS=N (self-hosted GPU runners): strict mode, a GPU test skipped for lack of GPUs fails.
+REQUIRE_GPUS ?= 0
 test-gpu: setup
-	$(PY) -m pytest suites -q -m gpu
+	$(PY) -m pytest suites -q -m gpu --require-gpus=$(REQUIRE_GPUS)
 
 lint: setup
 	$(VENV)/bin/ruff check scaler harness suites fixtures ci

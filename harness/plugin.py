@@ -25,6 +25,8 @@ from harness.spec import MARKER, DistConfig, from_marker
 _CASE_PARAM = "_shardscale_case"
 _state_key = pytest.StashKey["_State"]()
 _config_key = pytest.StashKey[DistConfig]()
+_setup_error_key = pytest.StashKey[str]()
+"""Why a test must fail at setup instead of running (a bad marker; strict GPU mode without GPUs)."""
 _WORKER_OUTPUT_KEY = "shardscale_outlived"
 
 
@@ -35,6 +37,7 @@ class _State:
         self.config = config
         self.deadline_s: float = config.getoption("dist_deadline")
         self.threads: int = config.getoption("rank_threads")
+        self.require_gpus: int = config.getoption("require_gpus")
         self._log_root: Path | None = None
         self.pool: Any = None
         self.outlived: dict[str, list[int]] = {}
@@ -129,8 +132,15 @@ def repro_command(node: pytest.Item) -> str:
     )
 
 
-def _gpu_skip_reason(world_size: int, have: int) -> str:
-    return f"nccl world size {world_size} needs {world_size} CUDA GPUs, this machine has {have}"
+def gpu_skip_reason(world_size: int, have: int) -> str:
+    """Why an NCCL configuration cannot run here, e.g. ``nccl world size 2 needs 2 CUDA GPUs, this
+    machine has 0``."""
+    gpus = "1 CUDA GPU" if world_size == 1 else f"{world_size} CUDA GPUs"
+    return f"nccl world size {world_size} needs {gpus}, this machine has {have}"
+
+
+def _strict(state: _State, reason: str) -> str:
+    return f"strict GPU mode (--require-gpus {state.require_gpus}): {reason}"
 
 
 def _target(func: Any) -> str:
@@ -154,6 +164,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--rank-threads", type=int, default=1, help="torch intra-op threads per rank (default 1)")
     group.addoption(
+        "--require-gpus",
+        type=int,
+        default=0,
+        metavar="N",
+        help="strict GPU mode for GPU runners: this machine must have N CUDA GPUs, and a test marked gpu "
+        "(every NCCL test) that would be skipped for lack of GPUs fails instead (NCCL tests needing more "
+        "than N GPUs still skip); default 0: off",
+    )
+    group.addoption(
         "--rank-logs",
         default=None,
         metavar="DIR",
@@ -170,6 +189,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs CUDA GPUs (selected by `make test-gpu`)")
     if config.getoption("rank_threads") < 1:
         raise pytest.UsageError(f"--rank-threads must be >= 1, got {config.getoption('rank_threads')}")
+    if config.getoption("require_gpus") < 0:
+        raise pytest.UsageError(
+            "--require-gpus must be >= 0 (the number of CUDA GPUs this runner must have), "
+            f"got {config.getoption('require_gpus')}"
+        )
     if not config.getoption("dist_deadline") > 0:
         raise pytest.UsageError(
             f"--dist-deadline must be > 0 seconds, got {config.getoption('dist_deadline')}"
@@ -206,11 +230,21 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         )
 
 
+def pytest_report_header(config: pytest.Config) -> str | None:
+    state = config.stash.get(_state_key, None)
+    if state is None or not state.require_gpus:
+        return None
+    return _strict(state, f"this machine has {state.gpus()} CUDA GPUs")
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     marker = metafunc.definition.get_closest_marker(MARKER)
     if marker is None:
         return
-    configs = from_marker(marker.args, marker.kwargs)
+    try:
+        configs = from_marker(marker.args, marker.kwargs)
+    except ValueError:
+        return  # reported on the test itself (pytest_collection_modifyitems), not as a collection error
     if len(configs) > 1:
         metafunc.parametrize(_CASE_PARAM, configs, ids=[c.id for c in configs])
 
@@ -227,13 +261,50 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if callspec is not None and _CASE_PARAM in callspec.params:
             dist_config = callspec.params[_CASE_PARAM]
         else:
-            (dist_config,) = from_marker(marker.args, marker.kwargs)
+            try:
+                (dist_config,) = from_marker(marker.args, marker.kwargs)
+            except ValueError as exc:
+                item.stash[_setup_error_key] = f"invalid @pytest.mark.{MARKER}(...) on {item.name}: {exc}"
+                continue
         item.stash[_config_key] = dist_config
         if dist_config.backend == "nccl":
             item.add_marker(pytest.mark.gpu)
             have = state.gpus()
             if have < dist_config.world_size:
-                item.add_marker(pytest.mark.skip(reason=_gpu_skip_reason(dist_config.world_size, have)))
+                reason = gpu_skip_reason(dist_config.world_size, have)
+                if dist_config.world_size <= state.require_gpus:
+                    item.stash[_setup_error_key] = _strict(state, reason)
+                else:
+                    item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Fail, as an error of this test, what collection found wrong with it."""
+    error = item.stash.get(_setup_error_key, None)
+    if error is not None:
+        pytest.fail(error, pytrace=False)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """In strict GPU mode a test marked ``gpu`` that skipped (``skipif(no CUDA)``, ``pytest.skip``)
+    fails instead: on a GPU runner a skip means the GPUs are missing, and CI must not go green."""
+    outcome = yield
+    report = outcome.get_result()
+    state = item.config.stash[_state_key]
+    if not (state.require_gpus and report.skipped and item.get_closest_marker("gpu")):
+        return
+    if hasattr(report, "wasxfail"):
+        return
+    dist_config = item.stash.get(_config_key, None)
+    if dist_config is not None and dist_config.world_size > state.require_gpus:
+        return  # needs more GPUs than this runner promises: a legitimate skip
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    report.outcome = "failed"
+    report.longrepr = _strict(
+        state, f"this machine has {state.gpus()} CUDA GPUs and {item.nodeid} was skipped: {reason}"
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -324,7 +395,10 @@ class Ranks:
             collective_timeout_s=collective_timeout,
         )
         if backend == "nccl" and self._state.gpus() < world_size:
-            pytest.skip(_gpu_skip_reason(world_size, self._state.gpus()))
+            reason = gpu_skip_reason(world_size, self._state.gpus())
+            if world_size <= self._state.require_gpus:
+                pytest.fail(_strict(self._state, reason), pytrace=False)
+            pytest.skip(reason)
         verdict, results = self._state.run(self._node, _target(func), config, args, kwargs)
         if verdict.outcome == "failed":
             raise RankFailure(self._state.failure_text(self._node, verdict, results))
