@@ -9,138 +9,20 @@ created only on the process that runs tests (each xdist worker owns its own pool
 from __future__ import annotations
 
 import pickle
-import re
-import shlex
-import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from harness.outcome import RankFailure, RankResult, Verdict, judge
+from harness.outcome import RankFailure
 from harness.protocol import Placeholder
+from harness.session import WORKER_OUTPUT_KEY, SessionState, gpu_skip_reason, strict_gpu_message
 from harness.spec import MARKER, DistConfig, from_marker
 
 _CASE_PARAM = "_shardscale_case"
-_state_key = pytest.StashKey["_State"]()
+_state_key = pytest.StashKey[SessionState]()
 _config_key = pytest.StashKey[DistConfig]()
 _setup_error_key = pytest.StashKey[str]()
 """Why a test must fail at setup instead of running (a bad marker; strict GPU mode without GPUs)."""
-_WORKER_OUTPUT_KEY = "shardscale_outlived"
-
-
-class _State:
-    """Session state: options, the lazily started pool, and the leftover-process check."""
-
-    def __init__(self, config: pytest.Config) -> None:
-        self.config = config
-        self.deadline_s: float = config.getoption("dist_deadline")
-        self.threads: int = config.getoption("rank_threads")
-        self.require_gpus: int = config.getoption("require_gpus")
-        self._log_root: Path | None = None
-        self.pool: Any = None
-        self.outlived: dict[str, list[int]] = {}
-        """Pids of processes started by ranks that outlived the session and were killed, by where
-        the pool ran: ``""`` here, an xdist worker id for a worker's pool (sent at its end)."""
-        self._gpus: int | None = None
-
-    def gpus(self) -> int:
-        if self._gpus is None:
-            import torch
-
-            self._gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        return self._gpus
-
-    def get_pool(self) -> Any:
-        if self.pool is None:
-            from harness.pool import RankPool
-
-            self.pool = RankPool(threads_per_rank=self.threads, on_output=echo_rank_output)
-        return self.pool
-
-    @property
-    def log_root(self) -> Path:
-        """``--rank-logs`` (relative to where pytest was started), else ``rank-logs`` under pytest's
-        basetemp: a failed test's rank logs never land in the user's project by default."""
-        if self._log_root is None:
-            option = self.config.getoption("rank_logs")
-            if option is not None:
-                self._log_root = Path(self.config.invocation_params.dir, option)
-            else:
-                factory = getattr(self.config, "_tmp_path_factory", None)  # pytest's tmp_path plugin
-                base = factory.getbasetemp() if factory is not None else Path(tempfile.mkdtemp())
-                self._log_root = base / "rank-logs"
-        return self._log_root
-
-    def run(
-        self, node: pytest.Item, target: str, config: DistConfig, args: tuple, kwargs: dict
-    ) -> tuple[Verdict, list[RankResult]]:
-        from harness.pool import CaseSpec
-
-        deadline, collective = config.timeouts(self.deadline_s)
-        spec = CaseSpec(
-            target=target,
-            config=config,
-            args=args,
-            kwargs=kwargs,
-            deadline_s=deadline,
-            collective_timeout_s=collective,
-        )
-        results = self.get_pool().run(spec)
-        # What the ranks printed is already in the test's captured output (echo_rank_output).
-        return judge(results, world_size=config.world_size, include_output=False), results
-
-    def failure_text(self, node: pytest.Item, verdict: Verdict, results: list[RankResult]) -> str:
-        """The verdict, where the rank logs went, and (last line) a command reproducing the test."""
-        log_dir = self.log_root / re.sub(r"[^A-Za-z0-9_.-]+", "_", node.nodeid).strip("_")
-        log_dir.mkdir(parents=True, exist_ok=True)
-        for result in results:
-            parts = [f"status: {result.status}", result.text, result.stacks]
-            parts += [f"---- stdout ----\n{result.stdout}", f"---- stderr ----\n{result.stderr}"]
-            (log_dir / f"rank{result.rank}.log").write_text("\n".join(p.rstrip() for p in parts if p) + "\n")
-        return f"{verdict.message}\nrank logs: {log_dir}\n{repro_command(node)}"
-
-    def close(self) -> None:
-        """Close the pool (which kills what the ranks left running) and keep what it killed for the
-        terminal summary; an xdist worker, whose terminal nobody sees, sends it to the controller."""
-        if self.pool is None:
-            return
-        outlived = list(self.pool.close())
-        self.pool = None
-        workeroutput = getattr(self.config, "workeroutput", None)
-        if workeroutput is not None:
-            workeroutput[_WORKER_OUTPUT_KEY] = outlived
-        elif outlived:
-            self.outlived[""] = outlived
-
-
-def echo_rank_output(rank: int, stream: str, text: str) -> None:
-    """Write what a rank printed to this process's stdout or stderr, each line labelled
-    ``[rank N]``: pytest's capture puts it in the test's "Captured stdout/stderr" sections, and with
-    ``-s`` it reaches the terminal while the test runs."""
-    target = sys.stdout if stream == "stdout" else sys.stderr
-    target.write("".join(f"[rank {rank}] {line}\n" for line in text.splitlines()))
-    target.flush()
-
-
-def repro_command(node: pytest.Item) -> str:
-    """One line that reruns just this test from anywhere."""
-    rootdir = node.config.rootpath
-    return (
-        f"reproduce: cd {shlex.quote(str(rootdir))} && {sys.executable} -m pytest {shlex.quote(node.nodeid)}"
-    )
-
-
-def gpu_skip_reason(world_size: int, have: int) -> str:
-    """Why an NCCL configuration cannot run here, e.g. ``nccl world size 2 needs 2 CUDA GPUs, this
-    machine has 0``."""
-    gpus = "1 CUDA GPU" if world_size == 1 else f"{world_size} CUDA GPUs"
-    return f"nccl world size {world_size} needs {gpus}, this machine has {have}"
-
-
-def _strict(state: _State, reason: str) -> str:
-    return f"strict GPU mode (--require-gpus {state.require_gpus}): {reason}"
 
 
 def _target(func: Any) -> str:
@@ -198,7 +80,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(
             f"--dist-deadline must be > 0 seconds, got {config.getoption('dist_deadline')}"
         )
-    config.stash[_state_key] = _State(config)
+    config.stash[_state_key] = SessionState(config)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -214,7 +96,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
     """(xdist controller) Keep what a worker's pool killed at the end of its session."""
-    outlived = getattr(node, "workeroutput", {}).get(_WORKER_OUTPUT_KEY)
+    outlived = getattr(node, "workeroutput", {}).get(WORKER_OUTPUT_KEY)
     state = node.config.stash.get(_state_key, None)
     if outlived and state is not None:
         state.outlived[node.gateway.id] = outlived
@@ -234,7 +116,7 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     state = config.stash.get(_state_key, None)
     if state is None or not state.require_gpus:
         return None
-    return _strict(state, f"this machine has {state.gpus()} CUDA GPUs")
+    return strict_gpu_message(state.require_gpus, f"this machine has {state.gpus()} CUDA GPUs")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -273,7 +155,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if have < dist_config.world_size:
                 reason = gpu_skip_reason(dist_config.world_size, have)
                 if dist_config.world_size <= state.require_gpus:
-                    item.stash[_setup_error_key] = _strict(state, reason)
+                    item.stash[_setup_error_key] = strict_gpu_message(state.require_gpus, reason)
                 else:
                     item.add_marker(pytest.mark.skip(reason=reason))
 
@@ -302,8 +184,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return  # needs more GPUs than this runner promises: a legitimate skip
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
     report.outcome = "failed"
-    report.longrepr = _strict(
-        state, f"this machine has {state.gpus()} CUDA GPUs and {item.nodeid} was skipped: {reason}"
+    report.longrepr = strict_gpu_message(
+        state.require_gpus,
+        f"this machine has {state.gpus()} CUDA GPUs and {item.nodeid} was skipped: {reason}",
     )
 
 
@@ -369,7 +252,7 @@ def world_size(request: pytest.FixtureRequest) -> Any:
 class Ranks:
     """Runs module-level functions on the ranks from an ordinary test (the ``ranks`` fixture)."""
 
-    def __init__(self, state: _State, node: pytest.Item) -> None:
+    def __init__(self, state: SessionState, node: pytest.Item) -> None:
         self._state = state
         self._node = node
 
@@ -397,7 +280,7 @@ class Ranks:
         if backend == "nccl" and self._state.gpus() < world_size:
             reason = gpu_skip_reason(world_size, self._state.gpus())
             if world_size <= self._state.require_gpus:
-                pytest.fail(_strict(self._state, reason), pytrace=False)
+                pytest.fail(strict_gpu_message(self._state.require_gpus, reason), pytrace=False)
             pytest.skip(reason)
         verdict, results = self._state.run(self._node, _target(func), config, args, kwargs)
         if verdict.outcome == "failed":

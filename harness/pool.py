@@ -7,8 +7,9 @@ size changes, or after a case that did not pass (a failed rank closes its connec
 peers are not left waiting, and the group must be rebuilt).
 
 One thread (the caller of :meth:`RankPool.run`) owns all state: ``_loop_once`` waits on every
-rank's pipe and process sentinel, turns what it sees into messages, and dispatches each to an
-``_on_<kind>`` method. Every wait has a deadline. When a case misses its deadline, or a rank dies,
+rank's pipe and process sentinel, turns what it sees into messages, and hands each to the case in
+flight (``case_run.CaseRun``, which dispatches it to an ``_on_<kind>`` method and keeps the
+case's deadline rules). Every wait has a deadline. When a case misses its deadline, or a rank dies,
 or ranks are still running ``peer_grace_s`` after another rank failed, the pool dumps the Python
 stack of every live rank (``faulthandler`` on ``SIGUSR1``), kills every rank's process group and
 starts afresh on the next case.
@@ -40,10 +41,10 @@ import weakref
 from typing import Any
 
 from harness import reaper
+from harness.case_run import CaseRun
 from harness.outcome import RankResult
 from harness.protocol import (
     Ack,
-    CaseFinished,
     InitGroup,
     LeaveGroup,
     Message,
@@ -53,7 +54,7 @@ from harness.protocol import (
     Shutdown,
     from_wire,
 )
-from harness.rank_handle import CaseOutput, OutputCallback, RankFiles, RankHandle, Tail, dump_stacks
+from harness.rank_handle import OutputCallback, RankFiles, RankHandle, Tail, dump_stacks
 from harness.spec import DistConfig
 
 _OUTPUT_POLL_S = 0.1  # how often a running case's output is read: "live" for a person watching
@@ -109,7 +110,7 @@ class RankPool:
         self.started_ranks = 0
         self._busy = False
         """Commands are out whose answers were not all read: the ranks may be inside a case."""
-        self._in_flight: tuple[list[RankHandle], CaseOutput] | None = None
+        self._in_flight: CaseRun | None = None
         self._ctx = mp.get_context("forkserver")
         self._ctx.set_forkserver_preload(["harness.rank_main"])
 
@@ -141,7 +142,13 @@ class RankPool:
         self._ensure_group(config.backend, config.world_size, case.collective_timeout_s)
         case_id = next(self._case_ids)
         ranks = self._ranks[: config.world_size]
-        output = CaseOutput(ranks, self.on_output)
+        run = CaseRun(
+            ranks,
+            case_id,
+            deadline_s=case.deadline_s,
+            peer_grace_s=self.peer_grace_s,
+            on_output=self.on_output,
+        )
         command = RunCase(
             case_id=case_id,
             target=case.target,
@@ -151,13 +158,19 @@ class RankPool:
             prefix=f"{self._session}/case{case_id}",
             collective_timeout_s=case.collective_timeout_s,
         )
-        self._in_flight = (ranks, output)
+        self._in_flight = run
         for handle in ranks:
             handle.send(command)
-        results = self._collect(ranks, case_id, time.monotonic() + case.deadline_s, output)
+        while not run.done:
+            if time.monotonic() >= run.limit():
+                run.stop()
+                break
+            events = self._loop_once(ranks, run.limit(), poll_s=_OUTPUT_POLL_S)
+            run.output.pump()
+            for event in events:
+                run.dispatch(event)
         self._in_flight = None
-        output.finish()
-        final = [output.attach(r) for r in results]
+        final = run.results()
         if any(r.status != "passed" for r in final):
             self._group = None  # failed ranks left the group; rebuild it before the next case
         if any(r.status in ("died", "timeout", "stopped") for r in final):
@@ -214,9 +227,9 @@ class RankPool:
         in_flight, self._in_flight = self._in_flight, None
         try:
             if in_flight is not None:
-                in_flight[1].finish()  # what the ranks printed before the interruption
+                in_flight.output.finish()  # what the ranks printed before the interruption
             if in_flight is not None and not isinstance(interruption, KeyboardInterrupt):
-                ranks, _ = in_flight
+                ranks = in_flight.ranks
                 reason = f"{type(interruption).__name__}: {interruption}".rstrip(": ")
                 stacks = dump_stacks(ranks, title=f"Python stacks when the case was interrupted ({reason})")
                 sys.stderr.write("".join(f"{text}\n" for _, text in sorted(stacks.items())))
@@ -347,60 +360,6 @@ class RankPool:
                 self._ranks[event.rank].pid = event.pid
                 reaper.warn_if_untagged(event.pid, self._tag, what=f"rank {event.rank}")
         return events
-
-    def _collect(
-        self, ranks: list[RankHandle], case_id: int, deadline: float, output: CaseOutput
-    ) -> list[RankResult]:
-        results: dict[int, RankResult] = {}
-        order = itertools.count()
-        first_bad: float | None = None
-        while len(results) < len(ranks):
-            now = time.monotonic()
-            limit = deadline if first_bad is None else min(deadline, first_bad + self.peer_grace_s)
-            if now >= limit:
-                status = "timeout" if now >= deadline else "stopped"
-                title = (
-                    "Python stacks at the deadline" if status == "timeout" else "Python stacks when stopped"
-                )
-                stacks = dump_stacks(ranks, title=title)
-                for handle in ranks:
-                    if handle.rank not in results:
-                        results[handle.rank] = RankResult(
-                            rank=handle.rank,
-                            status=status,
-                            order=next(order),
-                            stacks=stacks.get(handle.rank, ""),
-                        )
-                    elif status == "timeout" and handle.rank in stacks:
-                        # Every rank's stack belongs in the report, finished ranks included.
-                        results[handle.rank] = dataclasses.replace(
-                            results[handle.rank], stacks=stacks[handle.rank]
-                        )
-                break
-            events = self._loop_once(ranks, limit, poll_s=_OUTPUT_POLL_S)
-            output.pump()
-            for event in events:
-                if isinstance(event, CaseFinished) and event.case_id == case_id:
-                    results[event.rank] = RankResult(
-                        rank=event.rank,
-                        status=event.status,
-                        value=event.value,
-                        text=event.text,
-                        order=next(order),
-                    )
-                elif isinstance(event, RankCrashed) and event.rank not in results:
-                    results[event.rank] = RankResult(
-                        rank=event.rank,
-                        status="died",
-                        exitcode=event.exitcode,
-                        order=next(order),
-                        stacks=output.crash_dump(event.rank),
-                    )
-                else:
-                    continue
-                if results[event.rank].status != "passed" and first_bad is None:
-                    first_bad = time.monotonic()
-        return [results[h.rank] for h in ranks]
 
 
 def _rank_entry(*args: Any) -> None:

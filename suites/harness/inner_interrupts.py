@@ -19,6 +19,11 @@ def _mark_started(rank: int) -> None:
 
 
 @harness.distributed(world_size=2)
+def test_warms_the_ranks_up(rank):
+    """Starts the ranks, so that the next test's timeout falls inside its case, not in the start."""
+
+
+@harness.distributed(world_size=2)
 @pytest.mark.timeout(2)
 def test_times_out_by_signal(rank):
     harness.faults.hang_on(1)

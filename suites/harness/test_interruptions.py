@@ -141,9 +141,8 @@ def wait_for_ranks(proc, tmp_path):
 
 
 def test_pytest_timeout_fails_the_test_with_rank_stacks_and_the_next_test_passes(tmp_path):
-    proc, tag = inner_session(
-        tmp_path, "test_times_out_by_signal", "test_after_the_timeout_passes", stdout=subprocess.PIPE
-    )
+    tests = ["test_warms_the_ranks_up", "test_times_out_by_signal", "test_after_the_timeout_passes"]
+    proc, tag = inner_session(tmp_path, *tests, stdout=subprocess.PIPE)
     out, _ = proc.communicate(timeout=240)
     assert "FAILED suites/harness/inner_interrupts.py::test_times_out_by_signal" in out, out
     assert "Failed: Timeout (>2.0s) from pytest-timeout" in out, out

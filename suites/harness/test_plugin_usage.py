@@ -13,7 +13,7 @@ import torch
 from selftest import inner_env
 
 import harness
-from harness import plugin
+from harness.session import gpu_skip_reason
 
 BAD_MARKER = """
 import pytest
@@ -97,8 +97,8 @@ def test_distributed_still_marks_functions_and_classes():
 
 
 def test_gpu_skip_reason_counts_gpus_in_english():
-    assert plugin.gpu_skip_reason(1, 0) == "nccl world size 1 needs 1 CUDA GPU, this machine has 0"
-    assert plugin.gpu_skip_reason(2, 1) == "nccl world size 2 needs 2 CUDA GPUs, this machine has 1"
+    assert gpu_skip_reason(1, 0) == "nccl world size 1 needs 1 CUDA GPU, this machine has 0"
+    assert gpu_skip_reason(2, 1) == "nccl world size 2 needs 2 CUDA GPUs, this machine has 1"
 
 
 needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA GPUs")
