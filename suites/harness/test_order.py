@@ -1,7 +1,7 @@
 """The suites pass whatever the test order and however many xdist workers share them out.
 
 An inner session runs the suites whose tests share warm ranks and module-scoped rank fixtures
-(``suites/scaler`` and the harness's own pool and marker tests) on three xdist workers, in reverse
+(``suites/scaler`` and the harness's own pool and marker tests) on two xdist workers, in reverse
 order (``-p reverse_order``): a test that passes only after another has run on the same ranks, or
 only when its module runs whole on one worker, fails here. The harness self-tests that run inner
 sessions are left out: each builds its inner session in a fixture of its own.
@@ -27,12 +27,12 @@ SHARED_RANK_SUITES = [
 ]
 
 
-def test_suites_pass_on_three_xdist_workers_in_reverse_order(tmp_path):
+def test_suites_pass_on_two_xdist_workers_in_reverse_order(tmp_path):
     env = inner_env(uuid.uuid4().hex, tmp_path)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH", "")) if p)
     junit = tmp_path / "junit.xml"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", *SHARED_RANK_SUITES, "-n", "3", "-p", "reverse_order"]
+        [sys.executable, "-m", "pytest", *SHARED_RANK_SUITES, "-n", "2", "-p", "reverse_order"]
         + ["-p", "no:cacheprovider", "-q", f"--junitxml={junit}"],
         cwd=ROOT,
         env=env,
