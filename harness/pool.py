@@ -49,12 +49,13 @@ from harness.protocol import (
     LeaveGroup,
     Message,
     RankCrashed,
+    RankFiles,
     RankStarted,
     RunCase,
     Shutdown,
     from_wire,
 )
-from harness.rank_handle import OutputCallback, RankFiles, RankHandle, Tail, dump_stacks
+from harness.rank_handle import OutputCallback, RankHandle, Tail, dump_stacks
 from harness.spec import DistConfig
 
 _OUTPUT_POLL_S = 0.1  # how often a running case's output is read: "live" for a person watching

@@ -20,24 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.outcome import RankResult
-from harness.protocol import Message
+from harness.protocol import Message, RankFiles
 
 STACK_SIGNAL = signal.SIGUSR1  # must match rank_main.STACK_SIGNAL (rank_main imports torch)
 _STACK_DUMP_WAIT_S = 3.0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class RankFiles:
-    """The three files one rank process writes (paths travel to the rank as plain strings)."""
-
-    stdout: str
-    stderr: str
-    stacks: str
-
-    @classmethod
-    def in_dir(cls, log_dir: str, rank: int, serial: int) -> RankFiles:
-        base = os.path.join(log_dir, f"rank{rank}-{serial}")
-        return cls(stdout=f"{base}.out", stderr=f"{base}.err", stacks=f"{base}.stacks")
 
 
 def _size(path: str) -> int:

@@ -42,6 +42,7 @@ from harness.protocol import (
     InitGroup,
     LeaveGroup,
     Message,
+    RankFiles,
     RankStarted,
     RunCase,
     Shutdown,
@@ -77,7 +78,7 @@ def _guard_against_orphaning(controller_pid: int) -> None:
 _stacks_file: Any = None  # faulthandler writes to it for the rank's whole life
 
 
-def _redirect_output(files: Any) -> None:
+def _redirect_output(files: RankFiles) -> None:
     """Send fds 1 and 2 to the rank's stdout and stderr files, and faulthandler to its stacks file."""
     global _stacks_file
     sys.stdout.flush()
@@ -240,7 +241,13 @@ class RankServer:
 
 
 def rank_entry(
-    rank: int, conn: Any, files: Any, controller_pid: int, store_host: str, store_port: int, threads: int
+    rank: int,
+    conn: Any,
+    files: RankFiles,
+    controller_pid: int,
+    store_host: str,
+    store_port: int,
+    threads: int,
 ) -> None:
     """Process entry point of a pool rank (called by multiprocessing in the forked child)."""
     os.setpgid(0, 0)
