@@ -15,7 +15,13 @@ import pytest
 
 from harness.outcome import RankFailure
 from harness.protocol import Placeholder
-from harness.session import WORKER_OUTPUT_KEY, SessionState, gpu_skip_reason, strict_gpu_message
+from harness.session import (  # noqa: F401 - repro_command stays importable from here
+    WORKER_OUTPUT_KEY,
+    SessionState,
+    gpu_skip_reason,
+    repro_command,
+    strict_gpu_message,
+)
 from harness.spec import MARKER, DistConfig, from_marker
 
 _CASE_PARAM = "_shardscale_case"
