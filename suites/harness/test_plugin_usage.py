@@ -101,32 +101,37 @@ def test_gpu_skip_reason_counts_gpus_in_english():
     assert gpu_skip_reason(2, 1) == "nccl world size 2 needs 2 CUDA GPUs, this machine has 1"
 
 
-needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA GPUs")
+@pytest.fixture(scope="module")
+def strict(tmp_path_factory):
+    """``pytest -m gpu --require-gpus 1`` over GPU_TESTS on this machine without GPUs: (exit code,
+    output). Without the option the same tests skip and the session passes (``test_sessions.py``)."""
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA GPUs")
+    return pytest_session(tmp_path_factory.mktemp("strict"), GPU_TESTS, "-m", "gpu", "--require-gpus", "1")
 
 
-@needs_no_gpu
-def test_without_strict_mode_gpu_tests_skip_and_the_session_passes(tmp_path):
-    rc, out = pytest_session(tmp_path, GPU_TESTS, "-m", "gpu")
-    assert rc == 0, out
-    assert "4 skipped" in out, out
+def outcome_line(out, name):
+    return next((line for line in out.splitlines() if line.split(" - ")[0].endswith(f"::{name}")), "")
 
 
-@needs_no_gpu
-def test_strict_mode_fails_gpu_tests_that_would_skip_for_lack_of_gpus(tmp_path):
-    rc, out = pytest_session(tmp_path, GPU_TESTS, "-m", "gpu", "--require-gpus", "1")
+def test_strict_mode_fails_gpu_tests_that_would_skip_for_lack_of_gpus(strict):
+    rc, out = strict
     assert rc == 1, out
-    assert "strict GPU mode (--require-gpus 1): this machine has 0 CUDA GPUs" in out
     for name in ("test_nccl_one", "test_cuda_kernel", "test_nccl_fixture_style"):
-        line = next((line for line in out.splitlines() if line.endswith(name) or f"::{name} - " in line), "")
-        assert line.startswith(("ERROR", "FAILED")), f"{name} did not fail:\n{out}"
-    assert "needs a CUDA GPU" in out and "nccl world size 1 needs 1 CUDA GPU" in out
+        assert outcome_line(out, name).startswith(("ERROR", "FAILED")), f"{name} did not fail:\n{out}"
+    assert "this machine has 0 CUDA GPUs and " in out and "was skipped: Skipped: needs a CUDA GPU" in out
+    assert "strict GPU mode (--require-gpus 1): nccl world size 1 needs 1 CUDA GPU, this machine has 0" in out
 
 
-@needs_no_gpu
-def test_strict_mode_still_skips_tests_needing_more_gpus_than_required(tmp_path):
-    rc, out = pytest_session(tmp_path, GPU_TESTS, "-m", "gpu", "--require-gpus", "1", "-k", "nccl_two")
-    assert rc == 0, out
-    assert "SKIPPED" in out and "nccl world size 2 needs 2 CUDA GPUs, this machine has 0" in out
+def test_strict_mode_still_skips_tests_needing_more_gpus_than_required(strict):
+    rc, out = strict
+    assert outcome_line(out, "test_nccl_two") == "", out  # neither ERROR nor FAILED
+    assert "1 skipped" in out and ": nccl world size 2 needs 2 CUDA GPUs, this machine has 0" in out
+
+
+def test_strict_mode_is_named_in_the_session_header(strict):
+    rc, out = strict
+    assert "strict GPU mode (--require-gpus 1): this machine has 0 CUDA GPUs" in out.splitlines()[:8]
 
 
 def test_require_gpus_must_not_be_negative(tmp_path):
