@@ -117,13 +117,17 @@ HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
 
 
-def inner_session(tmp_path, *selection, **popen):
-    """Start ``pytest inner_interrupts.py::<selection>`` with a unique tag; return (process, tag)."""
+def start(out_dir, *selection):
+    """Start ``pytest inner_interrupts.py::<selection>`` with a unique tag, its output to a file."""
     tag = uuid.uuid4().hex
+    out_dir.mkdir()
     tests = [f"{HERE / 'inner_interrupts.py'}::{name}" for name in selection]
     command = [sys.executable, "-m", "pytest", *tests, "-p", "no:cacheprovider", "-q", "-rA"]
-    proc = subprocess.Popen(command, cwd=ROOT, env=inner_env(tag, tmp_path), text=True, **popen)
-    return proc, tag
+    with open(out_dir / "stdout.txt", "w") as stdout:
+        proc = subprocess.Popen(
+            command, cwd=ROOT, env=inner_env(tag, out_dir), stdout=stdout, stderr=subprocess.STDOUT
+        )
+    return {"proc": proc, "tag": tag, "dir": out_dir}
 
 
 def wait_until_gone(tag):
@@ -133,41 +137,62 @@ def wait_until_gone(tag):
     return tagged_pids(tag)
 
 
-def wait_for_ranks(proc, tmp_path):
-    until = time.monotonic() + 90
-    while not all((tmp_path / f"started{r}").exists() for r in (0, 1)):
-        assert proc.poll() is None and time.monotonic() < until, "the inner session never started its ranks"
-        time.sleep(0.05)
+@pytest.fixture(scope="module")
+def sessions(tmp_path_factory):
+    """Three inner sessions run at once: a pytest-timeout (signal method) between two passing tests,
+    a pytest-timeout with the thread method, and a hung test interrupted by SIGINT (Ctrl-C) once
+    its ranks are up. Each: ``{"rc", "out", "tag"}``."""
+    root = tmp_path_factory.mktemp("interrupts")
+    running = {
+        "signal": start(
+            root / "signal",
+            "test_warms_the_ranks_up",
+            "test_times_out_by_signal",
+            "test_after_the_timeout_passes",
+        ),
+        "thread": start(root / "thread", "test_times_out_by_thread"),
+        "ctrl_c": start(root / "ctrl_c", "test_hangs_until_interrupted"),
+    }
+    try:
+        ctrl_c = running["ctrl_c"]
+        until = time.monotonic() + 120
+        while not all((ctrl_c["dir"] / f"started{r}").exists() for r in (0, 1)):
+            if ctrl_c["proc"].poll() is not None or time.monotonic() > until:
+                break  # the test below reports what the session said
+            time.sleep(0.05)
+        ctrl_c["proc"].send_signal(signal.SIGINT)
+        until = time.monotonic() + 240
+        for session in running.values():
+            session["rc"] = session["proc"].wait(max(1.0, until - time.monotonic()))
+    finally:
+        for session in running.values():
+            if session["proc"].poll() is None:
+                session["proc"].kill()
+                session["proc"].wait()
+    for session in running.values():
+        session["out"] = (session["dir"] / "stdout.txt").read_text()
+    return running
 
 
-def test_pytest_timeout_fails_the_test_with_rank_stacks_and_the_next_test_passes(tmp_path):
-    tests = ["test_warms_the_ranks_up", "test_times_out_by_signal", "test_after_the_timeout_passes"]
-    proc, tag = inner_session(tmp_path, *tests, stdout=subprocess.PIPE)
-    out, _ = proc.communicate(timeout=240)
+def test_pytest_timeout_fails_the_test_with_rank_stacks_and_the_next_test_passes(sessions):
+    out = sessions["signal"]["out"]
     assert "FAILED suites/harness/inner_interrupts.py::test_times_out_by_signal" in out, out
     assert "Failed: Timeout (>2.0s) from pytest-timeout" in out, out
     assert "PASSED suites/harness/inner_interrupts.py::test_after_the_timeout_passes" in out, out
     assert "[rank 1] Python stacks when the case was interrupted (Failed: Timeout" in out, out
     assert "in hang_on" in out
-    assert wait_until_gone(tag) == []
+    assert wait_until_gone(sessions["signal"]["tag"]) == []
 
 
-def test_pytest_timeout_thread_method_ends_pytest_with_no_process_left(tmp_path):
+def test_pytest_timeout_thread_method_ends_pytest_with_no_process_left(sessions):
     """pytest-timeout's thread method ends the whole pytest process (``os._exit``); the ranks go
     with it."""
-    proc, tag = inner_session(tmp_path, "test_times_out_by_thread", stdout=subprocess.PIPE)
-    out, _ = proc.communicate(timeout=240)
-    assert proc.returncode == 1 and "Timeout" in out, out
-    assert wait_until_gone(tag) == []
+    thread = sessions["thread"]
+    assert thread["rc"] == 1 and "Timeout" in thread["out"], thread["out"]
+    assert wait_until_gone(thread["tag"]) == []
 
 
-def test_ctrl_c_during_a_hung_test_ends_pytest_with_no_process_left(tmp_path):
-    proc, tag = inner_session(tmp_path, "test_hangs_until_interrupted", stdout=subprocess.PIPE)
-    try:
-        wait_for_ranks(proc, tmp_path)
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == 2 and "KeyboardInterrupt" in out, out
-    assert wait_until_gone(tag) == []
+def test_ctrl_c_during_a_hung_test_ends_pytest_with_no_process_left(sessions):
+    ctrl_c = sessions["ctrl_c"]
+    assert ctrl_c["rc"] == 2 and "KeyboardInterrupt" in ctrl_c["out"], ctrl_c["out"]
+    assert wait_until_gone(ctrl_c["tag"]) == []
