@@ -49,8 +49,10 @@ parity: setup ## the parity matrix against DDP; writes reports/parity.{json,md,p
 test: setup ## all suites on CPU/gloo (.ci/run runs exactly this)
 	$(PY) -m pytest suites -q
 
-test-gpu: setup ## the GPU tier (-m gpu); skips with a reason and exits 0 on a machine without GPUs
-	$(PY) -m pytest suites -q -m gpu
+# REQUIRE_GPUS=N (self-hosted GPU runners): strict mode, a GPU test skipped for lack of GPUs fails.
+REQUIRE_GPUS ?= 0
+test-gpu: setup ## the GPU tier (-m gpu); without GPUs it skips with the reason, or fails with REQUIRE_GPUS=N
+	$(PY) -m pytest suites -q -m gpu --require-gpus=$(REQUIRE_GPUS)
 
 bench: setup ## scaler, harness and parity overhead, as ratios against PyTorch measured in the same run
 	$(PY) -m ci.bench --json $(REPORTS)/bench.json

@@ -43,12 +43,21 @@ class RankResult:
     status: str
     value: Any = None
     text: str = ""
-    """Traceback (failed), reason (skipped), exit description (died) or stacks (timeout/stopped)."""
+    """The rank's own account: traceback (failed), reason (skipped/xfailed); empty otherwise. The
+    root cause and symptom rules read only this, never the stacks or the output."""
     order: int = 0
     """Arrival order at the controller; the smallest bad one is the root cause."""
     exitcode: int | None = None
     log: str = ""
-    """What the rank printed during the case (stdout, stderr, faulthandler)."""
+    """What the rank printed during the case: ``stdout`` then ``stderr``."""
+    stacks: str = ""
+    """Python stacks the controller asked for at the deadline, or ``faulthandler``'s dump when the
+    rank crashed; ``[rank N]``-prefixed. Kept apart from ``text`` so a dump never reads as the
+    rank's failure."""
+    stdout: str = ""
+    """What the rank wrote to stdout during the case."""
+    stderr: str = ""
+    """What the rank wrote to stderr during the case."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -112,8 +121,13 @@ def is_symptom(result: RankResult) -> bool:
     return any(word in last[0] for word in _SYMPTOMS)
 
 
-def judge(results: list[RankResult], *, world_size: int) -> Verdict:
-    """Apply the rules in the module docstring; ``results`` must hold one record per rank."""
+def judge(results: list[RankResult], *, world_size: int, include_output: bool = True) -> Verdict:
+    """Apply the rules in the module docstring; ``results`` must hold one record per rank.
+
+    ``include_output=False`` leaves the tail of what a died or stuck rank printed out of the
+    message, for callers that show each rank's output elsewhere (the pytest plugin puts it in the
+    test's captured output sections).
+    """
     ranks = sorted(r.rank for r in results)
     assert ranks == list(range(world_size)), f"expected one result per rank, got ranks {ranks}"
     by_rank = sorted(results, key=lambda r: r.rank)
@@ -136,7 +150,9 @@ def judge(results: list[RankResult], *, world_size: int) -> Verdict:
         blocks.append(f"==== rank {result.rank} ({label}): {_headline(result)}")
         if result.text and result.status not in ("skipped", "xfailed"):
             blocks.append(result.text.rstrip())
-        if result.status in ("died", "timeout", "stopped") and result.log:
+        if result.stacks:
+            blocks.append(result.stacks.rstrip())
+        if include_output and result.status in ("died", "timeout", "stopped") and result.log:
             blocks.append(_log_tail(result))
     good = [r.rank for r in by_rank if r not in bad]
     if good:

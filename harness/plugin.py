@@ -9,103 +9,26 @@ created only on the process that runs tests (each xdist worker owns its own pool
 from __future__ import annotations
 
 import pickle
-import re
-import shlex
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from harness.outcome import RankFailure, RankResult, Verdict, judge
+from harness.outcome import RankFailure
 from harness.protocol import Placeholder
+from harness.session import (  # noqa: F401 - repro_command stays importable from here
+    WORKER_OUTPUT_KEY,
+    SessionState,
+    gpu_skip_reason,
+    repro_command,
+    strict_gpu_message,
+)
 from harness.spec import MARKER, DistConfig, from_marker
 
 _CASE_PARAM = "_shardscale_case"
-_state_key = pytest.StashKey["_State"]()
+_state_key = pytest.StashKey[SessionState]()
 _config_key = pytest.StashKey[DistConfig]()
-_WORKER_OUTPUT_KEY = "shardscale_outlived"
-
-
-class _State:
-    """Session state: options, the lazily started pool, and the leftover-process check."""
-
-    def __init__(self, config: pytest.Config) -> None:
-        self.config = config
-        self.deadline_s: float = config.getoption("dist_deadline")
-        self.threads: int = config.getoption("rank_threads")
-        self.log_root = Path(config.rootpath, config.getoption("rank_logs"))
-        self.pool: Any = None
-        self.outlived: dict[str, list[int]] = {}
-        """Pids of processes started by ranks that outlived the session and were killed, by where
-        the pool ran: ``""`` here, an xdist worker id for a worker's pool (sent at its end)."""
-        self._gpus: int | None = None
-
-    def gpus(self) -> int:
-        if self._gpus is None:
-            import torch
-
-            self._gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        return self._gpus
-
-    def get_pool(self) -> Any:
-        if self.pool is None:
-            from harness.pool import RankPool
-
-            self.pool = RankPool(threads_per_rank=self.threads)
-        return self.pool
-
-    def run(
-        self, node: pytest.Item, target: str, config: DistConfig, args: tuple, kwargs: dict
-    ) -> tuple[Verdict, list[RankResult]]:
-        from harness.pool import CaseSpec
-
-        deadline, collective = config.timeouts(self.deadline_s)
-        spec = CaseSpec(
-            target=target,
-            config=config,
-            args=args,
-            kwargs=kwargs,
-            deadline_s=deadline,
-            collective_timeout_s=collective,
-        )
-        results = self.get_pool().run(spec)
-        return judge(results, world_size=config.world_size), results
-
-    def failure_text(self, node: pytest.Item, verdict: Verdict, results: list[RankResult]) -> str:
-        """The verdict, where the rank logs went, and (last line) a command reproducing the test."""
-        log_dir = self.log_root / re.sub(r"[^A-Za-z0-9_.-]+", "_", node.nodeid).strip("_")
-        log_dir.mkdir(parents=True, exist_ok=True)
-        for result in results:
-            (log_dir / f"rank{result.rank}.log").write_text(
-                f"status: {result.status}\n{result.text}\n---- output ----\n{result.log}"
-            )
-        return f"{verdict.message}\nrank logs: {log_dir}\n{repro_command(node)}"
-
-    def close(self) -> None:
-        """Close the pool (which kills what the ranks left running) and keep what it killed for the
-        terminal summary; an xdist worker, whose terminal nobody sees, sends it to the controller."""
-        if self.pool is None:
-            return
-        outlived = list(self.pool.close())
-        self.pool = None
-        workeroutput = getattr(self.config, "workeroutput", None)
-        if workeroutput is not None:
-            workeroutput[_WORKER_OUTPUT_KEY] = outlived
-        elif outlived:
-            self.outlived[""] = outlived
-
-
-def repro_command(node: pytest.Item) -> str:
-    """One line that reruns just this test from anywhere."""
-    rootdir = node.config.rootpath
-    return (
-        f"reproduce: cd {shlex.quote(str(rootdir))} && {sys.executable} -m pytest {shlex.quote(node.nodeid)}"
-    )
-
-
-def _gpu_skip_reason(world_size: int, have: int) -> str:
-    return f"nccl world size {world_size} needs {world_size} CUDA GPUs, this machine has {have}"
+_setup_error_key = pytest.StashKey[str]()
+"""Why a test must fail at setup instead of running (a bad marker; strict GPU mode without GPUs)."""
 
 
 def _target(func: Any) -> str:
@@ -129,9 +52,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--rank-threads", type=int, default=1, help="torch intra-op threads per rank (default 1)")
     group.addoption(
+        "--require-gpus",
+        type=int,
+        default=0,
+        metavar="N",
+        help="strict GPU mode for GPU runners: this machine must have N CUDA GPUs, and a test marked gpu "
+        "(every NCCL test) that would be skipped for lack of GPUs fails instead (NCCL tests needing more "
+        "than N GPUs still skip); default 0: off",
+    )
+    group.addoption(
         "--rank-logs",
-        default="reports/rank-logs",
-        help="where per-rank logs of failed tests go (rootdir-relative)",
+        default=None,
+        metavar="DIR",
+        help="where per-rank logs of failed tests go (default: rank-logs under pytest's basetemp)",
     )
 
 
@@ -144,11 +77,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs CUDA GPUs (selected by `make test-gpu`)")
     if config.getoption("rank_threads") < 1:
         raise pytest.UsageError(f"--rank-threads must be >= 1, got {config.getoption('rank_threads')}")
+    if config.getoption("require_gpus") < 0:
+        raise pytest.UsageError(
+            "--require-gpus must be >= 0 (the number of CUDA GPUs this runner must have), "
+            f"got {config.getoption('require_gpus')}"
+        )
     if not config.getoption("dist_deadline") > 0:
         raise pytest.UsageError(
             f"--dist-deadline must be > 0 seconds, got {config.getoption('dist_deadline')}"
         )
-    config.stash[_state_key] = _State(config)
+    config.stash[_state_key] = SessionState(config)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -164,7 +102,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
     """(xdist controller) Keep what a worker's pool killed at the end of its session."""
-    outlived = getattr(node, "workeroutput", {}).get(_WORKER_OUTPUT_KEY)
+    outlived = getattr(node, "workeroutput", {}).get(WORKER_OUTPUT_KEY)
     state = node.config.stash.get(_state_key, None)
     if outlived and state is not None:
         state.outlived[node.gateway.id] = outlived
@@ -180,11 +118,21 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         )
 
 
+def pytest_report_header(config: pytest.Config) -> str | None:
+    state = config.stash.get(_state_key, None)
+    if state is None or not state.require_gpus:
+        return None
+    return strict_gpu_message(state.require_gpus, f"this machine has {state.gpus()} CUDA GPUs")
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     marker = metafunc.definition.get_closest_marker(MARKER)
     if marker is None:
         return
-    configs = from_marker(marker.args, marker.kwargs)
+    try:
+        configs = from_marker(marker.args, marker.kwargs)
+    except ValueError:
+        return  # reported on the test itself (pytest_collection_modifyitems), not as a collection error
     if len(configs) > 1:
         metafunc.parametrize(_CASE_PARAM, configs, ids=[c.id for c in configs])
 
@@ -201,13 +149,51 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if callspec is not None and _CASE_PARAM in callspec.params:
             dist_config = callspec.params[_CASE_PARAM]
         else:
-            (dist_config,) = from_marker(marker.args, marker.kwargs)
+            try:
+                (dist_config,) = from_marker(marker.args, marker.kwargs)
+            except ValueError as exc:
+                item.stash[_setup_error_key] = f"invalid @pytest.mark.{MARKER}(...) on {item.name}: {exc}"
+                continue
         item.stash[_config_key] = dist_config
         if dist_config.backend == "nccl":
             item.add_marker(pytest.mark.gpu)
             have = state.gpus()
             if have < dist_config.world_size:
-                item.add_marker(pytest.mark.skip(reason=_gpu_skip_reason(dist_config.world_size, have)))
+                reason = gpu_skip_reason(dist_config.world_size, have)
+                if dist_config.world_size <= state.require_gpus:
+                    item.stash[_setup_error_key] = strict_gpu_message(state.require_gpus, reason)
+                else:
+                    item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Fail, as an error of this test, what collection found wrong with it."""
+    error = item.stash.get(_setup_error_key, None)
+    if error is not None:
+        pytest.fail(error, pytrace=False)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """In strict GPU mode a test marked ``gpu`` that skipped (``skipif(no CUDA)``, ``pytest.skip``)
+    fails instead: on a GPU runner a skip means the GPUs are missing, and CI must not go green."""
+    outcome = yield
+    report = outcome.get_result()
+    state = item.config.stash[_state_key]
+    if not (state.require_gpus and report.skipped and item.get_closest_marker("gpu")):
+        return
+    if hasattr(report, "wasxfail"):
+        return
+    dist_config = item.stash.get(_config_key, None)
+    if dist_config is not None and dist_config.world_size > state.require_gpus:
+        return  # needs more GPUs than this runner promises: a legitimate skip
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    report.outcome = "failed"
+    report.longrepr = strict_gpu_message(
+        state.require_gpus,
+        f"this machine has {state.gpus()} CUDA GPUs and {item.nodeid} was skipped: {reason}",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -272,7 +258,7 @@ def world_size(request: pytest.FixtureRequest) -> Any:
 class Ranks:
     """Runs module-level functions on the ranks from an ordinary test (the ``ranks`` fixture)."""
 
-    def __init__(self, state: _State, node: pytest.Item) -> None:
+    def __init__(self, state: SessionState, node: pytest.Item) -> None:
         self._state = state
         self._node = node
 
@@ -298,7 +284,10 @@ class Ranks:
             collective_timeout_s=collective_timeout,
         )
         if backend == "nccl" and self._state.gpus() < world_size:
-            pytest.skip(_gpu_skip_reason(world_size, self._state.gpus()))
+            reason = gpu_skip_reason(world_size, self._state.gpus())
+            if world_size <= self._state.require_gpus:
+                pytest.fail(strict_gpu_message(self._state.require_gpus, reason), pytrace=False)
+            pytest.skip(reason)
         verdict, results = self._state.run(self._node, _target(func), config, args, kwargs)
         if verdict.outcome == "failed":
             raise RankFailure(self._state.failure_text(self._node, verdict, results))

@@ -7,11 +7,19 @@ size changes, or after a case that did not pass (a failed rank closes its connec
 peers are not left waiting, and the group must be rebuilt).
 
 One thread (the caller of :meth:`RankPool.run`) owns all state: ``_loop_once`` waits on every
-rank's pipe and process sentinel, turns what it sees into messages, and dispatches each to an
-``_on_<kind>`` method. Every wait has a deadline. When a case misses its deadline, or a rank dies,
+rank's pipe and process sentinel, turns what it sees into messages, and hands each to the case in
+flight (``case_run.CaseRun``, which dispatches it to an ``_on_<kind>`` method and keeps the
+case's deadline rules). Every wait has a deadline. When a case misses its deadline, or a rank dies,
 or ranks are still running ``peer_grace_s`` after another rank failed, the pool dumps the Python
 stack of every live rank (``faulthandler`` on ``SIGUSR1``), kills every rank's process group and
 starts afresh on the next case.
+
+Interruptions: whatever leaves :meth:`RankPool.run` early (Ctrl-C, pytest-timeout's exception raised
+by its ``SIGALRM`` handler, any exception a signal handler raises) finds ranks in an unknown state,
+perhaps still inside the case. ``run`` then kills them before the interruption goes on (printing
+their stacks to stderr first, unless it is Ctrl-C), so the next case starts on fresh ranks and
+``close`` has nothing to wait for. If even that cleanup is cut short, the pool is still marked
+busy, and the next ``run`` or ``close`` kills the ranks first.
 
 Every process the pool starts, and all they start, carry this controller's tag in their environment
 (``harness/reaper.py``): leftovers are found and killed by that tag, never by recycled pids.
@@ -24,9 +32,7 @@ import itertools
 import multiprocessing as mp
 import multiprocessing.connection
 import os
-import pickle
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -35,22 +41,24 @@ import weakref
 from typing import Any
 
 from harness import reaper
+from harness.case_run import CaseRun
 from harness.outcome import RankResult
 from harness.protocol import (
     Ack,
-    CaseFinished,
     InitGroup,
     LeaveGroup,
     Message,
     RankCrashed,
+    RankFiles,
     RankStarted,
     RunCase,
     Shutdown,
     from_wire,
 )
+from harness.rank_handle import OutputCallback, RankHandle, Tail, dump_stacks
 from harness.spec import DistConfig
 
-STACK_SIGNAL = signal.SIGUSR1  # must match rank_main.STACK_SIGNAL (rank_main imports torch)
+_OUTPUT_POLL_S = 0.1  # how often a running case's output is read: "live" for a person watching
 _live_pools: weakref.WeakSet[RankPool] = weakref.WeakSet()  # pools of this process with ranks up
 
 
@@ -71,35 +79,6 @@ class CaseSpec:
     collective_timeout_s: float = 30.0
 
 
-class RankHandle:
-    """The controller's proxy of one rank process."""
-
-    def __init__(self, rank: int, process: Any, conn: Any, log_path: str) -> None:
-        self.rank = rank
-        self.process = process
-        self.conn = conn
-        self.log_path = log_path
-        self.pid: int | None = None
-        self.gone = False
-
-    def send(self, command: Message) -> None:
-        self.conn.send(command.to_wire())
-
-    def log_size(self) -> int:
-        try:
-            return os.path.getsize(self.log_path)
-        except OSError:
-            return 0
-
-    def read_log(self, start: int) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(start)
-                return f.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
-
-
 class RankPool:
     """Rank processes kept warm across cases. Use :meth:`run`; call :meth:`close` at the end."""
 
@@ -110,23 +89,29 @@ class RankPool:
         start_timeout_s: float = 120.0,
         peer_grace_s: float = 5.0,
         log_dir: str | None = None,
+        on_output: OutputCallback | None = None,
     ) -> None:
+        """``on_output(rank, stream, text)``, if given, receives what the ranks of a running case
+        print, as whole lines, while the case runs (the pytest plugin echoes it, labelled by rank,
+        into the test's captured output). Every result also carries its rank's output."""
         if threads_per_rank < 1:
             raise ValueError(f"threads_per_rank must be >= 1, got {threads_per_rank}")
         self.threads_per_rank = threads_per_rank
         self.start_timeout_s = start_timeout_s
         self.peer_grace_s = peer_grace_s
+        self.on_output = on_output
         self._own_log_dir = log_dir is None
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="shardscale-ranks-")
         self._ranks: list[RankHandle] = []
         self._store: Any = None
         self._group: tuple[str, int] | None = None
-        self._timeout_s = 0.0
         self._case_ids = itertools.count(1)
         self._session = uuid.uuid4().hex[:8]
         self._tag = reaper.controller_tag()
-        self._events: list[Message] = []
         self.started_ranks = 0
+        self._busy = False
+        """Commands are out whose answers were not all read: the ranks may be inside a case."""
+        self._in_flight: CaseRun | None = None
         self._ctx = mp.get_context("forkserver")
         self._ctx.set_forkserver_preload(["harness.rank_main"])
 
@@ -137,12 +122,34 @@ class RankPool:
 
     def run(self, case: CaseSpec) -> list[RankResult]:
         """Run ``case`` on ranks ``0..world_size-1`` and return one result per rank (never raises for
-        what the ranks did; raises :class:`PoolError` only when ranks cannot be started)."""
+        what the ranks did; raises :class:`PoolError` only when ranks cannot be started).
+
+        An exception or signal that interrupts the wait leaves this method only after the ranks of
+        the case are killed (see the module docstring), so the next case starts on fresh ranks.
+        """
+        if self._busy:
+            self.kill()  # an earlier run was interrupted and could not finish its cleanup
+        self._busy = True
+        try:
+            results = self._run(case)
+        except BaseException as exc:
+            self._abandon(exc)
+            raise
+        self._busy = False
+        return results
+
+    def _run(self, case: CaseSpec) -> list[RankResult]:
         config = case.config
         self._ensure_group(config.backend, config.world_size, case.collective_timeout_s)
         case_id = next(self._case_ids)
         ranks = self._ranks[: config.world_size]
-        offsets = {h.rank: h.log_size() for h in ranks}
+        run = CaseRun(
+            ranks,
+            case_id,
+            deadline_s=case.deadline_s,
+            peer_grace_s=self.peer_grace_s,
+            on_output=self.on_output,
+        )
         command = RunCase(
             case_id=case_id,
             target=case.target,
@@ -152,12 +159,19 @@ class RankPool:
             prefix=f"{self._session}/case{case_id}",
             collective_timeout_s=case.collective_timeout_s,
         )
+        self._in_flight = run
         for handle in ranks:
             handle.send(command)
-        results = self._collect(ranks, case_id, time.monotonic() + case.deadline_s)
-        final = [
-            dataclasses.replace(r, log=r.log or ranks[r.rank].read_log(offsets[r.rank])) for r in results
-        ]
+        while not run.done:
+            if time.monotonic() >= run.limit():
+                run.stop()
+                break
+            events = self._loop_once(ranks, run.limit(), poll_s=_OUTPUT_POLL_S)
+            run.output.pump()
+            for event in events:
+                run.dispatch(event)
+        self._in_flight = None
+        final = run.results()
         if any(r.status != "passed" for r in final):
             self._group = None  # failed ranks left the group; rebuild it before the next case
         if any(r.status in ("died", "timeout", "stopped") for r in final):
@@ -167,7 +181,13 @@ class RankPool:
     def close(self, timeout_s: float = 10.0) -> list[int]:
         """Ask every rank to exit, then kill what is left: ranks that have not exited within
         ``timeout_s``, and every process the ranks started that outlived them. Returns the pids of
-        the latter (a test that leaks a process, or a daemon that escaped its rank's group)."""
+        the latter (a test that leaks a process, or a daemon that escaped its rank's group).
+
+        Ranks that may still be inside an interrupted case are killed at once: they would not read
+        the request to exit."""
+        if self._busy:
+            self.kill()
+            self._busy = False
         for handle in self._live():
             try:
                 handle.send(Shutdown())
@@ -201,6 +221,23 @@ class RankPool:
         self._group = None
         reaper.kill_until_gone(self.leftovers, self._tag, timeout_s=5.0)
 
+    def _abandon(self, interruption: BaseException) -> None:
+        """Kill the ranks of an interrupted :meth:`run`; first, unless the user pressed Ctrl-C (who
+        wants the prompt back now), print where each rank of the case was to stderr (pytest shows it
+        in the test's captured stderr, next to pytest-timeout's stack of the controller)."""
+        in_flight, self._in_flight = self._in_flight, None
+        try:
+            if in_flight is not None:
+                in_flight.output.finish()  # what the ranks printed before the interruption
+            if in_flight is not None and not isinstance(interruption, KeyboardInterrupt):
+                ranks = in_flight.ranks
+                reason = f"{type(interruption).__name__}: {interruption}".rstrip(": ")
+                stacks = dump_stacks(ranks, title=f"Python stacks when the case was interrupted ({reason})")
+                sys.stderr.write("".join(f"{text}\n" for _, text in sorted(stacks.items())))
+        finally:
+            self.kill()
+            self._busy = False
+
     def leftovers(self) -> list[int]:
         """Pids of the live processes this pool started, directly or not, wherever they went
         (another process group or session, a daemon): found by the controller's tag, never a stranger.
@@ -225,17 +262,17 @@ class RankPool:
         new = []
         for rank in range(len(self._ranks), world_size):
             parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-            log_path = os.path.join(self.log_dir, f"rank{rank}-{self.started_ranks}.log")
+            files = RankFiles.in_dir(self.log_dir, rank, self.started_ranks)
             process = self._ctx.Process(
                 target=_rank_entry,
-                args=(rank, child_conn, log_path, os.getpid(), self._host, self._port, self.threads_per_rank),
+                args=(rank, child_conn, files, os.getpid(), self._host, self._port, self.threads_per_rank),
                 name=f"shardscale-rank{rank}",
                 daemon=False,  # ranks may start DataLoader workers
             )
             process.start()
             child_conn.close()
             self.started_ranks += 1
-            handle = RankHandle(rank, process, parent_conn, log_path)
+            handle = RankHandle(rank, process, parent_conn, files)
             self._ranks.append(handle)
             new.append(handle)
         until = time.monotonic() + self.start_timeout_s
@@ -245,7 +282,8 @@ class RankPool:
                 raise PoolError(f"ranks did not start within {self.start_timeout_s}s")
             for event in self._loop_once(new, until):
                 if isinstance(event, RankCrashed):
-                    log = self._ranks[event.rank].read_log(0)
+                    files = self._ranks[event.rank].files
+                    log = "".join(Tail.whole(path) for path in (files.stderr, files.stacks))
                     self.kill()
                     raise PoolError(
                         f"rank {event.rank} died while starting (exit code {event.exitcode})\n{log}"
@@ -286,8 +324,9 @@ class RankPool:
         self._group = (backend, world_size)
 
     # -- the loop -------------------------------------------------------------------------------
-    def _loop_once(self, handles: list[RankHandle], until: float) -> list[Message]:
-        """Wait (at most until ``until``) for pipes or exits of ``handles``; return what arrived."""
+    def _loop_once(self, handles: list[RankHandle], until: float, *, poll_s: float = 0.5) -> list[Message]:
+        """Wait (at most until ``until``, and at most ``poll_s``) for pipes or exits of ``handles``;
+        return what arrived."""
         live = [h for h in handles if not h.gone]
         if not live:
             return []
@@ -295,7 +334,7 @@ class RankPool:
         for h in live:
             by_object[h.conn] = h
             by_object[h.process.sentinel] = h
-        timeout = max(0.0, min(until - time.monotonic(), 0.5))
+        timeout = max(0.0, min(until - time.monotonic(), poll_s))
         events: list[Message] = []
         for ready in multiprocessing.connection.wait(list(by_object), timeout):
             handle = by_object[ready]
@@ -322,77 +361,6 @@ class RankPool:
                 self._ranks[event.rank].pid = event.pid
                 reaper.warn_if_untagged(event.pid, self._tag, what=f"rank {event.rank}")
         return events
-
-    def _collect(self, ranks: list[RankHandle], case_id: int, deadline: float) -> list[RankResult]:
-        results: dict[int, RankResult] = {}
-        order = itertools.count()
-        first_bad: float | None = None
-        while len(results) < len(ranks):
-            now = time.monotonic()
-            limit = deadline if first_bad is None else min(deadline, first_bad + self.peer_grace_s)
-            if now >= limit:
-                status = "timeout" if now >= deadline else "stopped"
-                stacks = self._dump_stacks(ranks)
-                for handle in ranks:
-                    if handle.rank not in results:
-                        results[handle.rank] = RankResult(
-                            rank=handle.rank,
-                            status=status,
-                            order=next(order),
-                            text=stacks.get(handle.rank, ""),
-                        )
-                if status == "timeout":
-                    # Every rank's stack belongs in the report, finished ranks included.
-                    results.update(
-                        {
-                            r: dataclasses.replace(res, text=f"{res.text.rstrip()}\n{stacks[r]}".lstrip())
-                            for r, res in results.items()
-                            if r in stacks and res.status not in ("timeout", "stopped")
-                        }
-                    )
-                break
-            for event in self._loop_once(ranks, limit):
-                if isinstance(event, CaseFinished) and event.case_id == case_id:
-                    results[event.rank] = RankResult(
-                        rank=event.rank,
-                        status=event.status,
-                        value=None if event.value is None else pickle.loads(event.value),
-                        text=event.text,
-                        order=next(order),
-                    )
-                elif isinstance(event, RankCrashed) and event.rank not in results:
-                    results[event.rank] = RankResult(
-                        rank=event.rank, status="died", exitcode=event.exitcode, order=next(order)
-                    )
-                else:
-                    continue
-                if results[event.rank].status != "passed" and first_bad is None:
-                    first_bad = time.monotonic()
-        return [results[h.rank] for h in ranks]
-
-    def _dump_stacks(self, ranks: list[RankHandle]) -> dict[int, str]:
-        """Every live rank's Python stacks, via faulthandler on ``SIGUSR1`` (works with the GIL held)."""
-        live = [h for h in ranks if not h.gone and h.pid is not None]
-        offsets = {h.rank: h.log_size() for h in live}
-        for handle in live:
-            try:
-                os.kill(handle.pid, STACK_SIGNAL)  # type: ignore[arg-type]
-            except ProcessLookupError:
-                pass
-        until = time.monotonic() + 3.0
-        sizes = {h.rank: -1 for h in live}
-        while time.monotonic() < until:  # wait until every dump is written and stopped growing
-            time.sleep(0.1)
-            now = {h.rank: h.log_size() for h in live}
-            if all(now[r] > offsets[r] and now[r] == sizes[r] for r in now):
-                break
-            sizes = now
-        stacks = {}
-        for handle in live:
-            text = handle.read_log(offsets[handle.rank]).rstrip()
-            body = "\n".join(f"[rank {handle.rank}] {line}" for line in text.splitlines())
-            stacks[handle.rank] = f"[rank {handle.rank}] Python stacks at the deadline:\n{body}"
-        return stacks
 
 
 def _rank_entry(*args: Any) -> None:

@@ -6,13 +6,15 @@ plain dict that ``multiprocessing`` pickles, and ``from_wire()`` turns it back, 
 does not know. The controller sends *commands* (``InitGroup``, ``LeaveGroup``, ``RunCase``,
 ``Shutdown``); a rank sends *events* (``RankStarted``, ``Ack``, ``CaseFinished``). ``RankCrashed``
 is made by the controller itself when a rank process dies, so that the one loop that owns the
-pool's state sees deaths and answers through the same dispatch.
+pool's state sees deaths and answers through the same dispatch. ``RankFiles`` names the files a
+rank writes and the controller reads (output and stacks never travel through the pipe).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 from typing import Any, ClassVar
 
 #: Statuses a rank (or the controller, for ``died``/``timeout``/``stopped``) gives one case.
@@ -127,6 +129,22 @@ class RankCrashed(Message):
     kind: ClassVar[str] = "rank_crashed"
     rank: int
     exitcode: int | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RankFiles:
+    """The three files one rank process writes: what the test prints to fd 1 and fd 2, and the
+    Python stacks ``faulthandler`` dumps (on the stack signal, or when the rank crashes). Given to
+    the rank when it starts; the controller reads them."""
+
+    stdout: str
+    stderr: str
+    stacks: str
+
+    @classmethod
+    def in_dir(cls, log_dir: str, rank: int, serial: int) -> RankFiles:
+        base = os.path.join(log_dir, f"rank{rank}-{serial}")
+        return cls(stdout=f"{base}.out", stderr=f"{base}.err", stacks=f"{base}.stacks")
 
 
 MESSAGE_TYPES: tuple[type[Message], ...] = (

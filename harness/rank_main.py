@@ -8,8 +8,9 @@ module (and so torch) once, so a rank starts in milliseconds. A rank then
 * asks the kernel to kill it when its parent dies (``PR_SET_PDEATHSIG``; the parent is the
   forkserver, which exits when pytest dies) and runs a watchdog thread polling the controller pid,
   so no rank outlives pytest, even a ``SIGKILL`` of pytest;
-* writes stdout/stderr to its own log file and registers ``faulthandler`` on ``SIGUSR1`` there, so
-  the controller can get every thread's Python stack even while a C call holds the GIL;
+* writes stdout and stderr to a file each, and has ``faulthandler`` write Python stacks to a third
+  (on ``SIGUSR1``, and when the rank crashes), so the controller can get every thread's stack even
+  while a C call holds the GIL, and never mistakes a stack dump for the test's output or failure;
 * pins torch to ``threads`` intra-op threads (1 by default: ranks share the machine's cores);
 * carries, from the forkserver's environment, the controller's ``SHARDSCALE_POOL_TAG``, which
   everything it forks or execs inherits, so the controller finds what it left running by that tag.
@@ -41,6 +42,7 @@ from harness.protocol import (
     InitGroup,
     LeaveGroup,
     Message,
+    RankFiles,
     RankStarted,
     RunCase,
     Shutdown,
@@ -73,18 +75,47 @@ def _guard_against_orphaning(controller_pid: int) -> None:
     threading.Thread(target=watch, name="shardscale-watchdog", daemon=True).start()
 
 
-def _redirect_output(log_path: str) -> None:
-    """Send fds 1 and 2 to the rank's log, and make faulthandler dump stacks there."""
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+_stacks_file: Any = None  # faulthandler writes to it for the rank's whole life
+
+
+def _redirect_output(files: RankFiles) -> None:
+    """Send fds 1 and 2 to the rank's stdout and stderr files, and faulthandler to its stacks file."""
+    global _stacks_file
     sys.stdout.flush()
     sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+    for fd, path in ((1, files.stdout), (2, files.stderr)):
+        new = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(new, fd)
+        os.close(new)
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as the rank
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-    faulthandler.enable(file=sys.stderr, all_threads=True)
-    faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
+    _stacks_file = open(files.stacks, "a", buffering=1)  # noqa: SIM115
+    faulthandler.enable(file=_stacks_file, all_threads=True)
+    faulthandler.register(STACK_SIGNAL, file=_stacks_file, all_threads=True, chain=False)
+
+
+def _forget_destroyed_groups() -> None:
+    """Drop what torch caches across process groups once they are destroyed, so that a later case
+    runs as it would in a fresh process.
+
+    DTensor caches sharding decisions keyed by device-mesh equality, which ignores the mesh's
+    process groups: without this, a case after the group was rebuilt can get back a mesh of a
+    destroyed group ("Could not resolve the process group registered under the name 3"). Nothing
+    to do if DTensor was never imported; torch versions without the cache helpers are left alone.
+    """
+    if "torch.distributed.tensor" not in sys.modules:
+        return
+    try:
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    except ImportError:
+        from torch.distributed.tensor import DTensor
+
+        propagate = DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding
+        clear = getattr(getattr(propagate, "cache", propagate), "cache_clear", None)
+        if clear is not None:
+            clear()
+        return
+    _clear_sharding_prop_cache()
 
 
 class RankServer:
@@ -121,6 +152,7 @@ class RankServer:
     def _leave(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+        _forget_destroyed_groups()
 
     def _join(self, backend: str, world_size: int, prefix: str, timeout_s: float) -> None:
         self._leave()
@@ -180,7 +212,6 @@ class RankServer:
                 reset_group=self._reset_group,
             )
         )
-        print(f"[rank {self.rank}] ---- case {command.case_id}: {command.target}", flush=True)
         started = time.perf_counter()
         try:
             status, value, text = execute.call_case(
@@ -210,7 +241,13 @@ class RankServer:
 
 
 def rank_entry(
-    rank: int, conn: Any, log_path: str, controller_pid: int, store_host: str, store_port: int, threads: int
+    rank: int,
+    conn: Any,
+    files: RankFiles,
+    controller_pid: int,
+    store_host: str,
+    store_port: int,
+    threads: int,
 ) -> None:
     """Process entry point of a pool rank (called by multiprocessing in the forked child)."""
     os.setpgid(0, 0)
@@ -219,7 +256,7 @@ def rank_entry(
     # not a fresh forkserver that re-imports torch for seconds.
     multiprocessing.set_start_method(None, force=True)
     _guard_against_orphaning(controller_pid)
-    _redirect_output(log_path)
+    _redirect_output(files)
     torch.set_num_threads(threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     server = RankServer(rank, conn, store_host, store_port)

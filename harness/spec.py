@@ -8,6 +8,7 @@ instead of failing later inside a rank.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Iterable
 from typing import Any
@@ -98,14 +99,43 @@ def distributed(
     """Mark a test to run on every rank: ``@harness.distributed(world_size=(2, 4), backend="gloo")``.
 
     The arguments are checked here, at import, so a typo fails collection with a clear message.
-    Equivalent to ``@pytest.mark.distributed(...)`` with the same keywords.
+    Equivalent to ``@pytest.mark.distributed(...)`` with the same keywords (the result is a pytest
+    ``MarkDecorator``: it also works in ``pytestmark`` and ``pytest.param(marks=...)``), except that
+    marking a lambda is a ``TypeError``: pytest would silently not collect it.
     """
     import pytest
 
     expand(world_size, backend, deadline=deadline, collective_timeout=collective_timeout)
-    return getattr(pytest.mark, MARKER)(
+    mark = getattr(pytest.mark, MARKER)(
         world_size=world_size, backend=backend, deadline=deadline, collective_timeout=collective_timeout
     )
+    return _refusing_lambdas(mark)
+
+
+@functools.cache
+def _lambda_refusing_mark_type() -> type:
+    """A ``MarkDecorator`` whose call refuses a lambda (made once, when pytest is imported).
+
+    pytest applies a mark only to a named function or class; called with a lambda, a
+    ``MarkDecorator`` returns another decorator with the lambda as a mark argument, so
+    ``test_x = harness.distributed(...)(lambda rank: ...)`` is silently never collected.
+    """
+    from _pytest.mark.structures import MarkDecorator
+
+    class DistributedMark(MarkDecorator):
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            if len(args) == 1 and not kwargs and getattr(args[0], "__name__", None) == "<lambda>":
+                raise TypeError(
+                    "harness.distributed(...) cannot mark a lambda: pytest would not collect it, and the "
+                    "ranks import a test by its name; define it with `def test_name(rank): ...` instead"
+                )
+            return super().__call__(*args, **kwargs)
+
+    return DistributedMark
+
+
+def _refusing_lambdas(mark: Any) -> Any:
+    return _lambda_refusing_mark_type()(mark.mark, _ispytest=True)
 
 
 def from_marker(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[DistConfig]:

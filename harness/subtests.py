@@ -48,9 +48,8 @@ def run_subtests(
             error = traceback.format_exc()
             if ctx is not None and ctx.world_size > 1:
                 leave_group()  # unblock peers that wait in a collective with us
-        if error is not None:
-            prefix = f"[rank {ctx.rank}] " if ctx is not None else ""
-            failures.append(f"subtest {index} ({_describe(config)}) failed:\n{prefix}{error.rstrip()}")
+        if error is not None:  # inside a rank, every line of the final report gets its [rank N] there
+            failures.append(f"subtest {index} ({_describe(config)}) failed:\n{error.rstrip()}")
         if ctx is not None and ctx.world_size > 1:
             agree(ctx, f"subtest{index}", ok=error is None, timeout_s=agree_timeout_s)
     if failures:

@@ -140,6 +140,7 @@ def test_subtests_report_each_failing_configuration(inner):
     )
     kind, text = outcome(inner, "test_subtests_report_each_failing_config")
     assert "lr=0.1" not in text
+    assert "[rank 1] [rank 1]" not in text
 
 
 def test_fixture_style_failure_names_rank(inner):

@@ -218,7 +218,7 @@ def nccl_session(sessions):
 def test_nccl_tests_without_gpus_are_skipped_naming_the_gpus_needed(nccl_session):
     assert nccl_session.rc == 0, nccl_session.stdout[-3000:]
     needs = {
-        "test_nccl_all_reduce[nccl-1]": "nccl world size 1 needs 1 CUDA GPUs, this machine has 0",
+        "test_nccl_all_reduce[nccl-1]": "nccl world size 1 needs 1 CUDA GPU, this machine has 0",
         "test_nccl_all_reduce[nccl-2]": "nccl world size 2 needs 2 CUDA GPUs, this machine has 0",
         "test_nccl_fixture_style": "nccl world size 2 needs 2 CUDA GPUs, this machine has 0",
     }
