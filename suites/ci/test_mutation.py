@@ -1,0 +1,102 @@
+"""The mutation check's plants: each still applies to ``scaler/`` exactly as written (so the check
+can never silently test nothing), changes what it says, and names tests that exist."""
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ci.mutation import plants
+from ci.mutation.plants import PLANTS, Edit, Plant, PlantError
+
+ROOT = Path(__file__).resolve().parents[2]
+BUG_CLASSES = {
+    "no_agreement",
+    "sum_for_max",
+    "no_backoff",
+    "growth_interval_off_by_one",
+    "growth_past_float32",
+    "fp16_sparse_not_coalesced",
+    "fp32_bf16_sparse_not_coalesced",
+    "fused_not_agreed",
+    "fused_no_inf_check",
+    "unscale_by_the_scale",
+    "bounds_ignored",
+    "load_state_dict_drops_tracker",
+    "dead_skip_counter",
+    "fp16_grads_unchecked",
+    "dtensor_grads_not_local",
+}
+"""The bug classes the gate must catch (issue: the mutation check), each a plant."""
+
+
+@pytest.fixture
+def copy(tmp_path):
+    shutil.copytree(ROOT / "scaler", tmp_path / "scaler")
+    return tmp_path
+
+
+def test_every_required_bug_class_has_a_plant_and_names_are_unique():
+    names = [plant.name for plant in PLANTS]
+    assert BUG_CLASSES <= set(names) and len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("plant", PLANTS, ids=lambda p: p.name)
+def test_the_plant_applies_and_leaves_valid_python_that_differs(copy, plant):
+    before = {p.name: p.read_text() for p in (copy / "scaler").glob("*.py")}
+    plants.apply(plant, copy)
+    after = {p.name: p.read_text() for p in (copy / "scaler").glob("*.py")}
+    changed = {name for name in before if before[name] != after[name]}
+    assert changed == {edit.file for edit in plant.edits}
+    for name in changed:
+        ast.parse(after[name], filename=name)
+        assert "planted" in after[name]
+
+
+@pytest.mark.parametrize("plant", PLANTS, ids=lambda p: p.name)
+def test_the_tests_a_plant_runs_exist(plant):
+    for test in plant.tests:
+        path, _, name = test.partition("::")
+        assert (ROOT / path).is_file(), test
+        if name:
+            function = name.split("[")[0]
+            assert f"def {function}(" in (ROOT / path).read_text(), test
+
+
+def test_a_plant_whose_text_is_gone_fails_loudly_naming_itself_and_the_fix(copy):
+    stale = Plant(
+        name="stale", bug="-", edits=(Edit(file="_rule.py", old="no such code\n", new=""),), tests=("x",)
+    )
+    with pytest.raises(
+        PlantError, match=r"plant stale no longer applies: .* scaler/_rule.py .* update ci/mutation/plants.py"
+    ):
+        plants.apply(stale, copy)
+
+
+def test_a_plant_whose_text_occurs_twice_fails_loudly(copy):
+    twice = Plant(
+        name="twice", bug="-", edits=(Edit(file="_rule.py", old="import", new="import"),), tests=("x",)
+    )
+    with pytest.raises(PlantError, match="occurs .* times in scaler/_rule.py"):
+        plants.apply(twice, copy)
+
+
+def _mutation(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "ci.mutation", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_list_names_each_plant_and_its_tests():
+    done = _mutation("--list", "--only", "sum_for_max")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].startswith("sum_for_max: found_inf agreed with SUM")
+    assert "    suites/scaler/test_sharded_distributed.py" in done.stdout.splitlines()
+
+
+def test_an_unknown_plant_is_a_usage_error_listing_the_plants():
+    done = _mutation("--only", "nope")
+    assert done.returncode == 2 and "--only nope: no such plant; the plants are no_agreement, " in done.stderr
