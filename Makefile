@@ -17,7 +17,7 @@ export MKL_NUM_THREADS ?= 1
 export PYTHONUNBUFFERED := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup parity test test-gpu bench demo lint clean
+.PHONY: help setup parity test test-gpu gate mutation bench demo lint clean
 
 help: ## list the targets and what each does
 	@echo "usage: make <target> [VARIABLE=value ...]"
@@ -54,7 +54,15 @@ REQUIRE_GPUS ?= 0
 test-gpu: setup ## the GPU tier (-m gpu); without GPUs it skips with the reason, or fails with REQUIRE_GPUS=N
 	$(PY) -m pytest suites -q -m gpu --require-gpus=$(REQUIRE_GPUS)
 
-bench: setup ## scaler, harness and parity overhead, as ratios against PyTorch measured in the same run
+# make gate [GATE_ARGS='--bench' | '--update-baselines' | '--gpu --require-gpus 2' ...]; outputs in $(REPORTS)/gate
+GATE_ARGS =
+gate: setup ## the CI gate: make test's suites with JUnit XML and parity reports, curves against ci/baselines; exits 1 on a regression
+	$(PY) -m ci.gate --out $(REPORTS)/gate $(GATE_ARGS)
+
+mutation: setup ## plant known bugs into a copy of scaler/ and check the gate catches each; exits 1 if one survives
+	$(PY) -m ci.mutation --out $(REPORTS)
+
+bench: setup ## scaler, harness and parity overhead, as ratios against PyTorch measured in the same run; also reports/bench.json
 	$(PY) -m ci.bench --json $(REPORTS)/bench.json
 
 demo: setup ## python -m scaler.demo: fp16 autocast on CPU, skipped steps and scale growth printed

@@ -16,7 +16,19 @@ def _help_lines():
 
 def test_make_help_lists_every_target_with_one_line():
     targets = [name for name, _ in _help_lines()]
-    assert targets == ["help", "setup", "parity", "test", "test-gpu", "bench", "demo", "lint", "clean"]
+    assert targets == [
+        "help",
+        "setup",
+        "parity",
+        "test",
+        "test-gpu",
+        "gate",
+        "mutation",
+        "bench",
+        "demo",
+        "lint",
+        "clean",
+    ]
 
 
 def test_the_readme_target_table_is_make_help():
