@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from ci.gate import baselines, curves, suites
+from ci.gate import baselines, curves, process, suites
 from ci.gate.verdict import EXIT_USAGE, Verdict, render_junit, render_summary, to_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,7 +132,7 @@ def _run_tier(options: argparse.Namespace, tier: suites.Tier) -> tuple[suites.Ta
         require_gpus=options.require_gpus if options.gpu else 0,
     )
     print("gate: " + " ".join(command[1:]), flush=True)
-    code = subprocess.call(command, cwd=ROOT)
+    code = process.call(command, cwd=ROOT)
     junit = options.out / "junit.xml"
     if not junit.exists():
         raise UsageError(f"pytest stopped with exit status {code} before writing {junit}")
@@ -179,7 +178,7 @@ def _bench(out: Path) -> None:
 
     path = out / "bench.json"
     print("gate: python -m ci.bench --json " + str(path), flush=True)
-    subprocess.call([sys.executable, "-m", "ci.bench", "--json", str(path.resolve())], cwd=ROOT)
+    process.call([sys.executable, "-m", "ci.bench", "--json", str(path.resolve())], cwd=ROOT)
     if path.exists():
         print("\n" + render(json.loads(path.read_text())), flush=True)
     else:
@@ -252,6 +251,7 @@ def run(options: argparse.Namespace) -> Verdict:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     options = parse_args(argv)
+    process.terminate_on_sigterm()
     try:
         verdict = run(options)
     except (UsageError, baselines.BaselineError) as error:

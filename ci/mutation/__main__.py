@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from ci.gate import process
 from ci.mutation.plants import PLANTS, PlantError
 from ci.mutation.run import Outcome, run_all, temporary_workdir
 
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    {test}")
         return 0
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    process.terminate_on_sigterm()
     workdir = temporary_workdir()
     started = time.monotonic()
     print(

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ci.gate import process
 from ci.mutation.plants import Plant, apply
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,13 +100,7 @@ def run_gate(name: str, copy: Path, tests: Sequence[str]) -> Outcome:
     started = time.monotonic()
     with log.open("w") as stream:
         try:
-            code = subprocess.call(
-                gate_command(tests, out),
-                cwd=copy,
-                stdout=stream,
-                stderr=subprocess.STDOUT,
-                timeout=GATE_TIMEOUT_S,
-            )
+            code = process.call(gate_command(tests, out), cwd=copy, stdout=stream, timeout=GATE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return Outcome(
                 name=name, verdict="error", seconds=time.monotonic() - started, detail=f"timed out; log {log}"
@@ -160,8 +155,14 @@ def run_all(
             on_outcome(outcome)
         return outcome
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=jobs)
+    try:
         outcomes = list(pool.map(one, plants))
+    except BaseException:  # Ctrl-C, SIGTERM: start no other mutant, stop the running ones' gates
+        pool.shutdown(wait=False, cancel_futures=True)
+        process.stop_all()
+        raise
+    pool.shutdown()
     return control_outcome, outcomes
 
 

@@ -188,3 +188,42 @@ def test_a_real_run_writes_junit_properties_and_reports_and_matches_the_committe
     report = json.loads((tmp_path / "out" / "parity.json").read_text())
     assert [c["id"] for c in report["configs"]] == [config] and report["run"]["filter"] == config
     assert (tmp_path / "out" / "parity.md").exists() and not (tmp_path / "out" / "parity.png").exists()
+
+
+def test_a_gate_stopped_with_sigterm_stops_its_pytest_session(tmp_path):
+    """CI cancels a job with SIGTERM to the gate: its pytest session (and that one's ranks) must
+    not live on."""
+    import os
+    import signal
+    import time
+
+    pid_file = tmp_path / "pid"
+    (tmp_path / "test_sleeps.py").write_text(
+        "import os, time\n"
+        f"def test_sleeps():\n    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n    time.sleep(600)\n"
+    )
+    gate_process = subprocess.Popen(
+        [sys.executable, "-m", "ci.gate", str(tmp_path / "test_sleeps.py"), "--out", str(tmp_path / "out")],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            assert gate_process.poll() is None, "the gate ended before its test started"
+            time.sleep(0.2)
+        session = int(pid_file.read_text())
+        gate_process.send_signal(signal.SIGTERM)
+        assert gate_process.wait(timeout=60) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                os.kill(session, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+        pytest.fail(f"the gate's pytest session {session} outlived it")
+    finally:
+        if gate_process.poll() is None:
+            gate_process.kill()
