@@ -19,6 +19,7 @@ import traceback
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from harness.parity import engines, record
 from harness.parity.matrix import Fault, ParityConfig
@@ -47,7 +48,10 @@ def make_scaler(config: ParityConfig, role: str, device: torch.device) -> Any:
     if config.scaler == "torch":
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchShardedGradScaler
 
-        return TorchShardedGradScaler(device=device.type, **kwargs)
+        # Its default ``process_group=dist.group.WORLD`` is evaluated when torch imports the module:
+        # on a warm rank whose default group was re-created since, it would reduce over the
+        # destroyed group and hang. Pass the current one, as a user re-creating groups must.
+        return TorchShardedGradScaler(device=device.type, process_group=dist.group.WORLD, **kwargs)
     from scaler import ShardedGradScaler
 
     return ShardedGradScaler(device.type, **kwargs)
@@ -99,7 +103,7 @@ def run(config: ParityConfig, role: str, device: torch.device) -> tuple[dict[str
     error = None
     description = role
     scaler = None
-    rank = torch.distributed.get_rank()
+    rank = dist.get_rank()
     try:
         engine = engines.build(config, role, device)
         description = engine.description

@@ -108,6 +108,32 @@ def test_torchs_scaler_diverges_with_a_fused_optimizer_where_ours_agrees(ranks):
     assert torch.equal(ours[0]["params"], ours[1]["params"])
 
 
+def _on_rank_default_group_after_the_group_is_re_created():
+    """The default group is destroyed and re-created after torch's module was imported (a warm rank
+    pool does this between tests; so does an elastic restart). Then each scaler is built with no
+    ``process_group`` and asked which group it would reduce over."""
+    import torch.distributed.fsdp.sharded_grad_scaler  # noqa: F401 - imported while a group lives
+
+    harness.current().reset_group("re-created")
+    theirs = TorchShardedGradScaler("cpu")
+    ours = ShardedGradScaler("cpu")
+    return {
+        "torch_reduces_over_the_current_group": theirs.process_group is dist.group.WORLD,
+        "ours_reduces_over_the_current_group": ours.process_group is dist.group.WORLD,
+    }
+
+
+def test_torchs_default_group_is_frozen_at_import_where_ours_is_looked_up_when_used(ranks):
+    """torch's ``process_group=dist.group.WORLD`` default is evaluated when its module is imported:
+    after the group is re-created it reduces over a destroyed one (a hang, seen in this project's
+    parity matrix before its engine passed the group explicitly)."""
+    for record in ranks.run(_on_rank_default_group_after_the_group_is_re_created, world_size=2):
+        assert record == {
+            "torch_reduces_over_the_current_group": False,
+            "ours_reduces_over_the_current_group": True,
+        }
+
+
 def _on_rank_fsdp2_step(overflow_on_rank_1):
     """FSDP2 (DTensor grads) plus one plain parameter, against an unsharded replica with averaged grads."""
     from torch.distributed.device_mesh import init_device_mesh
