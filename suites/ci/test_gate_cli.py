@@ -157,7 +157,7 @@ def test_ranks_that_cannot_start_exit_2_before_any_test_runs(tmp_path, monkeypat
     monkeypatch.setattr(
         preflight, "check_ranks", lambda backend, world_size: "the ranks could not be started: boom"
     )
-    monkeypatch.setattr(cli.subprocess, "call", lambda *a, **k: pytest.fail("pytest must not run"))
+    monkeypatch.setattr(cli.process, "call", lambda *a, **k: pytest.fail("pytest must not run"))
     assert cli.main(["--out", str(tmp_path / "out")]) == 2
     assert "gate: ERROR (exit 2): the ranks could not be started: boom" in capsys.readouterr().err
 
