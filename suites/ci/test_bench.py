@@ -1,0 +1,72 @@
+"""``make bench`` as data: the tables are rendered from the JSON it writes (so the gate can print
+them again), a part that failed says why, and bad arguments exit 2. Nothing here measures time."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ci.bench import SCHEMA, render
+
+ROOT = Path(__file__).resolve().parents[2]
+SCALER_ROW = {
+    "scaler": "GradScaler",
+    "params": "10 x 4096",
+    "floor_us": 8.0,
+    "step_us": 7.0,
+    "ours_us": 24.0,
+    "torch_us": 40.0,
+    "ours_per_floor": 3.0,
+    "torch_per_floor": 5.0,
+    "ours_per_torch": 0.6,
+}
+HARNESS = {
+    "our_tests": 50,
+    "mpc_tests": 5,
+    "skipped_tests": 50,
+    "ratio_mpc_per_ours": 1500.0,
+    "ours_cold_s": 1.3,
+    "ours_warm_mean_s": 0.003,
+    "ours_warm_median_s": 0.003,
+    "ours_wall_s": 5.0,
+    "skipped_mean_s": 0.00006,
+    "mpc_mean_s": 4.5,
+    "mpc_wall_s": 28.0,
+}
+
+
+def _document(**parts):
+    return {"schema": SCHEMA, "version": 1, "torch": "2.13.0", "cpus": 2, "created": "today", "parts": parts}
+
+
+def test_every_part_renders_from_its_json():
+    text = render(
+        _document(
+            scaler={"unit": "us", "rows": [SCALER_ROW]},
+            harness=HARNESS,
+            parity={"error": "RuntimeError: boom"},
+        )
+    )
+    assert "GradScaler                     10 x 4096" in text and "0.60x" in text
+    assert "ratio MultiProcessTestCase / harness (warm): 1500x" in text
+    assert "parity matrix wall time: not measured: RuntimeError: boom" in text
+
+
+def test_a_document_of_another_schema_is_refused():
+    with pytest.raises(ValueError, match="not a shardscale.bench document"):
+        render({"schema": "shardscale.parity"})
+
+
+@pytest.mark.parametrize(
+    ("args", "complaint"),
+    [
+        (["--only", "gpu"], "argument --only: invalid choice: 'gpu'"),
+        (["--json", "."], "--json . is a folder"),
+    ],
+)
+def test_bad_arguments_exit_2_naming_the_fix(args, complaint):
+    done = subprocess.run(
+        [sys.executable, "-m", "ci.bench", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2 and complaint in done.stderr, done.stderr
