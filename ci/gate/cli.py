@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ci.gate import baselines, curves, process, suites
-from ci.gate.verdict import EXIT_USAGE, Verdict, render_junit, render_summary, to_json
+from ci.gate.verdict import EXIT_USAGE, Verdict, parity_counts, render_junit, render_summary, to_json
 
 ROOT = Path(__file__).resolve().parents[2]
 """The project checkout the gate belongs to (its tests, its baselines)."""
@@ -237,7 +237,7 @@ def run(options: argparse.Namespace) -> Verdict:
         backend=backend,
         torch=torch_text,
         tests=tally,
-        parity=report.get("summary") if report is not None else None,
+        parity=parity_counts(report) if report is not None else None,
         comparison=comparison,
         choice=choice,
         fail_on_drift=options.fail_on_drift,
@@ -251,7 +251,6 @@ def run(options: argparse.Namespace) -> Verdict:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     options = parse_args(argv)
-    process.terminate_on_sigterm()
     try:
         verdict = run(options)
     except (UsageError, baselines.BaselineError) as error:

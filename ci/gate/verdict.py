@@ -24,6 +24,24 @@ SHOWN = 25
 """Lines per section of the summary; the rest are counted (every one is in gate.json)."""
 
 
+PARITY_LABELS = ("pass", "FAIL", "CRASH", "ERROR", "skip", "xfail", "XPASS")
+"""As parity.md labels a configuration: ``xfail``/``XPASS`` where a failure is expected (torch's
+scaler where it is wrong), the status otherwise (upper case: broke its tolerance)."""
+
+
+def parity_counts(report: dict[str, Any]) -> dict[str, int]:
+    """``{"total": n, label: count}`` over a parity.json document's configurations."""
+    labels: Counter[str] = Counter()
+    for config in report.get("configs", []):
+        broken = config["status"] in ("fail", "crash", "error")
+        if config.get("expected_failure"):
+            label = "xfail" if broken else ("skip" if config["status"] == "skip" else "XPASS")
+        else:
+            label = config["status"].upper() if broken else config["status"]
+        labels[label] += 1
+    return {"total": sum(labels.values()), **labels}
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Verdict:
     """Everything one gate run found."""
@@ -34,7 +52,7 @@ class Verdict:
     tests: Tally | None = None
     """``None`` with ``--from-report`` (no tests ran)."""
     parity: dict[str, int] | None = None
-    """parity.json's summary (``None`` when no parity configuration was selected)."""
+    """Configurations by label (:func:`parity_counts`; ``None`` when none was selected)."""
     comparison: Comparison | None = None
     choice: Choice | None = None
     fail_on_drift: bool = False
@@ -84,9 +102,8 @@ def render_summary(verdict: Verdict) -> str:
         lines.append(f"tests     {verdict.tests.describe()}   {verdict.out}/junit.xml")
     if verdict.parity is not None:
         p = verdict.parity
-        counts = ", ".join(f"{p[k]} {k}" for k in ("pass", "fail", "crash", "error", "skip") if p.get(k))
-        expected = f" ({p['expected_failures']} expected failures)" if p.get("expected_failures") else ""
-        lines.append(f"parity    {p['total']} configuration(s): {counts}{expected}   {verdict.out}/parity.md")
+        counts = ", ".join(f"{p[k]} {k}" for k in PARITY_LABELS if p.get(k))
+        lines.append(f"parity    {p['total']} configuration(s): {counts}   {verdict.out}/parity.md")
     if verdict.comparison is not None and verdict.choice is not None:
         kinds = Counter(f.kind for f in verdict.comparison.findings)
         words = {

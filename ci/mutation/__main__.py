@@ -67,7 +67,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    {test}")
         return 0
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    process.terminate_on_sigterm()
     workdir = temporary_workdir()
     started = time.monotonic()
     print(
@@ -150,4 +149,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    process.terminate_on_sigterm()
     sys.exit(main())

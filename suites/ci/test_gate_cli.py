@@ -19,6 +19,7 @@ MOVED = result(losses=((2.5, 2.4), (2.25, 2.2), (2.0, 2.0), (1.75, 1.8)))
 
 
 def gate(*args, cwd=ROOT):
+    """The gate as CI runs it: a process of its own."""
     return subprocess.run(
         [sys.executable, "-m", "ci.gate", *map(str, args)],
         cwd=cwd,
@@ -26,6 +27,22 @@ def gate(*args, cwd=ROOT):
         text=True,
         timeout=600,
     )
+
+
+@pytest.fixture
+def compare(capsys):
+    """The gate in this process, for runs that start no rank (arguments, ``--from-report``): the
+    same ``main`` as ``python -m ci.gate``, without an interpreter start per call."""
+
+    def run(*args):
+        try:
+            code = cli.main([str(arg) for arg in args])
+        except SystemExit as exit:  # argparse's usage errors
+            code = exit.code
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out.out, out.err)
+
+    return run
 
 
 @pytest.fixture
@@ -49,30 +66,30 @@ def report_file(tmp_path):
         (["--bogus"], "unrecognized arguments: --bogus"),
     ],
 )
-def test_bad_arguments_exit_2_naming_the_fix(tmp_path, report_file, args, complaint):
-    done = gate(*[str(report_file) if a == "REPORT" else a for a in args], "--out", tmp_path / "out")
+def test_bad_arguments_exit_2_naming_the_fix(tmp_path, report_file, args, complaint, compare):
+    done = compare(*[str(report_file) if a == "REPORT" else a for a in args], "--out", tmp_path / "out")
     assert done.returncode == 2 and complaint in done.stderr, done.stderr
 
 
-def test_a_backend_without_baselines_exits_2_naming_the_fix(tmp_path, report_file):
-    done = gate("--from-report", report_file, "--baselines", tmp_path / "empty", "--out", tmp_path / "out")
+def test_a_backend_without_baselines_exits_2_naming_the_fix(tmp_path, report_file, compare):
+    done = compare("--from-report", report_file, "--baselines", tmp_path / "empty", "--out", tmp_path / "out")
     assert done.returncode == 2
     assert f"no baselines for backend gloo under {tmp_path / 'empty' / 'gloo'}" in done.stderr
     assert "python -m ci.gate --update-baselines" in done.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA GPUs")
-def test_the_gpu_tier_on_a_machine_without_gpus_exits_2_before_running_anything(tmp_path):
-    done = gate("--gpu", "--out", tmp_path / "out")
+def test_the_gpu_tier_on_a_machine_without_gpus_exits_2_before_running_anything(tmp_path, compare):
+    done = compare("--gpu", "--out", tmp_path / "out")
     assert done.returncode == 2, done.stdout + done.stderr
     assert "--gpu requires 2 CUDA GPUs (--require-gpus), this machine has 0" in done.stderr
     assert not (tmp_path / "out" / "junit.xml").exists()
 
 
-def test_a_deviating_curve_exits_1_naming_configuration_metric_step_expected_and_got(tmp_path):
+def test_a_deviating_curve_exits_1_naming_configuration_metric_step_expected_and_got(tmp_path, compare):
     write_baseline(tmp_path / "baselines", "2.13.0", result())
     report = write_report(tmp_path / "parity.json", MOVED)
-    done = gate("--from-report", report, "--baselines", tmp_path / "baselines", "--out", tmp_path / "out")
+    done = compare("--from-report", report, "--baselines", tmp_path / "baselines", "--out", tmp_path / "out")
     assert done.returncode == 1, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert (
@@ -94,9 +111,9 @@ def test_a_deviating_curve_exits_1_naming_configuration_metric_step_expected_and
     assert f'name="{SGD.id}"' in junit and 'failures="1"' in junit
 
 
-def test_matching_curves_exit_0_and_say_that_parity_and_scaling_hold(tmp_path, report_file):
+def test_matching_curves_exit_0_and_say_that_parity_and_scaling_hold(tmp_path, report_file, compare):
     write_baseline(tmp_path / "baselines", "2.13.0", result())
-    done = gate(
+    done = compare(
         "--from-report", report_file, "--baselines", tmp_path / "baselines", "--out", tmp_path / "out"
     )
     assert done.returncode == 0, done.stdout + done.stderr
@@ -104,11 +121,11 @@ def test_matching_curves_exit_0_and_say_that_parity_and_scaling_hold(tmp_path, r
     assert done.stdout.splitlines()[-1] == "gate: PASS (exit 0): parity and scaling hold"
 
 
-def test_another_torch_version_is_compared_with_the_nearest_baseline_and_labelled_drift(tmp_path):
+def test_another_torch_version_is_compared_with_the_nearest_baseline_and_labelled_drift(tmp_path, compare):
     write_baseline(tmp_path / "baselines", "2.13.0", result())
     write_baseline(tmp_path / "baselines", "2.6.0", MOVED)
     report = write_report(tmp_path / "parity.json", MOVED, torch="2.14.1+cpu")
-    done = gate("--from-report", report, "--baselines", tmp_path / "baselines", "--out", tmp_path / "out")
+    done = compare("--from-report", report, "--baselines", tmp_path / "baselines", "--out", tmp_path / "out")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "torch-2.13.0.csv (torch 2.13.0, nearest to torch 2.14.1: differences are drift)" in done.stdout
     assert (
@@ -117,7 +134,7 @@ def test_another_torch_version_is_compared_with_the_nearest_baseline_and_labelle
     ) in done.stdout
     assert f"  DRIFT    {SGD.id}  loss[rank 1] first differs at step 2" in done.stdout
     assert "CURVE" not in done.stdout
-    strict = gate(
+    strict = compare(
         "--from-report",
         report,
         "--baselines",
@@ -129,11 +146,11 @@ def test_another_torch_version_is_compared_with_the_nearest_baseline_and_labelle
     assert strict.returncode == 1 and "failing the gate (--fail-on-drift)" in strict.stdout
 
 
-def test_update_baselines_records_this_torch_version_and_leaves_out_what_broke(tmp_path):
+def test_update_baselines_records_this_torch_version_and_leaves_out_what_broke(tmp_path, compare):
     write_baseline(tmp_path / "baselines", "2.13.0", result())
     broken = result(ADAM_BF16, status="fail")
     report = write_report(tmp_path / "parity.json", MOVED, broken, torch="2.14.1")
-    done = gate(
+    done = compare(
         "--from-report",
         report,
         "--baselines",
@@ -147,7 +164,7 @@ def test_update_baselines_records_this_torch_version_and_leaves_out_what_broke(t
     assert f"not recorded (they broke): {ADAM_BF16.id}" in done.stdout
     assert set(baselines.read(written)) == {SGD.id}
     assert done.returncode == 1 and f"MISSING  {ADAM_BF16.id}" in done.stdout  # it broke: no baseline yet
-    again = gate("--from-report", report, "--baselines", tmp_path / "baselines", "--out", tmp_path / "o2")
+    again = compare("--from-report", report, "--baselines", tmp_path / "baselines", "--out", tmp_path / "o2")
     assert "(torch 2.14.1, same torch)" in again.stdout and "CURVE" not in again.stdout
 
 
