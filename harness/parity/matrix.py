@@ -374,38 +374,26 @@ def sparse(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
 def cpu_offload(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
     """Parameters and gradients offloaded to the CPU: FSDP2 ``CPUOffloadPolicy`` (any backend) and
     FSDP1 ``CPUOffload`` (an accelerator is needed), with a forced inf on one rank and without."""
-    configs = []
-    for precision in PRECISIONS:
-        for faults in ((), (Fault(step=2, rank=1),)):
-            for optimizer in ("sgd", "adam_fused"):
-                configs.append(
-                    ParityConfig(
-                        suite="cpu_offload",
-                        engine="fsdp2",
-                        reshard_after_forward=True,
-                        offload=True,
-                        precision=precision,
-                        optimizer=optimizer,
-                        faults=faults,
-                        world_size=world_size,
-                        backend=backend,
-                    )
-                )
-                configs.append(
-                    ParityConfig(
-                        suite="cpu_offload",
-                        engine="fsdp1",
-                        sharding="full_shard",
-                        use_orig_params=True,
-                        offload=True,
-                        precision=precision,
-                        optimizer=optimizer,
-                        faults=faults,
-                        world_size=world_size,
-                        backend=backend,
-                    )
-                )
-    return configs
+    engines = [
+        {"engine": "fsdp2", "reshard_after_forward": True},
+        {"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": True},
+    ]
+    return [
+        ParityConfig(
+            suite="cpu_offload",
+            offload=True,
+            precision=precision,
+            optimizer=optimizer,
+            faults=faults,
+            world_size=world_size,
+            backend=backend,
+            **engine,  # type: ignore[arg-type]
+        )
+        for precision in PRECISIONS
+        for faults in ((), (Fault(step=2, rank=1),))
+        for optimizer in ("sgd", "adam_fused")
+        for engine in engines
+    ]
 
 
 def default_matrix(*, world_size: int = 2, backend: str = "gloo", scaler: str = "ours") -> list[ParityConfig]:
