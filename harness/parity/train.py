@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.execute import prefix_lines
 from harness.parity import engines, record
 from harness.parity.matrix import Fault, ParityConfig
 
@@ -150,7 +151,7 @@ def run(config: ParityConfig, role: str, device: torch.device) -> tuple[dict[str
                 )
             )
     except Exception:  # noqa: BLE001 - recorded; the caller decides what it means
-        error = "\n".join(f"[rank {rank}] {line}" for line in traceback.format_exc().rstrip().splitlines())
+        error = prefix_lines(traceback.format_exc(), rank)
     counters = _counters(scaler) if scaler is not None and error is None else {}
     part = record.rank_run(
         rank=rank, steps=steps, counters=counters, error=error, duration_s=time.perf_counter() - started
