@@ -137,7 +137,7 @@ def run(config: ParityConfig, role: str, device: torch.device) -> tuple[dict[str
             scaler.update()
             skipped = [_skipped(b, g, engine) for b, g in zip(before, groups, strict=True)]
             tensors = None
-            params, state = engine.full_params(), engine.full_optim_state(optimizers)
+            params, state = engine.full_after_step(optimizers)
             if rank == 0:
                 tensors = {"params": params, "grads": grads, "optim_state": state}
             steps.append(
