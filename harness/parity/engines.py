@@ -111,20 +111,23 @@ class Engine:
         """This rank's elements of ``tensor`` (the local shard of a DTensor)."""
         return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
-    def full_params(self) -> dict[str, torch.Tensor]:
-        return {n: gather.to_cpu(p) for n, p in self.module.named_parameters()}
-
     def full_grads(self) -> dict[str, torch.Tensor]:
         return {n: gather.to_cpu(p.grad) for n, p in self.named_trainable() if p.grad is not None}
 
-    def full_optim_state(self, optimizers: list[torch.optim.Optimizer]) -> dict[str, dict[str, torch.Tensor]]:
+    def full_after_step(
+        self, optimizers: list[torch.optim.Optimizer]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+        """``(full parameters, full optimizer state by name then key)``; collective for sharded
+        engines, which gather both in one go."""
+        params = {n: gather.to_cpu(p) for n, p in self.module.named_parameters()}
         names = {id(p): n for n, p in self.named_trainable()}
-        return {
-            names[id(p)]: {key: gather.to_cpu(value) for key, value in state.items()}
+        state = {
+            names[id(p)]: {key: gather.to_cpu(value) for key, value in values.items()}
             for opt in optimizers
-            for p, state in opt.state.items()
-            if state
+            for p, values in opt.state.items()
+            if values
         }
+        return params, state
 
 
 class LowPrecisionDDP(Engine):
@@ -233,14 +236,13 @@ class FSDP1(Engine):
     def clip_grad_norm_(self, max_norm: float) -> None:
         self.wrapped.clip_grad_norm_(max_norm)  # type: ignore[operator]
 
-    def full_params(self) -> dict[str, torch.Tensor]:
-        return flat.full_params(self.wrapped, self.device)
-
     def full_grads(self) -> dict[str, torch.Tensor]:
         return flat.full_grads(self.wrapped, self.device)
 
-    def full_optim_state(self, optimizers: list[torch.optim.Optimizer]) -> dict[str, dict[str, torch.Tensor]]:
-        return flat.full_optim_state(self.wrapped, optimizers, self.device)
+    def full_after_step(
+        self, optimizers: list[torch.optim.Optimizer]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+        return flat.full_params_and_state(self.wrapped, optimizers, self.device)
 
 
 class FSDP2(Engine):
@@ -272,25 +274,31 @@ class FSDP2(Engine):
         fully_shard(module, **kwargs)
         return module
 
-    def full_params(self) -> dict[str, torch.Tensor]:
-        return gather.full_tensors(dict(self.module.named_parameters()), self.device)
-
     def full_grads(self) -> dict[str, torch.Tensor]:
         grads = {n: p.grad for n, p in self.named_trainable() if p.grad is not None}
         return gather.full_tensors(grads, self.device)
 
-    def full_optim_state(self, optimizers: list[torch.optim.Optimizer]) -> dict[str, dict[str, torch.Tensor]]:
+    def full_after_step(
+        self, optimizers: list[torch.optim.Optimizer]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
         names = {id(p): n for n, p in self.named_trainable()}
-        flat = {
-            (names[id(p)], key): value
-            for opt in optimizers
-            for p, state in opt.state.items()
-            for key, value in state.items()
-        }
+        wanted: dict[tuple[str, ...], Any] = {("param", n): p for n, p in self.module.named_parameters()}
+        wanted.update(
+            {
+                ("state", names[id(p)], key): value
+                for opt in optimizers
+                for p, values in opt.state.items()
+                for key, value in values.items()
+            }
+        )
+        params: dict[str, torch.Tensor] = {}
         state: dict[str, dict[str, torch.Tensor]] = {}
-        for (name, key), value in gather.full_tensors(flat, self.device).items():
-            state.setdefault(name, {})[key] = value
-        return state
+        for key, value in gather.full_tensors(wanted, self.device).items():
+            if key[0] == "param":
+                params[key[1]] = value
+            else:
+                state.setdefault(key[1], {})[key[2]] = value
+        return params, state
 
 
 def build(config: ParityConfig, role: str, device: torch.device) -> Engine:

@@ -83,14 +83,6 @@ def _split(unit: _Unit, row: torch.Tensor, dtype: torch.dtype) -> dict[str, torc
     }
 
 
-def full_params(model: Any, device: torch.device) -> dict[str, torch.Tensor]:
-    """Full parameters by original name (frozen ones included)."""
-    full: dict[str, torch.Tensor] = {}
-    for unit in _units(model):
-        full.update(_split(unit, _gather_rows(unit, [unit.flat.data], device)[0], unit.flat.dtype))
-    return full
-
-
 def full_grads(model: Any, device: torch.device) -> dict[str, torch.Tensor]:
     """Full gradients by original name (units without a gradient are left out)."""
     full: dict[str, torch.Tensor] = {}
@@ -157,18 +149,25 @@ def _state_rows(
     return list(rows), dtypes
 
 
-def full_optim_state(
+def full_params_and_state(
     model: Any, optimizers: list[torch.optim.Optimizer], device: torch.device
-) -> dict[str, dict[str, torch.Tensor]]:
-    """Full optimizer state by original parameter name then state key (see the module docstring)."""
+) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+    """Full parameters by original name (frozen ones included), and full optimizer state by name
+    then state key, in one all-gather per unit (see the module docstring)."""
     state = {id(p): values for opt in optimizers for p, values in opt.state.items()}
     element_keys, scalar_keys = _state_keys(optimizers)
+    params: dict[str, torch.Tensor] = {}
     full: dict[str, dict[str, torch.Tensor]] = {}
     for unit in _units(model):
+        rows, dtypes = [unit.flat.data], [unit.flat.dtype]
+        if unit.flat.requires_grad:
+            state_rows, state_dtypes = _state_rows(unit, state, element_keys, scalar_keys)
+            rows, dtypes = rows + state_rows, dtypes + state_dtypes
+        gathered = _gather_rows(unit, rows, device)
+        params.update(_split(unit, gathered[0], dtypes[0]))
         if not unit.flat.requires_grad:
             continue
-        rows, dtypes = _state_rows(unit, state, element_keys, scalar_keys)
-        gathered = _gather_rows(unit, rows, device)
+        gathered, dtypes = gathered[1:], dtypes[1:]
         presence = _split(unit, gathered[len(element_keys)], torch.float64)
         per_key = {key: _split(unit, gathered[i], dtypes[i]) for i, key in enumerate(element_keys)}
         scalars = {
@@ -183,4 +182,4 @@ def full_optim_state(
                 entry[key] = pieces[name]
             for key, pieces in scalars.items():
                 entry[key] = torch.tensor(float(pieces[name].max()), dtype=torch.float32)
-    return full
+    return params, full

@@ -322,8 +322,8 @@ def fsdp_vs_ddp(*, world_size: int = 2, backend: str = "gloo") -> list[ParityCon
 
 def forced_inf(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
     """inf and NaN on one rank only and on every rank at once, for DDP, FSDP1 and FSDP2 on every
-    scaler path. Steps 2 and 7 are poisoned; with ``growth_interval=3`` the scale backs off at
-    step 2, grows back after the three clean steps 3-5 and backs off again at step 7."""
+    scaler path. Steps 2 and 6 (of 7) are poisoned; with ``growth_interval=3`` the scale backs off
+    at step 2, grows back after the three clean steps 3-5 and backs off again at step 6."""
     engines = [
         {"engine": "ddp"},
         {"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": False},
@@ -335,14 +335,14 @@ def forced_inf(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConf
         for path, optimizer in paths:
             for rank in (1, None):
                 for value in FAULT_VALUES:
-                    faults = (Fault(step=2, rank=rank, value=value), Fault(step=7, rank=rank, value=value))
+                    faults = (Fault(step=2, rank=rank, value=value), Fault(step=6, rank=rank, value=value))
                     configs.append(
                         ParityConfig(
                             suite="forced_inf",
                             path=path,
                             optimizer=optimizer,
                             faults=faults,
-                            steps=9,
+                            steps=7,
                             init_scale=1024.0,
                             world_size=world_size,
                             backend=backend,
@@ -374,38 +374,26 @@ def sparse(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
 def cpu_offload(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
     """Parameters and gradients offloaded to the CPU: FSDP2 ``CPUOffloadPolicy`` (any backend) and
     FSDP1 ``CPUOffload`` (an accelerator is needed), with a forced inf on one rank and without."""
-    configs = []
-    for precision in PRECISIONS:
-        for faults in ((), (Fault(step=2, rank=1),)):
-            for optimizer in ("sgd", "adam_fused"):
-                configs.append(
-                    ParityConfig(
-                        suite="cpu_offload",
-                        engine="fsdp2",
-                        reshard_after_forward=True,
-                        offload=True,
-                        precision=precision,
-                        optimizer=optimizer,
-                        faults=faults,
-                        world_size=world_size,
-                        backend=backend,
-                    )
-                )
-                configs.append(
-                    ParityConfig(
-                        suite="cpu_offload",
-                        engine="fsdp1",
-                        sharding="full_shard",
-                        use_orig_params=True,
-                        offload=True,
-                        precision=precision,
-                        optimizer=optimizer,
-                        faults=faults,
-                        world_size=world_size,
-                        backend=backend,
-                    )
-                )
-    return configs
+    engines = [
+        {"engine": "fsdp2", "reshard_after_forward": True},
+        {"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": True},
+    ]
+    return [
+        ParityConfig(
+            suite="cpu_offload",
+            offload=True,
+            precision=precision,
+            optimizer=optimizer,
+            faults=faults,
+            world_size=world_size,
+            backend=backend,
+            **engine,  # type: ignore[arg-type]
+        )
+        for precision in PRECISIONS
+        for faults in ((), (Fault(step=2, rank=1),))
+        for optimizer in ("sgd", "adam_fused")
+        for engine in engines
+    ]
 
 
 def default_matrix(*, world_size: int = 2, backend: str = "gloo", scaler: str = "ours") -> list[ParityConfig]:

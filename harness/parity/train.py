@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.execute import prefix_lines
 from harness.parity import engines, record
 from harness.parity.matrix import Fault, ParityConfig
 
@@ -136,7 +137,7 @@ def run(config: ParityConfig, role: str, device: torch.device) -> tuple[dict[str
             scaler.update()
             skipped = [_skipped(b, g, engine) for b, g in zip(before, groups, strict=True)]
             tensors = None
-            params, state = engine.full_params(), engine.full_optim_state(optimizers)
+            params, state = engine.full_after_step(optimizers)
             if rank == 0:
                 tensors = {"params": params, "grads": grads, "optim_state": state}
             steps.append(
@@ -150,7 +151,7 @@ def run(config: ParityConfig, role: str, device: torch.device) -> tuple[dict[str
                 )
             )
     except Exception:  # noqa: BLE001 - recorded; the caller decides what it means
-        error = "\n".join(f"[rank {rank}] {line}" for line in traceback.format_exc().rstrip().splitlines())
+        error = prefix_lines(traceback.format_exc(), rank)
     counters = _counters(scaler) if scaler is not None and error is None else {}
     part = record.rank_run(
         rank=rank, steps=steps, counters=counters, error=error, duration_s=time.perf_counter() - started

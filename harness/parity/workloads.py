@@ -48,7 +48,8 @@ class Block(nn.Module):
 
 
 class NestedMLP(nn.Module):
-    """``16 -> 32 -> (32 -> 32 -> 32) -> 4``: a unit nested inside a unit."""
+    """``16 -> 32 -> (32 -> 32 -> 32) -> 4``: FSDP wraps each block, ``inner`` around two of them
+    (a unit that owns no parameter of its own) and the root: units three levels deep."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -249,7 +250,7 @@ WORKLOADS: dict[str, Workload] = {
     "mlp": Workload(
         name="mlp",
         build=NestedMLP,
-        units=(Block,),
+        units=(Block, nn.Sequential),  # the blocks, and ``inner`` around two of them
         make_batch=_mlp_batch,
         loss=_square_loss,
         first_unit="inp.",

@@ -15,7 +15,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from selftest import inner_env, junit_outcomes, tagged_pids
+
+from suites.harness.selftest import inner_env, junit_outcomes, tagged_pids
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent

@@ -13,12 +13,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from selftest import alive, inner_env, tagged_pids
 
 import harness
 from harness.outcome import judge
 from harness.pool import CaseSpec, RankPool
 from harness.spec import DistConfig
+from suites.harness.selftest import alive, inner_env, tagged_pids
 
 
 class Interrupted(Exception):

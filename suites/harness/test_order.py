@@ -15,7 +15,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from selftest import inner_env, junit_outcomes
+from suites.harness.selftest import inner_env, junit_outcomes
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent

@@ -11,7 +11,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from selftest import inner_env
+
+from suites.harness.selftest import inner_env
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent

@@ -10,10 +10,10 @@ import uuid
 
 import pytest
 import torch
-from selftest import inner_env
 
 import harness
 from harness.session import gpu_skip_reason
+from suites.harness.selftest import inner_env
 
 BAD_MARKER = """
 import pytest

@@ -9,13 +9,13 @@ import threading
 import uuid
 
 import pytest
-from selftest import alive
 
 import harness
 from harness import reaper
 from harness.outcome import judge
 from harness.pool import CaseSpec, RankPool
 from harness.spec import DistConfig
+from suites.harness.selftest import alive
 
 
 def rank_and_pid():

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from selftest import alive, inner_env, junit_outcomes, tagged_pids
+
+from suites.harness.selftest import alive, inner_env, junit_outcomes, tagged_pids
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
