@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from harness.parity import matrix
+
 
 class PlantError(RuntimeError):
     """A plant no longer applies to the current ``scaler/``."""
@@ -71,10 +73,24 @@ _DROP_IN = "suites/scaler/test_sharded_drop_in.py"
 _API = "suites/scaler/test_grad_scaler_api.py"
 _FORCED_INF = "suites/parity/test_forced_inf.py"
 _POISONED = f"{_FORCED_INF}::test_the_run_matches_the_reference_where_every_rank_was_poisoned"
-_SGD_ONE_RANK = f"{_POISONED}[ddp-fp32-sgd-inf@r1s2-inf@r1s7-w2]"
-"""A parity configuration (DDP, inf on rank 1 at steps 2 and 7): its test and its golden curves."""
-_FUSED_ONE_RANK = f"{_POISONED}[fsdp1-full_shard-flat-fp32-adam_fused-inf@r1s2-inf@r1s7-w2]"
-_TWO_OPTIMIZERS = f"{_POISONED}[fsdp2-reshard-fp32-sgd-two_optimizers-inf@alls2-inf@alls7-w2]"
+
+
+def _forced_inf(engine: str, optimizer: str, path: str = "plain", *, every_rank: bool = False) -> str:
+    """The id of the forced-inf configuration (inf, not NaN) with these fields, looked up in the
+    matrix: ids name the steps the faults hit, which the matrix may change."""
+    (config,) = [
+        c
+        for c in matrix.forced_inf()
+        if (c.engine, c.optimizer, c.path) == (engine, optimizer, path)
+        and all(f.value == "inf" and (f.rank is None) == every_rank for f in c.faults)
+    ]
+    return config.id
+
+
+_SGD_ONE_RANK = f"{_POISONED}[{_forced_inf('ddp', 'sgd')}]"
+"""A parity configuration (DDP, inf on rank 1): its test and its golden curves."""
+_FUSED_ONE_RANK = f"{_POISONED}[{_forced_inf('fsdp1', 'adam_fused')}]"
+_TWO_OPTIMIZERS = f"{_POISONED}[{_forced_inf('fsdp2', 'sgd', 'two_optimizers', every_rank=True)}]"
 _FSDP2 = "suites/parity/test_fsdp_vs_ddp.py::test_fsdp_trains_like_ddp[fsdp2-reshard-fp32-sgd-w2]"
 
 PLANTS: tuple[Plant, ...] = (
@@ -273,7 +289,7 @@ PLANTS: tuple[Plant, ...] = (
         ),
         tests=(
             _LOCAL,
-            f"{_FORCED_INF}::test_counters_agree_on_every_rank[ddp-fp32-sgd-inf@r1s2-inf@r1s7-w2]",
+            f"{_FORCED_INF}::test_counters_agree_on_every_rank[{_forced_inf('ddp', 'sgd')}]",
         ),
     ),
     Plant(
