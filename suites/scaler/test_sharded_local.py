@@ -165,6 +165,20 @@ def test_fp16_grads_are_unscaled(world_of_one):
     assert param.grad.dtype == torch.float16 and param.grad.tolist() == [2.0] * 4
 
 
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_a_non_finite_dense_fp16_grad_skips_the_step(world_of_one, bad):
+    """FSDP mixed precision hands the scaler fp16 grads: an inf or NaN in one must be found."""
+    param = torch.nn.Parameter(torch.ones(4, dtype=torch.float16))
+    opt = torch.optim.SGD([param], lr=1.0)
+    scaler = ShardedGradScaler("cpu", init_scale=4.0)
+    scaler.scale(torch.ones(()))
+    param.grad = torch.tensor([8.0, bad, 8.0, 8.0], dtype=torch.float16)
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.step_was_skipped(opt) and scaler.get_scale() == 2.0
+    assert param.tolist() == [1.0] * 4
+
+
 def test_fp16_sparse_duplicates_that_overflow_when_coalesced_are_found(world_of_one):
     weight = torch.nn.Parameter(torch.zeros(6, 3, dtype=torch.float16))
     opt = torch.optim.SGD([weight], lr=1.0)
