@@ -11,6 +11,7 @@
         "id", "suite", "config": {every ParityConfig field; faults as ids},
         "status": "pass" | "fail" | "crash" | "error" | "skip",
         "profile", "reason", "expected_failure",
+        "detail",                                      # the full text behind an error or crash
         "max_loss_diff", "first_diverging_step",       # null when none
         "worst": {"step", "kind", "name", "max_abs", "max_rel", "mismatched", "numel"} | null,
         "skipped_steps", "reference_skipped_steps", "counters", "time_s",
@@ -37,6 +38,8 @@ from harness.parity.matrix import SUITES
 from harness.parity.result import ParityResult
 
 SCHEMA = "shardscale.parity"
+_DETAIL_LINES = 30
+"""How much of an error's or crash's full text parity.md shows (parity.json keeps all of it)."""
 VERSION = 1
 _SUITE_TITLES = {
     "fsdp_vs_ddp": "FSDP vs DDP",
@@ -91,6 +94,7 @@ def result_to_json(result: ParityResult) -> dict[str, Any]:
         "profile": result.profile,
         "reason": result.reason,
         "expected_failure": result.expected_failure,
+        "detail": result.detail,
         "max_loss_diff": _number(result.max_loss_diff),
         "first_diverging_step": result.first_diverging_step,
         "worst": None if result.worst is None else _numbers(dataclasses.asdict(result.worst)),
@@ -202,6 +206,9 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
             lines += [f"  - {message}" for message in shown]
             if len(r.divergences) > 5:
                 lines.append(f"  - ... and {len(r.divergences) - 5} more")
+            if r.detail:
+                tail = r.detail.rstrip().splitlines()[-_DETAIL_LINES:]
+                lines += ["", "  ```", *(f"  {line}" for line in tail), "  ```"]
     skipped = [r for r in results if r.status == "skip"]
     if skipped:
         lines += ["", "## Not run here", ""]

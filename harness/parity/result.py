@@ -58,6 +58,9 @@ class ParityResult:
     """Why it was skipped, or the first divergence / crash / error in one line."""
     expected_failure: str = ""
     """Non-empty when this row is expected to fail (torch's scaler on a path where it is wrong)."""
+    detail: str = ""
+    """The full text behind an ``error`` or ``crash``: the harness's report of a failed batch (every
+    rank's traceback or exit, stacks at a deadline), or the candidate's traceback."""
     divergences: tuple[compare.Divergence, ...] = ()
     worst: compare.TensorDiff | None = None
     max_loss_diff: float = 0.0
@@ -155,6 +158,7 @@ def failed_batch(config: ParityConfig, report: str) -> ParityResult:
         profile=profiles.profile_for(config).name,
         reason=f"the batch failed on the ranks: {first}",
         expected_failure=expected_failure(config),
+        detail=report,
     )
 
 
@@ -184,6 +188,7 @@ def judge(
             ParityResult(
                 status="error",
                 reason=f"the reference failed: {text[0]}",
+                detail=reference.error or "",
                 time_s=reference.duration_s,
                 **common,
             ),
@@ -204,6 +209,7 @@ def judge(
         skipped_steps=tuple(s.step for s in candidate.steps if s.skipped_anywhere()),
         reference_skipped_steps=tuple(s.step for s in reference.steps if s.skipped_anywhere()),
         counters=candidate.counters,
+        detail=candidate.error or "",
         time_s=candidate.duration_s + (0.0 if parts[0].get("reference_reused") else reference.duration_s),
         candidate=candidate.description,
         curves={"reference": Curves.of(reference), "candidate": Curves.of(candidate)},

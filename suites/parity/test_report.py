@@ -108,6 +108,13 @@ Profiles: `exact` bitwise; `fp32` rtol 1.3e-06, atol 1e-05; `bf16` rtol 0.016, a
 - `fsdp2-reshard-fp32-adam_fused-unscale_clip-inf@r1s1-torch_scaler-w2` xfail (expected: torch's scaler crashes: unscale_ then a fused step on DTensor grads (found_inf shape [1] vs [])):
   - step 1, the candidate raised: [rank 0] RuntimeError: output with shape [] doesn't match the broadcast shape [1]
 
+  ```
+  [rank 0] Traceback
+  [rank 0] RuntimeError: output with shape [] doesn't match the broadcast shape [1]
+  [rank 0] Traceback
+  [rank 0] RuntimeError: output with shape [] doesn't match the broadcast shape [1]
+  ```
+
 ## Not run here
 
 - 1 configuration(s): HYBRID_SHARD needs an even world size >= 4
