@@ -281,24 +281,37 @@ class FSDP2(Engine):
     def full_after_step(
         self, optimizers: list[torch.optim.Optimizer]
     ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
-        names = {id(p): n for n, p in self.named_trainable()}
+        """Parameters and optimizer state in one batched gather. Every rank sends the same entries
+        even when the ranks' states differ (a rank that skipped the step the others took has no
+        state yet): a missing per-element entry travels as zeros shaped like the parameter's
+        shard, and one all-reduce says which parameters have state on any rank."""
+        from torch.distributed.tensor import DTensor
+
+        element_keys, scalar_keys = gather.state_keys(optimizers)
+        state = {id(p): values for opt in optimizers for p, values in opt.state.items()}
+        trainable = self.named_trainable()
         wanted: dict[tuple[str, ...], Any] = {("param", n): p for n, p in self.module.named_parameters()}
-        wanted.update(
-            {
-                ("state", names[id(p)], key): value
-                for opt in optimizers
-                for p, values in opt.state.items()
-                for key, value in values.items()
-            }
-        )
+        for name, param in trainable:
+            values = state.get(id(param), {})
+            for key in element_keys:
+                value = values.get(key)
+                if value is None and isinstance(param, DTensor):
+                    local = torch.zeros_like(param.to_local())
+                    value = DTensor.from_local(local, param.device_mesh, param.placements, run_check=False)
+                wanted[("state", name, key)] = value if value is not None else torch.zeros_like(param)
+            for key in scalar_keys:
+                wanted[("state", name, key)] = values.get(key, torch.zeros(()))
+        present = torch.tensor([float(bool(state.get(id(p)))) for _, p in trainable], device=self.device)
+        dist.all_reduce(present, op=dist.ReduceOp.MAX)
+        with_state = {name for (name, _), flag in zip(trainable, present.tolist(), strict=True) if flag}
         params: dict[str, torch.Tensor] = {}
-        state: dict[str, dict[str, torch.Tensor]] = {}
+        full: dict[str, dict[str, torch.Tensor]] = {}
         for key, value in gather.full_tensors(wanted, self.device).items():
             if key[0] == "param":
                 params[key[1]] = value
-            else:
-                state.setdefault(key[1], {})[key[2]] = value
-        return params, state
+            elif key[1] in with_state:
+                full.setdefault(key[1], {})[key[2]] = value
+        return params, full
 
 
 def build(config: ParityConfig, role: str, device: torch.device) -> Engine:

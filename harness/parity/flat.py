@@ -22,13 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.parity.gather import clean_name, to_cpu
-
-_STATE_KEYS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    torch.optim.SGD: (("momentum_buffer",), ()),
-    torch.optim.Adam: (("exp_avg", "exp_avg_sq"), ("step",)),
-    torch.optim.AdamW: (("exp_avg", "exp_avg_sq"), ("step",)),
-}
+from harness.parity.gather import clean_name, state_keys, to_cpu
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -93,30 +87,6 @@ def full_grads(model: Any, device: torch.device) -> dict[str, torch.Tensor]:
     return full
 
 
-def _state_keys(optimizers: list[torch.optim.Optimizer]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(per-element keys, scalar keys) of the optimizers' state; the same on every rank."""
-    kinds = {type(opt) for opt in optimizers}
-    if all(kind in _STATE_KEYS for kind in kinds) and not any(
-        group.get("amsgrad") for opt in optimizers for group in opt.param_groups
-    ):
-        element = sorted({k for kind in kinds for k in _STATE_KEYS[kind][0]})
-        scalar = sorted({k for kind in kinds for k in _STATE_KEYS[kind][1]})
-        momentum = any(group.get("momentum", 1) for opt in optimizers for group in opt.param_groups)
-        return tuple(k for k in element if k != "momentum_buffer" or momentum), tuple(scalar)
-    local = {
-        (key, isinstance(value, torch.Tensor) and value.dim() > 0)
-        for opt in optimizers
-        for values in opt.state.values()
-        for key, value in values.items()
-    }
-    everywhere: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everywhere, sorted(local))
-    keys = {tuple(entry) for entries in everywhere for entry in entries}
-    return tuple(sorted(k for k, per_element in keys if per_element)), tuple(
-        sorted(k for k, e in keys if not e)
-    )
-
-
 def _state_rows(
     unit: _Unit, state: dict[int, dict[str, Any]], element_keys: tuple[str, ...], scalar_keys: tuple[str, ...]
 ) -> tuple[list[torch.Tensor], list[torch.dtype]]:
@@ -155,7 +125,7 @@ def full_params_and_state(
     """Full parameters by original name (frozen ones included), and full optimizer state by name
     then state key, in one all-gather per unit (see the module docstring)."""
     state = {id(p): values for opt in optimizers for p, values in opt.state.items()}
-    element_keys, scalar_keys = _state_keys(optimizers)
+    element_keys, scalar_keys = state_keys(optimizers)
     params: dict[str, torch.Tensor] = {}
     full: dict[str, dict[str, torch.Tensor]] = {}
     for unit in _units(model):

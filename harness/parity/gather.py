@@ -106,3 +106,38 @@ def full_tensors(values: dict[Any, Any], device: torch.device) -> dict[Any, torc
         out[name] = to_cpu(torch.cat(parts).view(shape).to(dtype))
         offset += width
     return out
+
+
+_STATE_KEYS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    torch.optim.SGD: (("momentum_buffer",), ()),
+    torch.optim.Adam: (("exp_avg", "exp_avg_sq"), ("step",)),
+    torch.optim.AdamW: (("exp_avg", "exp_avg_sq"), ("step",)),
+}
+
+
+def state_keys(optimizers: list[torch.optim.Optimizer]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(per-element keys, scalar keys) of the optimizers' state, the same on every rank.
+
+    Known optimizers answer from their class (no collective); any other costs one object
+    all-gather. Ranks must agree even when their states differ (one rank skipped a step the
+    others took: the very bug the engine exists to show), or the gathers that follow mismatch."""
+    kinds = {type(opt) for opt in optimizers}
+    if all(kind in _STATE_KEYS for kind in kinds) and not any(
+        group.get("amsgrad") for opt in optimizers for group in opt.param_groups
+    ):
+        element = sorted({k for kind in kinds for k in _STATE_KEYS[kind][0]})
+        scalar = sorted({k for kind in kinds for k in _STATE_KEYS[kind][1]})
+        momentum = any(group.get("momentum", 1) for opt in optimizers for group in opt.param_groups)
+        return tuple(k for k in element if k != "momentum_buffer" or momentum), tuple(scalar)
+    local = {
+        (key, isinstance(value, torch.Tensor) and value.dim() > 0)
+        for opt in optimizers
+        for values in opt.state.values()
+        for key, value in values.items()
+    }
+    everywhere: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everywhere, sorted(local))
+    keys = {tuple(entry) for entries in everywhere for entry in entries}
+    return tuple(sorted(k for k, per_element in keys if per_element)), tuple(
+        sorted(k for k, e in keys if not e)
+    )

@@ -1,0 +1,39 @@
+"""Engines gather full tensors even when the ranks disagree, the very case the engine exists to show:
+a rank that skipped the first step has no optimizer state while its peer does."""
+
+import pytest
+
+import harness
+from harness.parity import engines, train
+from harness.parity.matrix import ParityConfig
+
+CANDIDATES = [
+    ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam"),
+    ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="sgd"),
+    ParityConfig(engine="fsdp1", sharding="full_shard", use_orig_params=True, optimizer="adam"),
+    ParityConfig(engine="fsdp1", sharding="full_shard", use_orig_params=False, optimizer="sgd"),
+]
+
+
+def _gather_after_only_rank_0_stepped(config):
+    ctx = harness.current()
+    engine = engines.build(config, "candidate", ctx.device)
+    (group,) = engine.param_groups(1)
+    optimizer = train.make_optimizer(config.optimizer, group)
+    loss, _ = engine.losses(0, 1.0)
+    loss.backward()
+    if ctx.rank == 0:
+        optimizer.step()
+    params, state = engine.full_after_step([optimizer])
+    return sorted(params), {name: sorted(values) for name, values in state.items()}
+
+
+@pytest.mark.parametrize("config", CANDIDATES, ids=lambda c: c.id)
+def test_state_present_on_one_rank_only_is_gathered_without_a_collective_mismatch(ranks, config):
+    (params, state), (params_1, state_1) = ranks.run(_gather_after_only_rank_0_stepped, config, world_size=2)
+    assert params == params_1 and state == state_1
+    # Parameters with elements on rank 0 have state (rank 0 stepped); those whose elements all lie
+    # on rank 1 (which did not step) have none, as in the sharded optimizer itself.
+    assert state and set(state) <= set(params)
+    expected = ["exp_avg", "exp_avg_sq", "step"] if config.optimizer == "adam" else ["momentum_buffer"]
+    assert all(keys == expected for keys in state.values())
