@@ -216,12 +216,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         kwargs[name] = value
     state = pyfuncitem.config.stash[_state_key]
     verdict, results = state.run(pyfuncitem, _target(pyfuncitem.function), dist_config, (), kwargs)
-    if verdict.outcome == "failed":
-        pytest.fail(state.failure_text(pyfuncitem, verdict, results), pytrace=False)
-    if verdict.outcome == "skipped":
-        pytest.skip(verdict.message)
-    if verdict.outcome == "xfailed":
-        pytest.xfail(verdict.message)
+    state.raise_outcome(pyfuncitem, verdict, results)
     return True
 
 
