@@ -16,6 +16,7 @@ import torch.distributed as dist
 from parameterized import parameterized
 from torch.testing._internal.common_distributed import skip_if_lt_x_gpu as torch_skip_if_lt_x_gpu
 from torch.testing._internal.common_distributed import skip_if_no_gpu as torch_skip_if_no_gpu
+from torch.testing._internal.common_utils import TestCase as TorchTestCase
 
 import harness
 
@@ -134,6 +135,17 @@ class TestUnittestOutcomes(harness.DistributedTestCase):
     @parameterized.expand([("small", 1), ("large", 1000)])
     def test_expanded(self, _name, size):
         self.assertEqual(torch.ones(size).sum().item(), size)
+
+
+class TestTorchTestCaseMixedIn(harness.DistributedTestCase, TorchTestCase):
+    world_size = 2
+
+    def test_tensor_assert_equal(self):
+        t = torch.ones(3) * (self.rank + 1)
+        dist.all_reduce(t)
+        self.assertEqual(t, torch.full((3,), 3.0))
+        with self.assertRaisesRegex(AssertionError, "Tensor-likes are not close"):
+            self.assertEqual(t, torch.zeros(3))
 
 
 if __name__ == "__main__":

@@ -179,6 +179,10 @@ def test_parameterized_ids_are_test_names_for_k(session, tmp_path):
     ], proc.stdout
 
 
+def test_torchs_test_case_mixed_in_gives_its_tensor_assert_equal(session):
+    assert outcome(session, "test_tensor_assert_equal") == ("passed", "")
+
+
 # -- collection-time skips -----------------------------------------------------------------------
 def test_gpu_skips_are_decided_at_collection_starting_no_process(tmp_path):
     if _gpus():
