@@ -44,6 +44,7 @@ DEFAULT_DEADLINE_S = 120.0
 ``--dist-deadline`` default)."""
 
 _pool: Any = None  # the pool of this process outside pytest, started by the first test
+__unittest = True  # unittest leaves this module's frames out of the failures it reports
 
 
 def run(test: DistributedTestCase, result: Any) -> Any:
@@ -164,10 +165,18 @@ def _report(test: DistributedTestCase, result: unittest.TestResult, verdict: Any
     elif verdict.outcome == "skipped":
         result.addSkip(test, verdict.message)
     elif verdict.outcome == "xfailed":
-        result.addExpectedFailure(test, (RankFailure, RankFailure(verdict.message), None))
+        result.addExpectedFailure(test, _exc_info(RankFailure(verdict.message)))
     else:
-        failure = RankFailure(f"{verdict.message}\n{unittest_repro_command(test)}")
-        result.addFailure(test, (RankFailure, failure, None))
+        result.addFailure(test, _exc_info(RankFailure(f"{verdict.message}\n{unittest_repro_command(test)}")))
+
+
+def _exc_info(exc: BaseException) -> Any:
+    """``sys.exc_info()`` of ``exc`` raised here: results (pytest's among them) expect a traceback;
+    unittest leaves this module's frames out of its report (``__unittest``)."""
+    try:
+        raise exc
+    except BaseException:
+        return sys.exc_info()
 
 
 def unittest_repro_command(test: DistributedTestCase) -> str:

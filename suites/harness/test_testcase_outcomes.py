@@ -275,6 +275,27 @@ def test_unittest_runs_the_methods_on_its_own_pool_and_leaves_no_process(tmp_pat
     assert wait_until_gone(tag) == [], "the unittest run left processes behind"
 
 
+def test_pytest_without_the_plugin_runs_the_methods_on_a_pool_of_its_own(tmp_path):
+    tag = uuid.uuid4().hex
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "inner_testcase.py", "-p", "no:shardscale", "-p", "no:cacheprovider"]
+        + ["-q", "-k", "TestOneRankFails or TestTearDownRunsOnEveryRank"],
+        cwd=HERE,
+        env=inner_env(tag, tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 1, proc.stdout
+    assert "1 failed, 1 passed" in proc.stdout, proc.stdout
+    assert (
+        "RankFailure: 1 of 2 ranks did not pass; root cause: rank 1 failed: AssertionError: rank 1 disagrees"
+        in (proc.stdout)
+    )
+    assert "Incompatible Exception Representation" not in proc.stdout, proc.stdout
+    assert wait_until_gone(tag) == [], "the session left processes behind"
+
+
 # -- expecttest ------------------------------------------------------------------------------------
 EXPECT_SOURCE = '''import torch.distributed as dist
 
