@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from selftest import inner_env, junit_outcomes, log_spawns, wait_until_gone
+
+from suites.harness.selftest import inner_env, junit_outcomes, log_spawns, wait_until_gone
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
@@ -153,7 +154,10 @@ def test_unexpected_success_fails(session):
 def test_each_failing_subtest_is_reported_with_its_parameters(session):
     kind, text = outcome(session, "test_subtests_each_reported")
     assert kind == "failure"
-    assert "1 part of inner_testcase.TestUnittestOutcomes.test_subtests_each_reported failed:" in text
+    assert (
+        "1 part of suites.harness.inner_testcase.TestUnittestOutcomes.test_subtests_each_reported failed:"
+        in text
+    )
     assert "(value=1) ----" in text and "AssertionError: 1 == 1 : value 1 is wrong" in text
     assert "(value=0)" not in text and "(value=2)" not in text
 
@@ -248,7 +252,7 @@ def run_unittest(tmp_path, *command):
     env = inner_env(tag, tmp_path)
     env["SHARDSCALE_SELFTEST_RUN"] = "unittest"
     proc = subprocess.run(
-        [sys.executable, *command], cwd=HERE, env=env, capture_output=True, text=True, timeout=240
+        [sys.executable, *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
     )
     return proc, tag
 
@@ -256,8 +260,8 @@ def run_unittest(tmp_path, *command):
 @pytest.mark.parametrize(
     "command",
     [
-        ["-m", "unittest", *(f"inner_testcase.{name}" for name in UNITTEST_SELECTION)],
-        ["inner_testcase.py", *UNITTEST_SELECTION],
+        ["-m", "unittest", *(f"suites.harness.inner_testcase.{name}" for name in UNITTEST_SELECTION)],
+        ["suites/harness/inner_testcase.py", *UNITTEST_SELECTION],
     ],
     ids=["python-m-unittest", "script-calling-unittest-main"],
 )
@@ -278,9 +282,9 @@ def test_unittest_runs_the_methods_on_its_own_pool_and_leaves_no_process(tmp_pat
 def test_pytest_without_the_plugin_runs_the_methods_on_a_pool_of_its_own(tmp_path):
     tag = uuid.uuid4().hex
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "inner_testcase.py", "-p", "no:shardscale", "-p", "no:cacheprovider"]
-        + ["-q", "-k", "TestOneRankFails or TestTearDownRunsOnEveryRank"],
-        cwd=HERE,
+        [sys.executable, "-m", "pytest", str(HERE / "inner_testcase.py"), "-p", "no:shardscale"]
+        + ["-p", "no:cacheprovider", "-q", "-k", "TestOneRankFails or TestTearDownRunsOnEveryRank"],
+        cwd=ROOT,
         env=inner_env(tag, tmp_path),
         capture_output=True,
         text=True,
