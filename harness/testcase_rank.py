@@ -74,12 +74,16 @@ def _bind(test: DistributedTestCase, ctx: context.RankContext, file_name: str) -
             f"{type(test).__name__}.world_size is {declared!r} in rank {ctx.rank} but the controller "
             f"started {ctx.world_size} ranks; world_size must not depend on where it is read"
         )
-    if not isinstance(getattr(type(test), "world_size", None), property):
-        test.world_size = ctx.world_size
-    test.rank = ctx.rank
-    test.device = ctx.device
-    test.process_group = dist.group.WORLD
-    test.file_name = file_name
+    attributes = {
+        "world_size": ctx.world_size,
+        "rank": ctx.rank,
+        "device": ctx.device,
+        "process_group": dist.group.WORLD,
+        "file_name": file_name,
+    }
+    for name, value in attributes.items():
+        if not isinstance(getattr(type(test), name, None), property):  # a property of the class wins
+            setattr(test, name, value)
     if test.seed is not None:
         _seed(test.seed)
 

@@ -52,6 +52,18 @@ class TestWhatARankFinds(harness.DistributedTestCase):
         torch.rand(100)  # what this test draws must not reach the next one
 
 
+class TestAPropertyOfTheClassWins(harness.DistributedTestCase):
+    world_size = 2
+
+    @property
+    def device(self):  # test bases of other frameworks compute some of these themselves
+        return torch.device("meta")
+
+    def test_the_harness_leaves_the_property_alone(self):
+        self.assertEqual(self.device, torch.device("meta"))
+        self.assertEqual(self.rank, dist.get_rank())
+
+
 class TestTearDownWaitsForEveryRank(harness.DistributedTestCase):
     world_size = 2
 
