@@ -12,6 +12,10 @@ Public API::
     harness.run_subtests(configs, body)
     harness.faults.raise_on(1) / exit_on / signal_on / hang_on / delay_on / corrupt_grad
 
+    class TestX(harness.DistributedTestCase):                  # unittest style (MultiProcessTestCase)
+        world_size = 2
+        def test_y(self): ...                                   # runs on every rank: self.rank, ...
+
 This package imports neither pytest nor torch at import time; the plugin (``harness.plugin``) is
 loaded by pytest through the ``shardscale`` entry point.
 """
@@ -21,9 +25,11 @@ from harness.context import RankContext, current, in_rank
 from harness.outcome import RankFailure
 from harness.spec import DistConfig, distributed
 from harness.subtests import SubtestFailures, run_subtests
+from harness.testcase import DistributedTestCase, skip_if_lt_x_gpu
 
 __all__ = [
     "DistConfig",
+    "DistributedTestCase",
     "RankContext",
     "RankFailure",
     "SubtestFailures",
@@ -32,4 +38,5 @@ __all__ = [
     "faults",
     "in_rank",
     "run_subtests",
+    "skip_if_lt_x_gpu",
 ]

@@ -2,8 +2,8 @@
 
 Why shared: the warm pool and ``python -m harness.torchrun`` must judge a test body the same way,
 so the rules live once: a return is ``passed``; ``pytest.skip``/``unittest.SkipTest`` is
-``skipped``; ``pytest.xfail`` is ``xfailed``; anything else raised (``SystemExit`` included) is
-``failed`` with its traceback. Every line of a traceback starts with ``[rank N]`` so that
+``skipped``; ``pytest.xfail`` is ``xfailed``; :class:`ReportedOutcome` is the status and text it
+carries; anything else raised (``SystemExit`` included) is ``failed`` with its traceback. Every line of a traceback starts with ``[rank N]`` so that
 interleaved reports stay attributable.
 """
 
@@ -17,6 +17,19 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.protocol import Placeholder
+
+
+class ReportedOutcome(Exception):
+    """Raised by a case whose test framework already decided the outcome and wrote its text (a
+    ``DistributedTestCase`` run by unittest): ``status`` is ``failed``, ``skipped`` or ``xfailed``,
+    and ``text`` is used as it is (unittest's traceback, without the harness's frames)."""
+
+    def __init__(self, status: str, text: str) -> None:
+        if status not in ("failed", "skipped", "xfailed"):
+            raise ValueError(f"status must be 'failed', 'skipped' or 'xfailed', got {status!r}")
+        super().__init__(text)
+        self.status = status
+        self.text = text
 
 
 def resolve(target: str) -> Callable[..., Any]:
@@ -93,6 +106,9 @@ def call_case(
                 "return something picklable (plain data, tensors) or nothing"
             ) from exc
         return "passed", payload, ""
+    except ReportedOutcome as outcome:
+        text = prefix_lines(outcome.text, rank) if outcome.status == "failed" else outcome.text
+        return outcome.status, None, text
     except BaseException as exc:  # noqa: BLE001 - a rank reports everything, it never dies of it
         status = _classify(exc)
         if status != "failed":

@@ -8,7 +8,9 @@ created only on the process that runs tests (each xdist worker owns its own pool
 
 from __future__ import annotations
 
+import functools
 import pickle
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,12 +25,15 @@ from harness.session import (  # noqa: F401 - repro_command stays importable fro
     strict_gpu_message,
 )
 from harness.spec import MARKER, DistConfig, from_marker
+from harness.testcase import DistributedTestCase, case_config, lt_x_gpu_reason, min_gpus, unittest_skip_reason
 
 _CASE_PARAM = "_shardscale_case"
 _state_key = pytest.StashKey[SessionState]()
 _config_key = pytest.StashKey[DistConfig]()
 _setup_error_key = pytest.StashKey[str]()
 """Why a test must fail at setup instead of running (a bad marker; strict GPU mode without GPUs)."""
+_gpus_needed_key = pytest.StashKey[int]()
+"""How many CUDA GPUs a test needs (NCCL world size, ``skip_if_lt_x_gpu``); fewer skip it."""
 
 
 def _target(func: Any) -> str:
@@ -89,6 +94,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_state_key] = SessionState(config)
 
 
+def session_state(config: pytest.Config) -> SessionState | None:
+    """The plugin's state of this session (None where the plugin was not configured): what
+    ``DistributedTestCase.run`` needs to run a test on this session's pool."""
+    return config.stash.get(_state_key, None)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(_state_key, None)
     if state is not None:
@@ -142,6 +153,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Decide GPU skips now, so a test that cannot run starts no process (before ``-m`` selection)."""
     state = config.stash[_state_key]
     for item in items:
+        if isinstance(getattr(item, "cls", None), type) and issubclass(item.cls, DistributedTestCase):
+            _collect_test_case(item, state)
+            continue
         marker = item.get_closest_marker(MARKER)
         if marker is None:
             continue
@@ -156,14 +170,49 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 continue
         item.stash[_config_key] = dist_config
         if dist_config.backend == "nccl":
-            item.add_marker(pytest.mark.gpu)
-            have = state.gpus()
-            if have < dist_config.world_size:
-                reason = gpu_skip_reason(dist_config.world_size, have)
-                if dist_config.world_size <= state.require_gpus:
-                    item.stash[_setup_error_key] = strict_gpu_message(state.require_gpus, reason)
-                else:
-                    item.add_marker(pytest.mark.skip(reason=reason))
+            _needs_gpus(
+                item,
+                state,
+                dist_config.world_size,
+                functools.partial(gpu_skip_reason, dist_config.world_size),
+            )
+
+
+def _collect_test_case(item: pytest.Item, state: SessionState) -> None:
+    """A ``harness.DistributedTestCase`` method (pytest's unittest item): its configuration, and the
+    skips decided now: ``@unittest.skip...``, NCCL without the GPUs, ``harness.skip_if_lt_x_gpu``."""
+    try:
+        test = item.cls(item.name)
+        reason = unittest_skip_reason(test)
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
+            return
+        dist_config = case_config(test)
+    except Exception as exc:  # noqa: BLE001 - a bad class is an error of its tests, the others run
+        item.stash[_setup_error_key] = str(exc)
+        return
+    item.stash[_config_key] = dist_config
+    if dist_config.backend == "nccl":
+        _needs_gpus(
+            item, state, dist_config.world_size, functools.partial(gpu_skip_reason, dist_config.world_size)
+        )
+    needed = min_gpus(test)
+    if needed:
+        _needs_gpus(item, state, needed, functools.partial(lt_x_gpu_reason, needed))
+
+
+def _needs_gpus(item: pytest.Item, state: SessionState, count: int, reason: Callable[[int], str]) -> None:
+    """Mark ``item`` ``gpu``; with fewer than ``count`` GPUs skip it, or in strict mode (``count``
+    within ``--require-gpus``) make it fail at setup. ``reason(have)`` says why."""
+    item.add_marker(pytest.mark.gpu)
+    item.stash[_gpus_needed_key] = max(count, item.stash.get(_gpus_needed_key, 0))
+    have = state.gpus()
+    if have >= count:
+        return
+    if count <= state.require_gpus:
+        item.stash[_setup_error_key] = strict_gpu_message(state.require_gpus, reason(have))
+    else:
+        item.add_marker(pytest.mark.skip(reason=reason(have)))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -186,7 +235,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if hasattr(report, "wasxfail"):
         return
     dist_config = item.stash.get(_config_key, None)
-    if dist_config is not None and dist_config.world_size > state.require_gpus:
+    needed = item.stash.get(_gpus_needed_key, dist_config.world_size if dist_config is not None else None)
+    if needed is not None and needed > state.require_gpus:
         return  # needs more GPUs than this runner promises: a legitimate skip
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
     report.outcome = "failed"
@@ -216,12 +266,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         kwargs[name] = value
     state = pyfuncitem.config.stash[_state_key]
     verdict, results = state.run(pyfuncitem, _target(pyfuncitem.function), dist_config, (), kwargs)
-    if verdict.outcome == "failed":
-        pytest.fail(state.failure_text(pyfuncitem, verdict, results), pytrace=False)
-    if verdict.outcome == "skipped":
-        pytest.skip(verdict.message)
-    if verdict.outcome == "xfailed":
-        pytest.xfail(verdict.message)
+    state.raise_outcome(pyfuncitem, verdict, results)
     return True
 
 

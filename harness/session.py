@@ -12,12 +12,13 @@ import shlex
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
-
-import pytest
+from typing import TYPE_CHECKING, Any
 
 from harness.outcome import RankResult, Verdict, judge
 from harness.spec import DistConfig
+
+if TYPE_CHECKING:  # pytest is imported by whoever uses the state; ``python -m unittest`` needs none
+    import pytest
 
 WORKER_OUTPUT_KEY = "shardscale_outlived"
 """Key of an xdist worker's ``workeroutput`` holding what its pool killed at the end."""
@@ -83,6 +84,18 @@ class SessionState:
         results = self.get_pool().run(spec)
         # What the ranks printed is already in the test's captured output (echo_rank_output).
         return judge(results, world_size=config.world_size, include_output=False), results
+
+    def raise_outcome(self, node: pytest.Item, verdict: Verdict, results: list[RankResult]) -> None:
+        """Make ``verdict`` the outcome of the running test: fail (with :meth:`failure_text`), skip
+        or xfail it; return if it passed."""
+        import pytest
+
+        if verdict.outcome == "failed":
+            pytest.fail(self.failure_text(node, verdict, results), pytrace=False)
+        if verdict.outcome == "skipped":
+            pytest.skip(verdict.message)
+        if verdict.outcome == "xfailed":
+            pytest.xfail(verdict.message)
 
     def failure_text(self, node: pytest.Item, verdict: Verdict, results: list[RankResult]) -> str:
         """The verdict, where the rank logs went, and (last line) a command reproducing the test."""

@@ -1,6 +1,8 @@
 """Harness overhead: a trivial 2-rank gloo test (one all_reduce) under our warm pool vs PyTorch's
 ``MultiProcessTestCase``, both run by pytest in the same run; plus an NCCL test skipped at
-collection. Called by ``make bench`` (``python -m ci.bench``) through :func:`measure` and
+collection; and the self-tests' ``MultiProcessTestCase``-style class
+(``suites/harness/test_testcase_mpc_style.py``) on both bases, ``harness.DistributedTestCase`` and
+torch's, in the same run (``"testcase"`` in the measured numbers). Called by ``make bench`` (``python -m ci.bench``) through :func:`measure` and
 :func:`render`.
 
 Per-test times come from the JUnit XML of each inner session (setup + call + teardown, as pytest
@@ -108,6 +110,7 @@ def measure() -> dict[str, float | int]:
         raise RuntimeError(f"unexpected outcomes: ours={ours} mpc={mpc}")
     warm = runs[1:]
     return {
+        "testcase": measure_testcase(),
         "our_tests": OUR_TESTS,
         "mpc_tests": MPC_TESTS,
         "skipped_tests": SKIPPED_TESTS,
@@ -152,6 +155,53 @@ def render(m: dict[str, float | int]) -> str:
         f"(MultiProcessTestCase measured over {m['mpc_tests']} tests only, to keep the run short; "
         f"session wall times: harness {m['ours_wall_s']:.1f} s for {m['our_tests'] + m['skipped_tests']} tests, "
         f"MultiProcessTestCase {m['mpc_wall_s']:.1f} s for {m['mpc_tests']}; JUnit times, 1 ms resolution)"
+    )
+    if "testcase" in m:
+        lines += ["", render_testcase(m["testcase"])]
+    return "\n".join(lines)
+
+
+# -- one MultiProcessTestCase-style class on both bases ----------------------------------------------
+MPC_STYLE = Path(__file__).resolve().parents[2] / "suites" / "harness" / "test_testcase_mpc_style.py"
+OUR_BASE = "from harness import DistributedTestCase as Base"
+TORCH_BASE = "from torch.testing._internal.common_distributed import MultiProcessTestCase as Base"
+
+
+def measure_testcase() -> dict[str, float | int]:
+    """Per-test times of the self-tests' ``MultiProcessTestCase``-style class, run by pytest as it is
+    (``harness.DistributedTestCase``) and with its one base-class import swapped for torch's."""
+    source = MPC_STYLE.read_text()
+    if OUR_BASE not in source:
+        raise RuntimeError(f"{MPC_STYLE} must import its base class as {OUR_BASE!r}, the line swapped here")
+    with tempfile.TemporaryDirectory(prefix="shardscale-bench-") as tmp:
+        ours, _ = _run(Path(tmp), "test_mpc_style_ours", source)
+        torch_base, _ = _run(Path(tmp), "test_mpc_style_torch", source.replace(OUR_BASE, TORCH_BASE))
+    if set(ours) != set(torch_base) or {o for o, _ in [*ours.values(), *torch_base.values()]} != {"passed"}:
+        raise RuntimeError(f"unexpected outcomes: ours={ours} torch={torch_base}")
+    times = [t for _, t in ours.values()]  # execution order: the first test also starts the pool
+    warm = statistics.fmean(times[1:])
+    mpc = statistics.fmean(t for _, t in torch_base.values())
+    return {"tests": len(times), "ours_cold_s": times[0], "ours_warm_mean_s": warm, "mpc_mean_s": mpc}
+
+
+def render_testcase(m: dict[str, float | int]) -> str:
+    rows = [
+        ("harness.DistributedTestCase (warm pool)", f"{m['ours_warm_mean_s'] * 1e3:9.1f} ms", m["tests"] - 1),
+        ("harness.DistributedTestCase, first test (starts the pool)", f"{m['ours_cold_s'] * 1e3:9.1f} ms", 1),
+        ("MultiProcessTestCase", f"{m['mpc_mean_s'] * 1e3:9.1f} ms", m["tests"]),
+    ]
+    width = max(len(r[0]) for r in rows)
+    lines = [
+        f"{'one MultiProcessTestCase-style class, per test':<{width}}  {'time':>12}  tests",
+        "-" * (width + 21),
+    ]
+    lines += [f"{name:<{width}}  {value:>12}  {count:>5}" for name, value, count in rows]
+    lines.append("-" * (width + 21))
+    ratio = m["mpc_mean_s"] / m["ours_warm_mean_s"]
+    lines.append(f"ratio MultiProcessTestCase / DistributedTestCase (warm): {ratio:.0f}x")
+    lines.append(
+        "(suites/harness/test_testcase_mpc_style.py, run unchanged except for its base class import; "
+        "JUnit times, 1 ms resolution)"
     )
     return "\n".join(lines)
 

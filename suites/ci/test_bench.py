@@ -70,3 +70,11 @@ def test_bad_arguments_exit_2_naming_the_fix(args, complaint):
         [sys.executable, "-m", "ci.bench", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 2 and complaint in done.stderr, done.stderr
+
+
+def test_the_distributed_test_case_rows_render_from_their_json():
+    testcase = {"tests": 5, "ours_cold_s": 1.1, "ours_warm_mean_s": 0.005, "mpc_mean_s": 5.0}
+    text = render(_document(harness={**HARNESS, "testcase": testcase}))
+    assert "harness.DistributedTestCase (warm pool)                          5.0 ms      4" in text, text
+    assert "MultiProcessTestCase                                          5000.0 ms      5" in text, text
+    assert "ratio MultiProcessTestCase / DistributedTestCase (warm): 1000x" in text

@@ -8,8 +8,44 @@ starts inherits (ranks, forkserver, DataLoader workers), so what it left behind 
 from __future__ import annotations
 
 import os
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+SPAWN_LOGGER = '''
+"""Logs every interpreter start and every process-creating call of the inner session's processes."""
+import os
+import sys
+
+_LOG = os.environ["SHARDSCALE_SPAWN_LOG"]
+_EVENTS = ("os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "subprocess.Popen", "os.system")
+
+
+def _note(what):
+    with open(_LOG, "a") as f:
+        f.write(f"{os.getpid()} {what}\\n")
+
+
+def _audit(event, args):
+    if event in _EVENTS:
+        _note(event)
+
+
+with open("/proc/self/cmdline", "rb") as f:
+    _note("started " + f.read().replace(b"\\0", b" ").decode(errors="replace"))
+sys.addaudithook(_audit)
+'''
+
+
+def log_spawns(env: dict[str, str], out: Path, log: Path) -> dict[str, str]:
+    """``env`` with a ``sitecustomize`` (written under ``out``) on ``PYTHONPATH`` that logs to
+    ``log`` every Python interpreter started and every fork, exec or spawn made from Python, so
+    that "started no process" is an observation rather than an inference. Lines: ``pid what``."""
+    site = out / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(SPAWN_LOGGER)
+    path = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
+    return {**env, "SHARDSCALE_SPAWN_LOG": str(log), "PYTHONPATH": path}
 
 
 def alive(pid: int) -> bool:
@@ -35,6 +71,14 @@ def tagged_pids(tag: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def wait_until_gone(tag: str) -> list[int]:
+    """The tagged processes still alive after giving them 10 s to finish exiting."""
+    deadline = time.monotonic() + 10
+    while tagged_pids(tag) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return tagged_pids(tag)
 
 
 def inner_env(tag: str, out: Path) -> dict[str, str]:

@@ -24,6 +24,8 @@ SHARED_RANK_SUITES = [
     "suites/harness/test_pool.py",
     "suites/harness/test_distributed.py",
     "suites/harness/test_case_isolation.py",
+    "suites/harness/test_testcase.py",
+    "suites/harness/test_testcase_mpc_style.py",
 ]
 
 

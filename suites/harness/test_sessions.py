@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from suites.harness.selftest import alive, inner_env, junit_outcomes, tagged_pids
+from suites.harness.selftest import alive, inner_env, junit_outcomes, log_spawns, wait_until_gone
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
@@ -30,29 +29,6 @@ GLOO_TESTS = {f"test_all_reduce[{v}]" for v in range(6)} | {
     "test_sessions_overlap",
     "test_leaves_a_process_running",
 }
-SPAWN_LOGGER = '''
-"""Logs every interpreter start and every process-creating call of the inner session's processes."""
-import os
-import sys
-
-_LOG = os.environ["SHARDSCALE_SPAWN_LOG"]
-_EVENTS = ("os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "subprocess.Popen", "os.system")
-
-
-def _note(what):
-    with open(_LOG, "a") as f:
-        f.write(f"{os.getpid()} {what}\\n")
-
-
-def _audit(event, args):
-    if event in _EVENTS:
-        _note(event)
-
-
-with open("/proc/self/cmdline", "rb") as f:
-    _note("started " + f.read().replace(b"\\0", b" ").decode(errors="replace"))
-sys.addaudithook(_audit)
-'''
 
 
 @dataclasses.dataclass
@@ -80,17 +56,9 @@ class Inner:
 
 def start(name: str, out: Path, *args: str, peers: str = "") -> Inner:
     """Start an inner session of ``inner_sessions.py`` (does not wait for it)."""
-    site = out / "site"
-    site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(SPAWN_LOGGER)
     tag = uuid.uuid4().hex
-    env = inner_env(tag, out)
-    env.update(
-        SHARDSCALE_SELFTEST_SESSION=name,
-        SHARDSCALE_SELFTEST_PEERS=peers,
-        SHARDSCALE_SPAWN_LOG=str(out / f"spawn-{name}.log"),
-        PYTHONPATH=os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p),
-    )
+    env = log_spawns(inner_env(tag, out), out, out / f"spawn-{name}.log")
+    env.update(SHARDSCALE_SELFTEST_SESSION=name, SHARDSCALE_SELFTEST_PEERS=peers)
     command = [
         sys.executable,
         "-m",
@@ -125,14 +93,6 @@ def finish(*sessions: Inner, timeout_s: float = 240) -> None:
         junit = inner.out / f"junit-{inner.name}.xml"
         assert junit.exists(), f"session {inner.name} wrote no report:\n{inner.stdout[-3000:]}"
         inner.outcomes = junit_outcomes(junit)
-
-
-def wait_until_gone(tag: str) -> list[int]:
-    """The tagged processes still alive after giving them 10 s to finish exiting."""
-    deadline = time.monotonic() + 10
-    while tagged_pids(tag) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return tagged_pids(tag)
 
 
 def assert_every_gloo_test_passed(inner: Inner) -> None:

@@ -1,0 +1,228 @@
+"""``harness.DistributedTestCase``: unittest-style distributed test classes on the warm rank pool.
+
+Why: most distributed tests people already have are ``MultiProcessTestCase`` classes (methods that
+run on every rank with ``self.rank``/``self.world_size``, call ``dist.init_process_group`` themselves,
+expand matrices with ``parameterized``, compare with expecttest). Each of their tests spawns fresh
+ranks, seconds per test. Changing the base class to this one runs the same methods on the warm
+pool, with the harness's outcomes (any rank failing fails the test, the rank named; an asymmetric
+skip fails; deadlines dump every rank's stack and the next test runs on fresh ranks).
+
+This module is imported on both sides (the controller collects the class, the ranks instantiate
+it), so it holds only the class, its configuration and where to find it; it imports neither torch
+nor pytest. What runs where:
+
+* controller: :meth:`DistributedTestCase.run` hands the test to ``testcase_controller`` (the
+  pytest plugin's pool under pytest, a pool of its own under ``python -m unittest``);
+* ranks: ``testcase_rank.run_test_method`` instantiates the class with the method name, sets the
+  per-rank attributes and runs ``setUp``/method/``tearDown`` through unittest's own ``run``.
+"""
+
+from __future__ import annotations
+
+import sys
+import unittest
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from harness import context
+from harness.spec import DistConfig
+
+DEFAULT_WORLD_SIZE = 4
+"""As ``MultiProcessTestCase``: a class migrated without a ``world_size`` keeps its 4 ranks."""
+DEFAULT_SEED = 1234
+"""As ``MultiProcessTestCase`` (``common_utils.SEED``): expected values drawn from the RNG stay valid."""
+MIN_GPUS_ATTR = "__shardscale_min_gpus__"
+
+_T = TypeVar("_T")
+
+
+class DistributedTestCase(unittest.TestCase):
+    """A ``unittest.TestCase`` whose every test method runs on every rank of the warm pool.
+
+    Class attributes (a ``@property`` works too, as ``MultiProcessTestCase`` subclasses write
+    ``world_size``)::
+
+        class TestAllReduce(harness.DistributedTestCase):
+            world_size = 2          # ranks (default 4, as MultiProcessTestCase)
+            backend = "gloo"        # or "nccl": one GPU per rank, skipped at collection without them
+            deadline = None         # seconds for the whole test on the ranks (default --dist-deadline)
+
+            def test_sum(self):
+                dist.init_process_group("gloo", store=dist.FileStore(self.file_name, self.world_size),
+                                        rank=self.rank, world_size=self.world_size)  # absorbed
+                t = torch.tensor([float(self.rank)])
+                dist.all_reduce(t)
+                self.assertEqual(t.item(), 1.0)
+
+    Inside the ranks each test gets ``self.rank``, ``self.world_size``, ``self.device``
+    (``cuda:rank`` for NCCL), ``self.process_group`` (the default group) and ``self.file_name`` (a
+    fresh file per test, the same on every rank, for a ``FileStore``); every rank seeds torch,
+    ``random`` and numpy with ``seed`` before ``setUp``. ``setUp`` and ``tearDown`` run on every
+    rank; ``tearDown`` starts once every rank has finished the test method, so it may remove what
+    peers still use. ``dist.init_process_group``/``destroy_process_group`` called by the test are
+    absorbed by the warm group (a world size or rank that does not match is an error naming both).
+    ``setUpClass``/``tearDownClass`` run once, in the controller, as under ``MultiProcessTestCase``.
+    """
+
+    world_size: int = DEFAULT_WORLD_SIZE
+    """Number of ranks of every test of the class (an int >= 1)."""
+    backend: str = "gloo"
+    """``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank)."""
+    deadline: float | None = None
+    """Wall-clock limit of one test on the ranks, in seconds; ``None``: ``--dist-deadline`` (120)."""
+    collective_timeout: float | None = None
+    """Timeout of one collective; ``None``: half the deadline."""
+    seed: int | None = DEFAULT_SEED
+    """Every rank seeds torch, ``random`` and numpy with it before ``setUp``; ``None``: left alone."""
+
+    # Set inside the ranks, before setUp (not on the controller).
+    rank: int
+    device: Any
+    process_group: Any
+    file_name: str
+
+    def run(self, result: unittest.TestResult | None = None) -> unittest.TestResult | None:
+        """In a rank: unittest's own run (setUp, the method, tearDown, cleanups). Elsewhere: run
+        this test on every rank of the pool and report the one verdict to ``result``."""
+        if context.in_rank():
+            return super().run(result)
+        from harness import testcase_controller
+
+        return testcase_controller.run(self, result)
+
+    # -- MultiProcessTestCase compatibility ----------------------------------------------------
+    def _spawn_processes(self) -> None:
+        """Nothing to do: the warm pool's ranks already run this test. Kept so that a migrated
+        ``setUp`` calling ``self._spawn_processes()`` works unchanged."""
+
+    def _start_processes(self, proc: Any) -> None:
+        """Nothing to do (see :meth:`_spawn_processes`)."""
+
+    def _handle_test_skip(self, msg: str) -> None:
+        """torch's ``skip_if_lt_x_gpu`` calls this in the ranks: skip (on every rank alike)."""
+        raise unittest.SkipTest(msg)
+
+    # -- expecttest ----------------------------------------------------------------------------
+    def assertExpectedInline(self, actual: str, expect: str, skip: int = 0) -> None:
+        """expecttest's ``assertExpectedInline``: with ``EXPECTTEST_ACCEPT=1`` rank 0 alone
+        rewrites the literal in the source (the others accept without writing)."""
+        expecttest = _import_expecttest()
+        expecttest.assert_expected_inline(
+            actual,
+            expect,
+            skip=skip + 1,
+            expect_filters=getattr(self, "_expect_filters", None),
+            debug_id=self.id(),
+            assert_eq=self.assertMultiLineEqual,
+        )
+
+    def assertExpectedRaisesInline(
+        self,
+        exc_type: type[BaseException],
+        callable: Callable[..., Any],
+        expect: str,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        """expecttest's ``assertExpectedRaisesInline``: ``str()`` of the raised exception."""
+        try:
+            callable(*args, **kwargs)
+        except exc_type as exc:
+            self.assertExpectedInline(str(exc), expect, skip=1)
+            return
+        self.fail(f"{getattr(callable, '__name__', callable)!s} did not raise {exc_type.__name__}")
+
+
+def _import_expecttest() -> Any:
+    try:
+        import expecttest
+    except ImportError as exc:
+        raise ImportError(
+            "assertExpectedInline needs the expecttest package: pip install expecttest"
+        ) from exc
+    return expecttest
+
+
+def skip_if_lt_x_gpu(count: int) -> Callable[[_T], _T]:
+    """Skip a test method (or every test of a class) on machines with fewer than ``count`` CUDA
+    GPUs, decided at collection: no rank is started for it. Under pytest such a test carries the
+    ``gpu`` marker (``make test-gpu``, strict mode ``--require-gpus``).
+
+    torch's own ``skip_if_lt_x_gpu`` also works, but decides inside the ranks (after starting them).
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(
+            f"skip_if_lt_x_gpu(count) needs an int >= 1, got {count!r}; e.g. skip_if_lt_x_gpu(2)"
+        )
+
+    def mark(obj: _T) -> _T:
+        setattr(obj, MIN_GPUS_ATTR, count)
+        return obj
+
+    return mark
+
+
+def min_gpus(test: unittest.TestCase) -> int:
+    """How many CUDA GPUs ``test`` needs for its ``skip_if_lt_x_gpu`` (method or class); 0 if none."""
+    method = getattr(type(test), test._testMethodName, None)
+    return max(getattr(method, MIN_GPUS_ATTR, 0), getattr(type(test), MIN_GPUS_ATTR, 0))
+
+
+def lt_x_gpu_reason(needed: int, have: int) -> str:
+    """Why a ``skip_if_lt_x_gpu(needed)`` test does not run on a machine with ``have`` GPUs."""
+    return f"skip_if_lt_x_gpu({needed}): this machine has {have} CUDA GPU{'' if have == 1 else 's'}"
+
+
+def unittest_skip_reason(test: unittest.TestCase) -> str | None:
+    """The reason of ``@unittest.skip``/``skipIf``/``skipUnless`` on the method or class, if skipped."""
+    method = getattr(type(test), test._testMethodName, None)
+    for obj in (type(test), method):
+        if getattr(obj, "__unittest_skip__", False):
+            return getattr(obj, "__unittest_skip_why__", "") or "skipped"
+    return None
+
+
+def case_config(test: DistributedTestCase) -> DistConfig:
+    """The configuration ``test`` runs in, from its class attributes (or properties).
+
+    Raises ``ValueError`` naming the class and the attribute, so a typo is an error of that test.
+    """
+    name = type(test).__name__
+    try:
+        return DistConfig(
+            world_size=test.world_size,
+            backend=test.backend,
+            deadline_s=test.deadline,
+            collective_timeout_s=test.collective_timeout,
+        )
+    except ValueError as exc:
+        raise ValueError(
+            f"invalid {name} (a harness.DistributedTestCase): {exc} "
+            "(class attributes world_size, backend, deadline, collective_timeout)"
+        ) from None
+
+
+def locate(cls: type) -> tuple[str, str]:
+    """``(module name, attribute path)`` by which the ranks import ``cls``.
+
+    The attribute path is looked up by identity in the module, not taken from ``__qualname__``:
+    ``parameterized_class`` makes classes (``TestX_0``, ``TestX_1``) that keep their base's
+    qualified name. A class not reachable by name (defined in a function) is a ``ValueError``.
+    """
+    module_name = cls.__module__
+    module = sys.modules.get(module_name)
+    if module is not None:
+        if getattr(module, cls.__name__, None) is cls:
+            return module_name, cls.__name__
+        for attr, value in vars(module).items():
+            if value is cls:
+                return module_name, attr
+        obj: Any = module
+        for part in cls.__qualname__.split("."):
+            obj = getattr(obj, part, None)
+        if obj is cls:
+            return module_name, cls.__qualname__
+    raise ValueError(
+        f"{cls.__qualname__} must be reachable by name from its module {module_name!r}, because the "
+        "ranks import it (module:Class); define it at module level, not inside a function"
+    )
