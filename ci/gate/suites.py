@@ -107,11 +107,11 @@ class Tally:
 
 
 def _test_id(case: ET.Element) -> str:
-    """``suites/parity/test_x.py::test_name[id]`` from pytest's ``classname`` (``suites.parity.test_x``,
-    or ``suites.parity.test_x.TestClass`` for a method) and ``name``."""
+    """``suites/parity/test_x.py::test_name[id]``: pytest's ``file`` (xunit1 writes it), else the path
+    guessed from ``classname`` (``suites.parity.test_x``), then the class for a method and ``name``."""
     parts = case.get("classname", "").split(".")
     cut = next((i for i, part in enumerate(parts) if part[:1].isupper()), len(parts))
-    path = "/".join(parts[:cut]) + ".py"
+    path = case.get("file") or "/".join(parts[:cut]) + ".py"
     return "::".join([path, *parts[cut:], case.get("name", "")])
 
 
