@@ -78,6 +78,28 @@ class CaseSpec:
     deadline_s: float = 60.0
     collective_timeout_s: float = 30.0
 
+    @classmethod
+    def of(
+        cls,
+        target: str,
+        config: DistConfig,
+        *,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        default_deadline_s: float,
+    ) -> CaseSpec:
+        """The case with ``config``'s deadline and collective timeout, or the defaults they leave
+        open (the deadline ``default_deadline_s``, the collective timeout half the deadline)."""
+        deadline, collective = config.timeouts(default_deadline_s)
+        return cls(
+            target=target,
+            config=config,
+            args=args,
+            kwargs=kwargs or {},
+            deadline_s=deadline,
+            collective_timeout_s=collective,
+        )
+
 
 class RankPool:
     """Rank processes kept warm across cases. Use :meth:`run`; call :meth:`close` at the end."""

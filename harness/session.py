@@ -72,15 +72,7 @@ class SessionState:
     ) -> tuple[Verdict, list[RankResult]]:
         from harness.pool import CaseSpec
 
-        deadline, collective = config.timeouts(self.deadline_s)
-        spec = CaseSpec(
-            target=target,
-            config=config,
-            args=args,
-            kwargs=kwargs,
-            deadline_s=deadline,
-            collective_timeout_s=collective,
-        )
+        spec = CaseSpec.of(target, config, args=args, kwargs=kwargs, default_deadline_s=self.deadline_s)
         results = self.get_pool().run(spec)
         # What the ranks printed is already in the test's captured output (echo_rank_output).
         return judge(results, world_size=config.world_size, include_output=False), results

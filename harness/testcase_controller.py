@@ -143,17 +143,10 @@ def _skip_reason(test: DistributedTestCase) -> str | None:
 def _run_on_own_pool(test: DistributedTestCase, config: Any) -> tuple[Any, list]:
     from harness.pool import CaseSpec
 
-    deadline, collective = config.timeouts(DEFAULT_DEADLINE_S)
+    _, collective = config.timeouts(DEFAULT_DEADLINE_S)
     with store_file() as file_name:
         args, kwargs = case_arguments(test, file_name, collective)
-        spec = CaseSpec(
-            target=TARGET,
-            config=config,
-            args=args,
-            kwargs=kwargs,
-            deadline_s=deadline,
-            collective_timeout_s=collective,
-        )
+        spec = CaseSpec.of(TARGET, config, args=args, kwargs=kwargs, default_deadline_s=DEFAULT_DEADLINE_S)
         results = own_pool().run(spec)
     # What the ranks printed was echoed to this process's stdout/stderr while they ran.
     return judge(results, world_size=config.world_size, include_output=False), results

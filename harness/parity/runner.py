@@ -127,13 +127,13 @@ def pool_executor(pool: Any, *, deadline_per_config_s: float = 60.0) -> Executor
 
     def execute(batch: list[ParityConfig], backend: str, world_size: int) -> list[list[dict[str, Any]]]:
         deadline = 30.0 + deadline_per_config_s * len(batch)
-        spec = CaseSpec(
-            target=RANK_TARGET,
-            config=DistConfig(world_size=world_size, backend=backend),
-            args=(batch,),
+        config = DistConfig(
+            world_size=world_size,
+            backend=backend,
             deadline_s=deadline,
             collective_timeout_s=min(deadline_per_config_s, deadline / 2),
         )
+        spec = CaseSpec.of(RANK_TARGET, config, args=(batch,), default_deadline_s=deadline)
         rank_results = pool.run(spec)
         verdict = judge(rank_results, world_size=world_size)
         if verdict.outcome != "passed":
