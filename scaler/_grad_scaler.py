@@ -11,19 +11,24 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, overload
 
 import torch
 
+from scaler._checkpoint import ScalerCheckpointing
 from scaler._fused import step_with_amp_attributes, takes_grad_scaler_kwarg
 from scaler._outputs import scale_outputs
 from scaler._records import OptimizerRecords, OptState, sum_on
 from scaler._rule import ScaleConfig, ScalerUsageError, check_scale, update_scale_
-from scaler._unscale import PerDevice, fresh_flag, group_grads, unscale_groups_
+from scaler._unscale import PerDevice, fresh_flag, unscale_grads_
 
 __all__ = ["GradScaler", "OptState"]
 
+
+# The stages as module names: an Enum member lookup costs ~70 ns on Python 3.11, and the hot path
+# of one iteration reads them about ten times.
+_READY, _UNSCALED, _STEPPED = OptState.READY, OptState.UNSCALED, OptState.STEPPED
 
 _NEW_SCALE_REASON = (
     "new_scale should be a float or a 1-element torch.cuda.FloatTensor or "
@@ -31,7 +36,7 @@ _NEW_SCALE_REASON = (
 )
 
 
-class GradScaler:
+class GradScaler(ScalerCheckpointing):
     """Dynamic loss scaling for mixed-precision training, interchangeable with torch's.
 
     The loop::
@@ -77,6 +82,7 @@ class GradScaler:
         self._growth_tracker: torch.Tensor | None = None
         self._per_optimizer_states: dict[int, dict[str, Any]] = OptimizerRecords()
         self._inv_scale_cpu: torch.Tensor | None = None  # reused on the CPU, see _inv_scale
+        self._inv_scale_of: float | None = None  # the scale _inv_scale_cpu holds the inverse of
         self._one: torch.Tensor | None = None  # the fused path's dummy inv_scale
 
     # ----------------------------------------------------------------------------------- scale
@@ -121,9 +127,17 @@ class GradScaler:
         return self._scale
 
     # --------------------------------------------------------------------------------- unscale
-    def _group_grads(self, optimizer: torch.optim.Optimizer, allow_fp16: bool):
-        return group_grads(
+    def _unscale_grads(
+        self,
+        optimizer: torch.optim.Optimizer,
+        inv_scale: torch.Tensor,
+        found_inf: Callable[[torch.device], torch.Tensor],
+        allow_fp16: bool,
+    ) -> dict[torch.device, torch.Tensor]:
+        return unscale_grads_(
             optimizer,
+            inv_scale,
+            found_inf,
             allow_fp16=allow_fp16,
             local_dtensor=self._local_dtensor_grads,
             coalesce_fp16=self._coalesce_fp16_sparse,
@@ -144,22 +158,27 @@ class GradScaler:
         """torch's private helper, same signature and contract: unscale the optimizer's grads by
         ``inv_scale`` and return ``{device: flag}``, each flag a copy of ``found_inf`` on that device
         set to 1.0 if a grad there held an inf/NaN. ``found_inf`` itself is left untouched."""
-        return unscale_groups_(self._group_grads(optimizer, allow_fp16), inv_scale, PerDevice(found_inf).get)
+        return self._unscale_grads(optimizer, inv_scale, PerDevice(found_inf).get, allow_fp16)
 
     def _inv_scale(self, scale: torch.Tensor) -> torch.Tensor:
         """``1 / scale``, the reciprocal taken in float64 and rounded to float32 (float32 division can
         be imprecise under some compile options; this is torch's arithmetic, bit for bit).
 
         On the CPU the scale is read on the host (no sync to wait for) and the result written into
-        one reused tensor: one small op instead of three allocating ones. On an accelerator it stays
-        three device ops, so the host never waits for the device.
+        one reused tensor, only when the scale has changed since it was last written (the scale
+        moves rarely: most iterations cost one ``item()``). On an accelerator it stays three device
+        ops, so the host never waits for the device.
         """
         if scale.device.type != "cpu":
             return scale.double().reciprocal().float()
+        value = scale.item()
         inv_scale = self._inv_scale_cpu
         if inv_scale is None:
             inv_scale = self._inv_scale_cpu = torch.empty((), dtype=torch.float32)
-        return inv_scale.fill_(1.0 / scale.item())
+        elif value == self._inv_scale_of:
+            return inv_scale
+        self._inv_scale_of = value
+        return inv_scale.fill_(1.0 / value)
 
     def _agree_found_inf(self, record: dict[str, Any]) -> None:
         """Hook for ShardedGradScaler: make every rank hold the same found_inf. Local: nothing."""
@@ -174,16 +193,17 @@ class GradScaler:
             return
         scale, _ = self._check_scale_growth_tracker("unscale_")
         record = self._per_optimizer_states[id(optimizer)]
-        if record["stage"] is OptState.UNSCALED:
+        if record["stage"] is _UNSCALED:
             raise RuntimeError(
                 "unscale_() has already been called on this optimizer since the last update()."
             )
-        if record["stage"] is OptState.STEPPED:
+        if record["stage"] is _STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
-        groups = self._group_grads(optimizer, self._allow_fp16_grads)
         # Fresh zero flags, made directly on each grad's device (no master flag to copy from).
-        record["found_inf_per_device"] = unscale_groups_(groups, self._inv_scale(scale), fresh_flag)
-        record["stage"] = OptState.UNSCALED
+        record["found_inf_per_device"] = self._unscale_grads(
+            optimizer, self._inv_scale(scale), fresh_flag, self._allow_fp16_grads
+        )
+        record["stage"] = _UNSCALED
         self._agree_found_inf(record)
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[torch.device, torch.Tensor]:
@@ -193,7 +213,7 @@ class GradScaler:
         if one is None or one.device != scale.device:  # the kernel only reads it: one per scaler
             one = self._one = torch.ones((), dtype=torch.float32, device=scale.device)
         record = self._per_optimizer_states[id(optimizer)]
-        record["found_inf_per_device"] = unscale_groups_(self._group_grads(optimizer, True), one, fresh_flag)
+        record["found_inf_per_device"] = self._unscale_grads(optimizer, one, fresh_flag, True)
         return record["found_inf_per_device"]
 
     def _found_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[torch.device, torch.Tensor]:
@@ -218,14 +238,14 @@ class GradScaler:
         if takes_grad_scaler_kwarg(optimizer):
             kwargs.update({"grad_scaler": self})
             return optimizer.step(*args, **kwargs)
-        if record["stage"] is OptState.READY:
+        if record["stage"] is _READY:
             self._check_inf_per_device(optimizer)
             self._agree_found_inf(record)
         scale = self._scale
         assert scale is not None
         return step_with_amp_attributes(
             optimizer,
-            scale=None if record["stage"] is OptState.UNSCALED else scale,
+            scale=None if record["stage"] is _UNSCALED else scale,
             found_inf=sum_on(scale.device, list(record["found_inf_per_device"].values())),
             args=args,
             kwargs=kwargs,
@@ -242,17 +262,17 @@ class GradScaler:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
         self._check_scale_growth_tracker("step")
         record = self._per_optimizer_states[id(optimizer)]
-        if record["stage"] is OptState.STEPPED:
+        if record["stage"] is _STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
         if getattr(optimizer, "_step_supports_amp_scaling", False):
             retval = self._step_fused(optimizer, record, *args, **kwargs)
         else:
-            if record["stage"] is OptState.READY:
+            if record["stage"] is _READY:
                 self.unscale_(optimizer)
             if not record["found_inf_per_device"]:
                 raise ScalerUsageError("No inf checks were recorded for this optimizer.")
             retval = self._maybe_opt_step(optimizer, record, *args, **kwargs)
-        record["stage"] = OptState.STEPPED
+        record["stage"] = _STEPPED
         self._after_step(optimizer, record)
         return retval
 
@@ -342,67 +362,3 @@ class GradScaler:
 
     def is_enabled(self) -> bool:
         return self._enabled
-
-    # ------------------------------------------------------------------------- serialisation
-    def state_dict(self) -> dict[str, Any]:
-        """``{scale, growth_factor, backoff_factor, growth_interval, _growth_tracker}`` as Python
-        numbers (torch's keys, so checkpoints move between torch and shardscale); ``{}`` if disabled."""
-        if not self._enabled:
-            return {}
-        return {
-            "scale": self.get_scale(),
-            "growth_factor": self._config.growth_factor,
-            "backoff_factor": self._config.backoff_factor,
-            "growth_interval": self._config.growth_interval,
-            "_growth_tracker": self._get_growth_tracker(),
-        }
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` (ours or torch's) returned; a no-op when disabled."""
-        if not self._enabled:
-            return
-        if len(state_dict) == 0:
-            raise RuntimeError(
-                "The source state dict is empty, possibly because it was saved "
-                "from a disabled instance of GradScaler."
-            )
-        missing = {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"} - set(
-            state_dict
-        )
-        if missing:
-            raise KeyError(
-                f"state_dict is missing {sorted(missing)}; pass what GradScaler.state_dict() returned"
-            )
-        self._config = dataclasses.replace(
-            self._config,
-            growth_factor=state_dict["growth_factor"],
-            backoff_factor=state_dict["backoff_factor"],
-            growth_interval=state_dict["growth_interval"],
-        )
-        self._init_scale = check_scale("state_dict['scale']", state_dict["scale"])
-        self._init_growth_tracker = int(state_dict["_growth_tracker"])
-        if self._scale is not None:
-            self._scale.fill_(self._init_scale)
-        if self._growth_tracker is not None:
-            self._growth_tracker.fill_(self._init_growth_tracker)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        if self._enabled:
-            if len(self._per_optimizer_states) != 0:
-                raise ScalerUsageError(
-                    "A GradScaler instance may only be pickled at the beginning "
-                    "of an iteration, or at the end after scaler.update()."
-                )
-            # Tensors are re-created lazily on the unpickling side, on the device of the first output.
-            state["_init_scale"] = self.get_scale()
-            state["_init_growth_tracker"] = self._get_growth_tracker()
-            state["_scale"] = None
-            state["_growth_tracker"] = None
-        state["_inv_scale_cpu"] = state["_one"] = None  # caches: re-made when first needed
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        state.setdefault("_inv_scale_cpu", None)  # pickles made before these caches existed
-        state.setdefault("_one", None)
-        self.__dict__.update(state)

@@ -25,6 +25,9 @@ class OptState(Enum):
     STEPPED = 2
 
 
+_READY = OptState.READY  # a module name: cheaper than the Enum lookup on every first access
+
+
 class OptimizerRecords(dict):
     """``id(optimizer) -> {"stage", "found_inf_per_device"}``, created on first access.
 
@@ -32,7 +35,7 @@ class OptimizerRecords(dict):
     """
 
     def __missing__(self, key: int) -> dict[str, Any]:
-        record = self[key] = {"stage": OptState.READY, "found_inf_per_device": {}}
+        record = self[key] = {"stage": _READY, "found_inf_per_device": {}}
         return record
 
 

@@ -32,7 +32,7 @@ try:  # DTensor is optional: torch builds without distributed support lack it.
 except ImportError:  # pragma: no cover - only on builds without torch.distributed
     DTensor = None  # type: ignore[assignment,misc]
 
-__all__ = ["PerDevice", "fresh_flag", "group_grads", "unscale_groups_"]
+__all__ = ["PerDevice", "fresh_flag", "group_grads", "unscale_grads_", "unscale_groups_"]
 
 _GRAD = attrgetter("grad")
 _PARAMS = itemgetter("params")
@@ -95,6 +95,38 @@ def _refuse_fp16() -> None:
     raise ValueError("Attempting to unscale FP16 gradients.")
 
 
+def unscale_grads_(
+    optimizer: torch.optim.Optimizer,
+    inv_scale: torch.Tensor,
+    found_inf: Callable[[torch.device], torch.Tensor],
+    *,
+    allow_fp16: bool,
+    local_dtensor: bool,
+    coalesce_fp16: Callable[[torch.Tensor], torch.Tensor],
+) -> dict[torch.device, torch.Tensor]:
+    """Check and unscale the optimizer's gradients: :func:`group_grads`, then
+    :func:`unscale_groups_`; returns ``{device: found_inf}``.
+
+    The plain-tensor fast path of :func:`group_grads` does not look for sparse gradients when all
+    gradients share one (device, dtype): the kernel refuses such a list before it touches any
+    tensor (one sparse tensor sends the whole call to the sparse backend, where the kernel does
+    not exist), and the gradients are then grouped one by one. This saves a pass over every
+    gradient on every step of the common, all-dense case.
+    """
+    groups = group_grads(
+        optimizer, allow_fp16=allow_fp16, local_dtensor=local_dtensor, coalesce_fp16=coalesce_fp16
+    )
+    try:
+        return unscale_groups_(groups, inv_scale, found_inf)
+    except NotImplementedError:
+        if len(groups) != 1 or not any(map(_IS_SPARSE, groups[0][1])):
+            raise
+    groups = _group_each(
+        optimizer, allow_fp16=allow_fp16, local_dtensor=local_dtensor, coalesce_fp16=coalesce_fp16
+    )
+    return unscale_groups_(groups, inv_scale, found_inf)
+
+
 def group_grads(
     optimizer: torch.optim.Optimizer,
     *,
@@ -107,6 +139,11 @@ def group_grads(
     Sparse gradients contribute their values; an uncoalesced one is checked as it would be once
     coalesced (see :func:`_group_each`). With ``local_dtensor`` a DTensor gradient contributes its
     local shard. ``coalesce_fp16`` coalesces an fp16 sparse gradient (it replaces ``param.grad``).
+
+    One exception, for speed: when every gradient is a plain tensor and all share one
+    (device, dtype), a sparse one among them is left in the single group; the kernel refuses it
+    and :func:`unscale_grads_` then groups one by one. With several groups sparse gradients are
+    looked for first, since one group's kernel could run before another's refused.
     """
     grads = _all_grads(optimizer)
     types = set(map(type, grads))
@@ -115,9 +152,10 @@ def group_grads(
             grads = [grad for grad in grads if grad is not None]
         if not grads:
             return []
-        if not any(map(_IS_SPARSE, grads)):
+        grouped = _group_by_device_and_dtype([grads], False)
+        if len(grouped) == 1 or not any(map(_IS_SPARSE, grads)):
             groups: GradGroups = []
-            for (device, dtype), (lists, _) in _group_by_device_and_dtype([grads], False).items():
+            for (device, dtype), (lists, _) in grouped.items():
                 if dtype is torch.float16 and not allow_fp16:
                     _refuse_fp16()
                 groups.append((device, lists[0]))
@@ -180,10 +218,9 @@ def unscale_groups_(
 
     ``found_inf(device)`` gives the flag tensor for a device (called once per device); each flag
     ends 1.0 if a tensor on that device held an inf/NaN before the multiply, else it keeps its
-    value. ``inv_scale`` is copied to each other device once.
+    value. ``inv_scale`` is copied for each group on another device (in practice: none).
     """
     flags: dict[torch.device, torch.Tensor] = {}
-    inv_on = {inv_scale.device: inv_scale}
     previous = torch.is_grad_enabled()  # grads may require grad (create_graph=True): no autograd record
     torch._C._set_grad_enabled(False)
     try:
@@ -191,9 +228,7 @@ def unscale_groups_(
             flag = flags.get(device)
             if flag is None:
                 flag = flags[device] = found_inf(device)
-            inv = inv_on.get(device)
-            if inv is None:
-                inv = inv_on[device] = inv_scale.to(device=device, non_blocking=True)
+            inv = inv_scale if inv_scale.device == device else inv_scale.to(device=device, non_blocking=True)
             torch._amp_foreach_non_finite_check_and_unscale_(grads, flag, inv)
     finally:
         torch._C._set_grad_enabled(previous)

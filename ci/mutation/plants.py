@@ -216,10 +216,7 @@ PLANTS: tuple[Plant, ...] = (
         edits=(
             Edit(
                 file="_grad_scaler.py",
-                old=(
-                    '        record["found_inf_per_device"] = unscale_groups_(self._group_grads(optimizer, True), '
-                    "one, fresh_flag)\n"
-                ),
+                old='        record["found_inf_per_device"] = self._unscale_grads(optimizer, one, fresh_flag, True)\n',
                 new='        record["found_inf_per_device"] = {scale.device: fresh_flag(scale.device)}  # planted\n',
             ),
         ),
@@ -236,11 +233,36 @@ PLANTS: tuple[Plant, ...] = (
             ),
             Edit(
                 file="_grad_scaler.py",
-                old="        return inv_scale.fill_(1.0 / scale.item())\n",
-                new="        return inv_scale.fill_(scale.item())  # planted\n",
+                old="        return inv_scale.fill_(1.0 / value)\n",
+                new="        return inv_scale.fill_(value)  # planted\n",
             ),
         ),
         tests=(_DIFF, _LOCAL, _SGD_ONE_RANK),
+    ),
+    Plant(
+        name="inv_scale_kept_after_the_scale_moved",
+        bug="the CPU inverse scale is computed once and reused after a backoff or growth",
+        edits=(
+            Edit(
+                file="_grad_scaler.py",
+                old="        elif value == self._inv_scale_of:\n",
+                new="        elif self._inv_scale_of is not None:  # planted: stale inverse\n",
+            ),
+        ),
+        tests=(_DIFF, _LOCAL),
+    ),
+    Plant(
+        name="sparse_unchecked_across_groups",
+        bug="a sparse grad is not looked for up front when grads span several dtypes: one group is "
+        "unscaled, the kernel refuses the sparse one's group, and the fallback unscales the first again",
+        edits=(
+            Edit(
+                file="_unscale.py",
+                old="        if len(grouped) == 1 or not any(map(_IS_SPARSE, grads)):\n",
+                new="        if True:  # planted: no sparse check\n",
+            ),
+        ),
+        tests=(_SPARSE,),
     ),
     Plant(
         name="bounds_ignored",
@@ -262,7 +284,7 @@ PLANTS: tuple[Plant, ...] = (
         bug="load_state_dict into a scaler that has stepped restores the scale but keeps the old tracker",
         edits=(
             Edit(
-                file="_grad_scaler.py",
+                file="_checkpoint.py",
                 old=(
                     "        if self._growth_tracker is not None:\n"
                     "            self._growth_tracker.fill_(self._init_growth_tracker)\n"
@@ -341,8 +363,8 @@ PLANTS: tuple[Plant, ...] = (
         edits=(
             Edit(
                 file="_records.py",
-                old='        record = self[key] = {"stage": OptState.READY, "found_inf_per_device": {}}\n',
-                new='        record = {"stage": OptState.READY, "found_inf_per_device": {}}  # planted\n',
+                old='        record = self[key] = {"stage": _READY, "found_inf_per_device": {}}\n',
+                new='        record = {"stage": _READY, "found_inf_per_device": {}}  # planted\n',
             ),
         ),
         tests=(_DIFF, _API),

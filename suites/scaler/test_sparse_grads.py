@@ -119,15 +119,18 @@ def test_fp16_sparse_grads_are_coalesced_as_each_torch_scaler_does(world_of_one,
 
 
 class KernelInputs:
-    """Records the numel of every tensor the unscale kernel is given while active."""
+    """Records the numel of every tensor the unscale kernel ran over while active. A call the
+    kernel refuses (a list holding a sparse tensor is refused before any tensor is touched) ran
+    over nothing and is not recorded."""
 
     def __init__(self, monkeypatch) -> None:
         self.numels: list[int] = []
         real = torch._amp_foreach_non_finite_check_and_unscale_
 
         def recording(grads, found_inf, inv_scale):
+            result = real(grads, found_inf, inv_scale)
             self.numels.extend(grad.numel() for grad in grads)
-            return real(grads, found_inf, inv_scale)
+            return result
 
         monkeypatch.setattr(torch, "_amp_foreach_non_finite_check_and_unscale_", recording)
 
@@ -145,3 +148,33 @@ def test_an_uncoalesced_sparse_grad_is_checked_with_its_sums(world_of_one, monke
     kernel = KernelInputs(monkeypatch)
     train_one_step(SCALERS[kind](), duplicated(1.0, torch.float32))
     assert sorted(kernel.numels) == [6, 9]  # the coalesced copy (2 rows) and the grad's 3 entries
+
+
+def unscale_once(scaler, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``scaler.unscale_`` over one parameter per grad (scale 4); returns each ``.grad`` after it."""
+    params = [torch.nn.Parameter(torch.zeros(grad.shape, dtype=grad.dtype)) for grad in grads]
+    for param, grad in zip(params, grads, strict=True):
+        param.grad = grad
+    scaler.scale(torch.ones(()))
+    scaler.unscale_(torch.optim.SGD(params, lr=1.0))
+    return [param.grad for param in params]
+
+
+@pytest.mark.parametrize("kind", ["GradScaler", "ShardedGradScaler"])
+def test_sparse_and_dense_grads_of_one_dtype_are_each_unscaled_once(world_of_one, kind):
+    """One (device, dtype) group holding a sparse grad: every grad is divided by the scale once."""
+    scaler = {"GradScaler": GradScaler, "ShardedGradScaler": ShardedGradScaler}[kind]("cpu", init_scale=4.0)
+    dense, sparse = unscale_once(scaler, [torch.full((6, 3), 8.0), duplicated(8.0, torch.float32)])
+    assert torch.equal(dense, torch.full((6, 3), 2.0))
+    assert torch.equal(sparse._values(), duplicated(8.0, torch.float32)._values() / 4)
+
+
+@pytest.mark.parametrize("kind", ["GradScaler", "ShardedGradScaler"])
+def test_a_sparse_grad_in_one_dtype_does_not_unscale_another_dtypes_grads_twice(world_of_one, kind):
+    """Two groups, the sparse grad in the second: the first group is unscaled once, not once before
+    the sparse one is found and again after."""
+    scaler = {"GradScaler": GradScaler, "ShardedGradScaler": ShardedGradScaler}[kind]("cpu", init_scale=4.0)
+    dense = torch.full((6, 3), 8.0, dtype=torch.bfloat16)
+    dense_after, sparse_after = unscale_once(scaler, [dense, duplicated(8.0, torch.float32)])
+    assert torch.equal(dense_after, torch.full((6, 3), 2.0, dtype=torch.bfloat16))
+    assert torch.equal(sparse_after._values(), duplicated(8.0, torch.float32)._values() / 4)
