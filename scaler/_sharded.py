@@ -133,6 +133,7 @@ class ShardedGradScaler(GradScaler):
         self._steps = 0
         self._skipped_on_host = 0
         self._backoffs_on_host = 0
+        self._resets_on_host = 0
         self._counts: dict[str, torch.Tensor | None] = dict.fromkeys(("skipped_steps", "resets", "backoffs"))
         self._reduction_cache: tuple[dist.ProcessGroup, torch.device, torch.device] | None = None
         self._last_found_inf: dict[int, torch.Tensor | bool] = {}
@@ -255,7 +256,12 @@ class ShardedGradScaler(GradScaler):
         update_scale_(scale, tracker, found_inf, self._config)
         # The rule resets the tracker on every backoff and every completed growth interval, so
         # growths = resets - backoffs: one comparison counts both, and no copy of the scale is needed.
-        self._counter("resets").add_(tracker == 0)
+        # On the CPU the tracker is read on the host (nothing to wait for; two small tensor ops
+        # fewer); on an accelerator the count stays on the device, so the host never waits.
+        if tracker.is_cpu:
+            self._resets_on_host += tracker.item() == 0
+        else:
+            self._counter("resets").add_(tracker == 0)
         records = self._per_optimizer_states.values()
         if all("skipped" in record for record in records):  # decided on the host at step()
             self._backoffs_on_host += any(record["skipped"] for record in records)
@@ -293,7 +299,7 @@ class ShardedGradScaler(GradScaler):
         """``update()`` calls that completed ``growth_interval`` clean steps, so that the scale was
         multiplied by ``growth_factor`` (unless that would pass ``max_scale`` or float32's range).
         Syncs when read."""
-        return self._count("resets") - self.backoffs
+        return self._resets_on_host + self._count("resets") - self.backoffs
 
     @property
     def backoffs(self) -> int:
@@ -331,6 +337,7 @@ class ShardedGradScaler(GradScaler):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("_resets_on_host", 0)  # pickles made before the host-side count existed
         state["_counts"] = {
             name: None if value is None else torch.tensor(value, dtype=torch.float64)
             for name, value in state["_counts"].items()

@@ -265,6 +265,18 @@ PLANTS: tuple[Plant, ...] = (
         tests=(_SPARSE,),
     ),
     Plant(
+        name="growths_uncounted_on_host",
+        bug="on a CPU scale the tracker resets are never counted, so growths() goes negative",
+        edits=(
+            Edit(
+                file="_sharded.py",
+                old="            self._resets_on_host += tracker.item() == 0\n",
+                new="            self._resets_on_host += 0  # planted: dead counter\n",
+            ),
+        ),
+        tests=(_LOCAL,),
+    ),
+    Plant(
         name="bounds_ignored",
         bug="min_scale and max_scale are accepted and then ignored",
         edits=(

@@ -101,3 +101,23 @@ def test_fsdp1_cpu_offload_grads_on_cpu_with_the_scale_on_cuda(rank, world_size)
         scaler.update()
     assert scaler.step_was_skipped(opt)
     assert scaler.get_scale() == 128.0
+
+
+@harness.distributed(world_size=1, backend="nccl")
+@pytest.mark.parametrize("fused", [False, True], ids=["skip_decided_on_host", "fused_skip_on_device"])
+def test_counters_on_a_cuda_scale_follow_the_plan(rank, world_size, fused):
+    """On an accelerator the growth/backoff counts stay on the device (no host sync per update);
+    the CPU suite's plan must give the same counts there."""
+    device = harness.current().device
+    scaler = ShardedGradScaler("cuda", init_scale=64.0, growth_interval=2)
+    model = torch.nn.Linear(3, 1).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, fused=fused)
+    for overflow in (False, False, True, False, True):
+        opt.zero_grad()
+        scaler.scale(model(torch.ones(2, 3, device=device)).sum()).backward()
+        if overflow:
+            model.bias.grad.fill_(float("nan"))
+        scaler.step(opt)
+        scaler.update()
+    assert (scaler.steps, scaler.skipped_steps, scaler.growths, scaler.backoffs) == (5, 2, 1, 2)
+    assert scaler.get_scale() == 32.0
