@@ -34,10 +34,8 @@ def train_one_step(scaler, grad: torch.Tensor):
     return weight.detach(), weight.grad
 
 
-SCALERS = {
-    "GradScaler": lambda: GradScaler("cpu", init_scale=1.0),
-    "ShardedGradScaler": lambda: ShardedGradScaler("cpu", init_scale=1.0),
-}
+OURS = {"GradScaler": GradScaler, "ShardedGradScaler": ShardedGradScaler}
+SCALERS = {kind: (lambda cls=cls: cls("cpu", init_scale=1.0)) for kind, cls in OURS.items()}
 CASES = [
     ("GradScaler", torch.bfloat16),
     ("GradScaler", torch.float32),
@@ -83,7 +81,7 @@ def test_torchs_scalers_let_the_optimizer_write_inf_where_ours_skip(world_of_one
 def test_the_optimizer_sees_the_same_uncoalesced_grad_as_with_torchs_scaler(world_of_one, kind, dtype):
     """The check coalesces a copy: the grad itself keeps its duplicate entries, each unscaled."""
     theirs = torch.amp.GradScaler if kind == "GradScaler" else TorchShardedGradScaler
-    ours = GradScaler if kind == "GradScaler" else ShardedGradScaler
+    ours = OURS[kind]
     results = []
     for cls in (theirs, ours):
         weight, grad = train_one_step(cls("cpu", init_scale=3.0), duplicated(6.0, dtype))
@@ -163,7 +161,7 @@ def unscale_once(scaler, grads: list[torch.Tensor]) -> list[torch.Tensor]:
 @pytest.mark.parametrize("kind", ["GradScaler", "ShardedGradScaler"])
 def test_sparse_and_dense_grads_of_one_dtype_are_each_unscaled_once(world_of_one, kind):
     """One (device, dtype) group holding a sparse grad: every grad is divided by the scale once."""
-    scaler = {"GradScaler": GradScaler, "ShardedGradScaler": ShardedGradScaler}[kind]("cpu", init_scale=4.0)
+    scaler = OURS[kind]("cpu", init_scale=4.0)
     dense, sparse = unscale_once(scaler, [torch.full((6, 3), 8.0), duplicated(8.0, torch.float32)])
     assert torch.equal(dense, torch.full((6, 3), 2.0))
     assert torch.equal(sparse._values(), duplicated(8.0, torch.float32)._values() / 4)
@@ -173,7 +171,7 @@ def test_sparse_and_dense_grads_of_one_dtype_are_each_unscaled_once(world_of_one
 def test_a_sparse_grad_in_one_dtype_does_not_unscale_another_dtypes_grads_twice(world_of_one, kind):
     """Two groups, the sparse grad in the second: the first group is unscaled once, not once before
     the sparse one is found and again after."""
-    scaler = {"GradScaler": GradScaler, "ShardedGradScaler": ShardedGradScaler}[kind]("cpu", init_scale=4.0)
+    scaler = OURS[kind]("cpu", init_scale=4.0)
     dense = torch.full((6, 3), 8.0, dtype=torch.bfloat16)
     dense_after, sparse_after = unscale_once(scaler, [dense, duplicated(8.0, torch.float32)])
     assert torch.equal(dense_after, torch.full((6, 3), 2.0, dtype=torch.bfloat16))
