@@ -241,9 +241,18 @@ def _embedding_loss(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
 
 
 def _embedding_joint_losses(model: nn.Module, batches: list[dict[str, Any]]) -> list[torch.Tensor]:
-    outputs = model(torch.cat([batch["indices"] for batch in batches]))
-    parts = outputs.split([len(batch["indices"]) for batch in batches])
-    return [(part * batch["coefficient"]).sum() for part, batch in zip(parts, batches, strict=True)]
+    """One embedding lookup over every batch (one sparse gradient, one backward), then each batch's
+    loss computed from its own rows alone, in a fresh tensor shaped as a rank's own forward shapes
+    it: the lookup is a gather (exact in any shape), but a matmul over 12 rows may take another CPU
+    kernel path than one over 6 and round the last bit differently (AVX-512 MKL, or
+    ``ATEN_CPU_CAPABILITY=default``), so the shape-dependent part runs on the candidate's shapes."""
+    rows = model.embed(torch.cat([batch["indices"] for batch in batches]))
+    parts = rows.split([len(batch["indices"]) for batch in batches])
+    projection = model.projection.float()
+    return [
+        ((part.clone().float() @ projection) * batch["coefficient"]).sum()
+        for part, batch in zip(parts, batches, strict=True)
+    ]
 
 
 WORKLOADS: dict[str, Workload] = {
