@@ -17,7 +17,7 @@ export MKL_NUM_THREADS ?= 1
 export PYTHONUNBUFFERED := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup parity test test-gpu gate mutation bench demo lint clean
+.PHONY: help setup parity test test-gpu gate kernels mutation bench demo lint clean
 
 help: ## list the targets and what each does
 	@echo "usage: make <target> [VARIABLE=value ...]"
@@ -58,6 +58,11 @@ test-gpu: setup ## the GPU tier (-m gpu); without GPUs it skips with the reason,
 GATE_ARGS =
 gate: setup ## the CI gate: make test's suites with JUnit XML and parity reports, curves against ci/baselines; exits 1 on a regression
 	$(PY) -m ci.gate --out $(REPORTS)/gate $(GATE_ARGS)
+
+# make kernels [KERNELS=native,aten-default] [K='sparse']; outputs in $(REPORTS)/kernels
+KERNELS =
+kernels: setup ## the parity matrix under each CPU kernel family this machine reaches; exits 1 if a verdict differs
+	$(PY) -m ci.kernels --out $(REPORTS)/kernels $(if $(KERNELS),--settings $(KERNELS)) $(if $(K),-k "$(K)")
 
 mutation: setup ## plant known bugs into a copy of scaler/ and check the gate catches each; exits 1 if one survives
 	$(PY) -m ci.mutation --out $(REPORTS)

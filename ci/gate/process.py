@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -36,11 +36,17 @@ def call(
     stdout: IO[str] | None = None,
     timeout: float | None = None,
     grace_s: float = 10.0,
+    env: Mapping[str, str] | None = None,
 ) -> int:
     """Run ``command`` and return its exit status; if the wait is interrupted (or times out: then
-    ``subprocess.TimeoutExpired`` is raised), the child gets SIGTERM, then SIGKILL after ``grace_s``."""
+    ``subprocess.TimeoutExpired`` is raised), the child gets SIGTERM, then SIGKILL after ``grace_s``.
+    ``env`` replaces the child's environment (default: this process's)."""
     child = subprocess.Popen(
-        list(command), cwd=cwd, stdout=stdout, stderr=subprocess.STDOUT if stdout else None
+        list(command),
+        cwd=cwd,
+        stdout=stdout,
+        stderr=subprocess.STDOUT if stdout else None,
+        env=None if env is None else dict(env),
     )
     try:
         return child.wait(timeout=timeout)

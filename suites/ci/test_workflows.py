@@ -103,3 +103,9 @@ def test_the_gate_runs_the_suites_make_test_runs():
         suites.CPU, tests=suites.DEFAULT_TESTS, keyword="", out=Path("o"), plot=True
     )
     assert command[3 : 3 + len(tests)] == tests and command[command.index("-m", 3) + 1] == "not gpu"
+
+
+def test_the_cpu_workflow_checks_verdicts_under_every_kernel_family():
+    document = yaml.safe_load((ROOT / "ci" / "workflows" / "cpu.yml").read_text())
+    commands = [step.get("run", "") for step in document["jobs"]["kernels"]["steps"]]
+    assert "make kernels" in commands

@@ -23,6 +23,7 @@ def test_make_help_lists_every_target_with_one_line():
         "test",
         "test-gpu",
         "gate",
+        "kernels",
         "mutation",
         "bench",
         "demo",
