@@ -33,6 +33,17 @@ class TestOneRankFails(harness.DistributedTestCase):
             self.fail("rank 1 disagrees")
 
 
+class TestMultiLineMessageOnRank1(harness.DistributedTestCase):
+    world_size = 2
+
+    def test_rank1_raises_a_multi_line_message(self):
+        if self.rank == 1:
+            raise NotImplementedError(
+                "Could not run 'aten::eq.Tensor' with arguments from the 'SparseCPU' backend.\n\n"
+                "PythonDispatcher: registered at PythonFallbackKernel.cpp:196 [backend fallback]"
+            )
+
+
 class TestAsymmetricSkip(harness.DistributedTestCase):
     world_size = 2
 
