@@ -148,6 +148,19 @@ class TestUnittestOutcomes(harness.DistributedTestCase):
         self.assertEqual(torch.ones(size).sum().item(), size)
 
 
+class TestTensorAssertEqualWithTheBaseOnly(harness.DistributedTestCase):
+    """Moved from MultiProcessTestCase by changing the base only: assertEqual still means torch's."""
+
+    world_size = 2
+
+    def test_tensor_assert_equal_without_torchs_test_case(self):
+        t = torch.ones(3) * (self.rank + 1)
+        dist.all_reduce(t)
+        self.assertEqual(t, torch.full((3,), 3.0))
+        with self.assertRaisesRegex(AssertionError, "dtype"):
+            self.assertEqual(t.long(), torch.full((3,), 3.0))
+
+
 class TestTorchTestCaseMixedIn(harness.DistributedTestCase, TorchTestCase):
     world_size = 2
 

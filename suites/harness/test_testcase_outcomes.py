@@ -197,6 +197,10 @@ def test_torchs_test_case_mixed_in_gives_its_tensor_assert_equal(session):
     assert outcome(session, "test_tensor_assert_equal") == ("passed", "")
 
 
+def test_tensor_assert_equal_in_the_ranks_is_torchs_with_the_base_class_alone(session):
+    assert outcome(session, "test_tensor_assert_equal_without_torchs_test_case") == ("passed", "")
+
+
 # -- collection-time skips -----------------------------------------------------------------------
 def test_gpu_skips_are_decided_at_collection_starting_no_process(tmp_path):
     if _gpus():
