@@ -71,6 +71,7 @@ class CaseRun:
                 status=event.status,
                 value=None if event.value is None else pickle.loads(event.value),
                 text=event.text,
+                headline=event.headline,
                 order=next(self._order),
             )
         )

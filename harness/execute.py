@@ -3,8 +3,10 @@
 Why shared: the warm pool and ``python -m harness.torchrun`` must judge a test body the same way,
 so the rules live once: a return is ``passed``; ``pytest.skip``/``unittest.SkipTest`` is
 ``skipped``; ``pytest.xfail`` is ``xfailed``; :class:`ReportedOutcome` is the status and text it
-carries; anything else raised (``SystemExit`` included) is ``failed`` with its traceback. Every line of a traceback starts with ``[rank N]`` so that
-interleaved reports stay attributable.
+carries; anything else raised (``SystemExit`` included) is ``failed`` with its traceback. Every line
+of a traceback starts with ``[rank N]`` so that interleaved reports stay attributable. A failure also
+carries its *headline* (:func:`headline`), taken from the exception object here, where it is known:
+the last line of a traceback is not the exception's line when its message spans lines.
 """
 
 from __future__ import annotations
@@ -24,12 +26,35 @@ class ReportedOutcome(Exception):
     ``DistributedTestCase`` run by unittest): ``status`` is ``failed``, ``skipped`` or ``xfailed``,
     and ``text`` is used as it is (unittest's traceback, without the harness's frames)."""
 
-    def __init__(self, status: str, text: str) -> None:
+    def __init__(self, status: str, text: str, headline: str = "") -> None:
         if status not in ("failed", "skipped", "xfailed"):
             raise ValueError(f"status must be 'failed', 'skipped' or 'xfailed', got {status!r}")
         super().__init__(text)
         self.status = status
         self.text = text
+        self.headline = headline
+        """For ``failed``: the headline of the exception behind it (:func:`headline`), or ``""``."""
+
+
+def headline(exc: BaseException) -> str:
+    """``Type: first line of the message``: how a failure is named in one line, as pytest's short
+    summary names it (``NotImplementedError: Could not run 'aten::eq.Tensor' ...``).
+
+    The type is qualified by its module unless it is a builtin, as in a traceback; the message line
+    is its first non-blank one (a message that starts with a newline still says something).
+    """
+    cls = type(exc)
+    name = (
+        cls.__qualname__
+        if cls.__module__ in ("builtins", "__main__")
+        else f"{cls.__module__}.{cls.__qualname__}"
+    )
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the failure
+        message = "<exception str() failed>"
+    first = next((line.strip() for line in message.splitlines() if line.strip()), "")
+    return f"{name}: {first}" if first else name
 
 
 def resolve(target: str) -> Callable[..., Any]:
@@ -83,8 +108,9 @@ def _format_failure(exc: BaseException, skip_frames: int) -> str:
 
 def call_case(
     target: str, args: tuple[Any, ...], kwargs: dict[str, Any], *, rank: int, world_size: int
-) -> tuple[str, Any, str]:
-    """Call ``target`` and return ``(status, payload, text)`` with the status rules above.
+) -> tuple[str, Any, str, str]:
+    """Call ``target`` and return ``(status, payload, text, headline)`` with the status rules above
+    (``headline`` is :func:`headline` of a failure's exception, ``""`` otherwise).
 
     ``payload`` is the return value pickled with the standard pickler (``None`` unless passed): the
     pickling both proves the value can reach the controller and makes tensors travel by value.
@@ -105,12 +131,12 @@ def call_case(
                 f"the return value of {target} cannot be sent to the controller ({exc}); "
                 "return something picklable (plain data, tensors) or nothing"
             ) from exc
-        return "passed", payload, ""
+        return "passed", payload, "", ""
     except ReportedOutcome as outcome:
         text = prefix_lines(outcome.text, rank) if outcome.status == "failed" else outcome.text
-        return outcome.status, None, text
+        return outcome.status, None, text, outcome.headline
     except BaseException as exc:  # noqa: BLE001 - a rank reports everything, it never dies of it
         status = _classify(exc)
         if status != "failed":
-            return status, None, str(getattr(exc, "msg", None) or exc)
-        return "failed", None, prefix_lines(_format_failure(exc, skip_frames=1), rank)
+            return status, None, str(getattr(exc, "msg", None) or exc), ""
+        return "failed", None, prefix_lines(_format_failure(exc, skip_frames=1), rank), headline(exc)

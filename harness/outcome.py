@@ -6,7 +6,10 @@ records, tested without processes. The rules:
 * any rank ``failed``, ``died``, ``timeout`` or ``stopped`` -> the test fails; the earliest such
   rank (by arrival at the controller) is named as the root cause, the others follow. A failure
   that only reports a lost or timed-out peer ("Connection closed by peer", a collective timeout)
-  is a symptom, so it ranks after every other bad result;
+  is a symptom, so it ranks after every other bad result. A failed rank is named by its
+  exception's type and the first line of its message (its headline, made by the rank), as pytest's
+  short summary names a failure: a traceback's last line is not that line when the message spans
+  lines;
 * every rank skipped -> skipped (xfailed likewise); some ranks skipped and others not -> failed,
   because an asymmetric skip means the ranks disagreed about what to test;
 * otherwise passed, with each rank's return value.
@@ -45,6 +48,10 @@ class RankResult:
     text: str = ""
     """The rank's own account: traceback (failed), reason (skipped/xfailed); empty otherwise. The
     root cause and symptom rules read only this, never the stacks or the output."""
+    headline: str = ""
+    """For ``failed``: ``Type: first line of the message`` of the rank's exception, made by the rank
+    (``execute.headline``); ``""`` when the rank did not send one, and the last line of ``text``
+    names the failure instead."""
     order: int = 0
     """Arrival order at the controller; the smallest bad one is the root cause."""
     exitcode: int | None = None
@@ -86,10 +93,15 @@ def describe_exit(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
+def _last_line(result: RankResult) -> str:
+    """The last line of the rank's text, without its ``[rank N]`` label."""
+    last = result.text.rstrip().splitlines()[-1:] or [""]
+    return last[0].split("] ", 1)[-1] if last[0].startswith("[rank ") else last[0]
+
+
 def _headline(result: RankResult) -> str:
     if result.status == "failed":
-        last = result.text.rstrip().splitlines()[-1:] or [""]
-        return f"rank {result.rank} failed: {last[0].split('] ', 1)[-1]}"
+        return f"rank {result.rank} failed: {result.headline or _last_line(result)}"
     if result.status == "died":
         return f"rank {result.rank} died with {describe_exit(result.exitcode)}"
     if result.status == "timeout":
@@ -114,11 +126,10 @@ def _log_tail(result: RankResult) -> str:
 
 
 def is_symptom(result: RankResult) -> bool:
-    """A failure whose last line only says a peer vanished or a collective timed out."""
+    """A failure whose headline (or last line) only says a peer vanished or a collective timed out."""
     if result.status != "failed":
         return False
-    last = result.text.rstrip().splitlines()[-1:] or [""]
-    return any(word in last[0] for word in _SYMPTOMS)
+    return any(word in line for line in (result.headline, _last_line(result)) for word in _SYMPTOMS)
 
 
 def judge(results: list[RankResult], *, world_size: int, include_output: bool = True) -> Verdict:

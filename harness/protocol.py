@@ -115,6 +115,8 @@ class CaseFinished(Message):
     ``status == "passed"`` (so tensors travel by value, not as shared-memory descriptors)."""
     text: str = ""
     """Traceback for ``failed``, reason for ``skipped``/``xfailed``."""
+    headline: str = ""
+    """For ``failed``: ``Type: first line of the message`` of the exception (``execute.headline``)."""
     duration_s: float = 0.0
 
     def __post_init__(self) -> None:

@@ -214,7 +214,7 @@ class RankServer:
         )
         started = time.perf_counter()
         try:
-            status, value, text = execute.call_case(
+            status, value, text, headline = execute.call_case(
                 command.target, command.args, command.kwargs, rank=self.rank, world_size=self.world_size
             )
         finally:
@@ -228,6 +228,7 @@ class RankServer:
                 status=status,
                 value=value,
                 text=text,
+                headline=headline,
                 duration_s=time.perf_counter() - started,
             )
         )

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from harness import context
 from harness.spec import DistConfig
+from harness.tensor_asserts import TensorAssertions
 
 DEFAULT_WORLD_SIZE = 4
 """As ``MultiProcessTestCase``: a class migrated without a ``world_size`` keeps its 4 ranks."""
@@ -36,7 +37,7 @@ MIN_GPUS_ATTR = "__shardscale_min_gpus__"
 _T = TypeVar("_T")
 
 
-class DistributedTestCase(unittest.TestCase):
+class DistributedTestCase(TensorAssertions):
     """A ``unittest.TestCase`` whose every test method runs on every rank of the warm pool.
 
     Class attributes (a ``@property`` works too, as ``MultiProcessTestCase`` subclasses write
@@ -62,6 +63,10 @@ class DistributedTestCase(unittest.TestCase):
     peers still use. ``dist.init_process_group``/``destroy_process_group`` called by the test are
     absorbed by the warm group (a world size or rank that does not match is an error naming both).
     ``setUpClass``/``tearDownClass`` run once, in the controller, as under ``MultiProcessTestCase``.
+
+    ``assertEqual``/``assertNotEqual`` compare tensors as torch's ``common_utils.TestCase`` does
+    (``MultiProcessTestCase``'s base), and other arguments as unittest does
+    (:mod:`harness.tensor_asserts`); mixing torch's test case in after this class gives torch's.
     """
 
     world_size: int = DEFAULT_WORLD_SIZE

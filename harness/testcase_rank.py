@@ -33,7 +33,7 @@ from datetime import timedelta
 from typing import Any
 
 from harness import context, group_calls, subtests
-from harness.execute import ReportedOutcome
+from harness.execute import ReportedOutcome, headline
 from harness.testcase import DistributedTestCase
 
 __unittest = True  # unittest leaves this module's frames (the wrappers below) out of its tracebacks
@@ -201,21 +201,42 @@ def _torch_skip_reason(exc: BaseException | None) -> str | None:
 
 
 class _RankResult(unittest.TestResult):
-    """unittest's result of one test on this rank, with torch's skip exits taken as skips."""
+    """unittest's result of one test on this rank, with torch's skip exits taken as skips, and the
+    headline of the first failure (unittest keeps only formatted tracebacks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first_headline = ""
+        self.expected_headline = ""
+
+    def _note(self, err: Any) -> None:
+        if not self.first_headline:
+            self.first_headline = headline(err[1])
 
     def addError(self, test: Any, err: Any) -> None:
         reason = _torch_skip_reason(err[1])
         if reason is not None:
             self.addSkip(test, reason)
         else:
+            self._note(err)
             super().addError(test, err)
+
+    def addFailure(self, test: Any, err: Any) -> None:
+        self._note(err)
+        super().addFailure(test, err)
 
     def addSubTest(self, test: Any, subtest: Any, err: Any) -> None:
         reason = _torch_skip_reason(err[1]) if err is not None else None
         if reason is not None:
             self.addSkip(subtest, reason)
         else:
+            if err is not None:
+                self._note(err)
             super().addSubTest(test, subtest, err)
+
+    def addExpectedFailure(self, test: Any, err: Any) -> None:
+        self.expected_headline = self.expected_headline or headline(err[1])
+        super().addExpectedFailure(test, err)
 
     def raise_outcome(self, test: unittest.TestCase) -> None:
         """Raise ``ReportedOutcome`` for a test that did not pass; return if it passed."""
@@ -227,7 +248,7 @@ class _RankResult(unittest.TestResult):
                 parts = [f"---- {case} ----\n{trace.rstrip()}" for case, trace in bad]
                 count = f"{len(bad)} part{'s' if len(bad) > 1 else ''}"
                 text = "\n".join([f"{count} of {test.id()} failed:", *parts])
-            raise ReportedOutcome("failed", text)
+            raise ReportedOutcome("failed", text, self.first_headline)
         if self.unexpectedSuccesses:
             raise ReportedOutcome(
                 "failed", f"unexpected success: {test.id()} is marked @unittest.expectedFailure but passed"
@@ -236,5 +257,4 @@ class _RankResult(unittest.TestResult):
         if whole_skip:
             raise ReportedOutcome("skipped", whole_skip[0])
         if self.expectedFailures:
-            last = self.expectedFailures[0][1].rstrip().splitlines()[-1:] or [""]
-            raise ReportedOutcome("xfailed", f"expected failure: {last[0]}")
+            raise ReportedOutcome("xfailed", f"expected failure: {self.expected_headline}")

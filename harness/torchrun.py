@@ -116,13 +116,13 @@ def collect(
 
 def _run_one(
     name: str, target: str, kwargs: dict[str, Any], rank: int, world_size: int
-) -> tuple[str, Any, str]:
+) -> tuple[str, Any, str, str]:
     func = execute.resolve(target)
     missing = [
         p for p in inspect.signature(func).parameters if p not in kwargs and p not in ("rank", "world_size")
     ]
     if missing:
-        return "skipped", None, f"needs pytest fixtures {missing}, which torchrun mode does not provide"
+        return "skipped", None, f"needs pytest fixtures {missing}, which torchrun mode does not provide", ""
     full = {**kwargs}
     for placeholder in Placeholder:
         if placeholder.value in inspect.signature(func).parameters:
@@ -216,19 +216,21 @@ def _run(
         )
         faulthandler.dump_traceback_later(deadline, exit=True)
         try:
-            status, _, text = _run_one(name, target, kwargs, rank, world_size)
+            status, _, text, headline = _run_one(name, target, kwargs, rank, world_size)
         finally:
             faulthandler.cancel_dump_traceback_later()
             context._set_current(None)
         if status != "passed" and dist.is_initialized():
             dist.destroy_process_group()  # unblock peers waiting in a collective with this rank
-        store.set(f"result/{rank}", pickle.dumps((status, text)))
+        store.set(f"result/{rank}", pickle.dumps((status, text, headline)))
         keys = [f"result/{r}" for r in range(world_size)]
         store.wait(keys, timedelta(seconds=deadline))
         results = []
         for order, r in enumerate(range(world_size)):
-            peer_status, peer_text = pickle.loads(store.get(f"result/{r}"))
-            results.append(RankResult(rank=r, status=peer_status, text=peer_text, order=order))
+            peer_status, peer_text, peer_headline = pickle.loads(store.get(f"result/{r}"))
+            results.append(
+                RankResult(rank=r, status=peer_status, text=peer_text, headline=peer_headline, order=order)
+            )
         verdict = judge(results, world_size=world_size)
         counts[verdict.outcome] += 1
         if verdict.outcome == "failed":

@@ -1,28 +1,23 @@
 """Per-iteration bookkeeping of the scalers: where each optimizer stands, and its found_inf flags.
 
 Why a module of its own: the records are torch's private layout (``_per_optimizer_states[id(opt)]``
-is a dict with ``"stage"`` and ``"found_inf_per_device"``), which code written against torch's
-scalers reads, so both scalers keep it exactly; the scaler classes only move records through
+is a dict with exactly ``"stage"`` and ``"found_inf_per_device"``, the stage a member of torch's own
+``torch.amp.grad_scaler.OptState``), which code written against torch's scalers reads and compares
+(torch's own tests compare a record with ``_refresh_per_optimizer_state()``), so both scalers keep it
+exactly: no enum of our own (its members would never equal torch's) and no extra key (what a scaler
+needs beyond torch's record lives on the scaler). The scaler classes only move records through
 ``READY -> UNSCALED -> STEPPED`` and reset them in ``update()``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from enum import Enum
 from typing import Any
 
 import torch
+from torch.amp.grad_scaler import OptState
 
 __all__ = ["OptState", "OptimizerRecords", "sum_on"]
-
-
-class OptState(Enum):
-    """Where one optimizer is within the current iteration (reset by ``update()``)."""
-
-    READY = 0
-    UNSCALED = 1
-    STEPPED = 2
 
 
 _READY = OptState.READY  # a module name: cheaper than the Enum lookup on every first access

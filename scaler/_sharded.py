@@ -137,6 +137,9 @@ class ShardedGradScaler(GradScaler):
         self._counts: dict[str, torch.Tensor | None] = dict.fromkeys(("skipped_steps", "resets", "backoffs"))
         self._reduction_cache: tuple[dist.ProcessGroup, torch.device, torch.device] | None = None
         self._last_found_inf: dict[int, torch.Tensor | bool] = {}
+        # Skip decisions made on the host at step() this iteration, by id(optimizer); kept here, not
+        # in the per-optimizer records, which hold exactly torch's keys (see scaler._records).
+        self._host_skips: dict[int, bool] = {}
 
     # --------------------------------------------------------------------------- process group
     @property
@@ -230,7 +233,7 @@ class ShardedGradScaler(GradScaler):
         self, optimizer: torch.optim.Optimizer, record: dict[str, Any], *args: Any, **kwargs: Any
     ) -> Any:
         (flag,) = record["found_inf_per_device"].values()
-        record["skipped"] = skipped = bool(flag.item())  # the one sync torch's non-fused path makes too
+        self._host_skips[id(optimizer)] = skipped = bool(flag.item())  # the sync torch's path makes too
         return None if skipped else optimizer.step(*args, **kwargs)
 
     def _after_step(self, optimizer: torch.optim.Optimizer, record: dict[str, Any]) -> None:
@@ -238,9 +241,10 @@ class ShardedGradScaler(GradScaler):
         if not found:  # deprecated ``grad_scaler=`` optimizers check infs themselves
             return
         self._steps += 1
-        if "skipped" in record:  # decided on the host already: count there, no tensor op
-            self._skipped_on_host += record["skipped"]
-            self._last_found_inf[id(optimizer)] = record["skipped"]
+        skipped = self._host_skips.get(id(optimizer))
+        if skipped is not None:  # decided on the host already: count there, no tensor op
+            self._skipped_on_host += skipped
+            self._last_found_inf[id(optimizer)] = skipped
         else:  # fused: the decision lives on the device; count without syncing
             (flag,) = found.values()
             self._last_found_inf[id(optimizer)] = flag
@@ -262,11 +266,16 @@ class ShardedGradScaler(GradScaler):
             self._resets_on_host += tracker.item() == 0
         else:
             self._counter("resets").add_(tracker == 0)
-        records = self._per_optimizer_states.values()
-        if all("skipped" in record for record in records):  # decided on the host at step()
-            self._backoffs_on_host += any(record["skipped"] for record in records)
+        skips = self._host_skips
+        if all(key in skips for key in self._per_optimizer_states):  # decided on the host at step()
+            self._backoffs_on_host += any(skips[key] for key in self._per_optimizer_states)
         else:
             self._counter("backoffs").add_(found_inf)
+
+    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        """GradScaler's ``update``; the host-side skip decisions end with the iteration's records."""
+        super().update(new_scale)
+        self._host_skips.clear()
 
     def step_was_skipped(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether this optimizer's last ``step`` through this scaler was skipped (syncs the host)."""
@@ -338,6 +347,7 @@ class ShardedGradScaler(GradScaler):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state.setdefault("_resets_on_host", 0)  # pickles made before the host-side count existed
+        state.setdefault("_host_skips", {})  # ... and before skip decisions left the records
         state["_counts"] = {
             name: None if value is None else torch.tensor(value, dtype=torch.float64)
             for name, value in state["_counts"].items()

@@ -73,6 +73,7 @@ _DROP_IN = "suites/scaler/test_sharded_drop_in.py"
 _API = "suites/scaler/test_grad_scaler_api.py"
 _FORCED_INF = "suites/parity/test_forced_inf.py"
 _POISONED = f"{_FORCED_INF}::test_the_run_matches_the_reference_where_every_rank_was_poisoned"
+_RECORDS = "suites/scaler/test_optimizer_records.py"
 
 
 def _forced_inf(engine: str, optimizer: str, path: str = "plain", *, every_rank: bool = False) -> str:
@@ -312,7 +313,7 @@ PLANTS: tuple[Plant, ...] = (
         edits=(
             Edit(
                 file="_sharded.py",
-                old='            self._skipped_on_host += record["skipped"]\n',
+                old="            self._skipped_on_host += skipped\n",
                 new="            self._skipped_on_host += 0  # planted: dead counter\n",
             ),
             Edit(
@@ -416,5 +417,36 @@ PLANTS: tuple[Plant, ...] = (
             ),
         ),
         tests=(_DROP_IN,),
+    ),
+    Plant(
+        name="records_hold_a_private_enum",
+        bug="per-optimizer records hold a stage enum of our own, never equal to torch's OptState",
+        edits=(
+            Edit(
+                file="_records.py",
+                old="from torch.amp.grad_scaler import OptState\n",
+                new=(
+                    "from enum import Enum\n\n\n"
+                    "class OptState(Enum):  # planted: a private enum\n"
+                    "    READY = 0\n    UNSCALED = 1\n    STEPPED = 2\n"
+                ),
+            ),
+        ),
+        tests=(f"{_RECORDS}::test_a_fresh_record_equals_torchs_fresh_record_before_and_after_pickling",),
+    ),
+    Plant(
+        name="records_hold_an_extra_key",
+        bug="ShardedGradScaler keeps its host skip decision in the record, a key torch's records lack",
+        edits=(
+            Edit(
+                file="_sharded.py",
+                old="        self._host_skips[id(optimizer)] = skipped = bool(flag.item())  # the sync torch's path makes too\n",
+                new=(
+                    "        self._host_skips[id(optimizer)] = skipped = bool(flag.item())\n"
+                    '        record["skipped"] = skipped  # planted: an extra key\n'
+                ),
+            ),
+        ),
+        tests=(f"{_RECORDS}::test_records_after_unscale_and_step_equal_torchs",),
     ),
 )

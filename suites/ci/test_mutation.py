@@ -29,6 +29,7 @@ BUG_CLASSES = {
     "dead_skip_counter",
     "fp16_grads_unchecked",
     "dtensor_grads_not_local",
+    "records_hold_a_private_enum",
 }
 """The bug classes the gate must catch (issue: the mutation check), each a plant."""
 

@@ -33,6 +33,17 @@ class TestOneRankFails(harness.DistributedTestCase):
             self.fail("rank 1 disagrees")
 
 
+class TestMultiLineMessageOnRank1(harness.DistributedTestCase):
+    world_size = 2
+
+    def test_rank1_raises_a_multi_line_message(self):
+        if self.rank == 1:
+            raise NotImplementedError(
+                "Could not run 'aten::eq.Tensor' with arguments from the 'SparseCPU' backend.\n\n"
+                "PythonDispatcher: registered at PythonFallbackKernel.cpp:196 [backend fallback]"
+            )
+
+
 class TestAsymmetricSkip(harness.DistributedTestCase):
     world_size = 2
 
@@ -135,6 +146,19 @@ class TestUnittestOutcomes(harness.DistributedTestCase):
     @parameterized.expand([("small", 1), ("large", 1000)])
     def test_expanded(self, _name, size):
         self.assertEqual(torch.ones(size).sum().item(), size)
+
+
+class TestTensorAssertEqualWithTheBaseOnly(harness.DistributedTestCase):
+    """Moved from MultiProcessTestCase by changing the base only: assertEqual still means torch's."""
+
+    world_size = 2
+
+    def test_tensor_assert_equal_without_torchs_test_case(self):
+        t = torch.ones(3) * (self.rank + 1)
+        dist.all_reduce(t)
+        self.assertEqual(t, torch.full((3,), 3.0))
+        with self.assertRaisesRegex(AssertionError, "dtype"):
+            self.assertEqual(t.long(), torch.full((3,), 3.0))
 
 
 class TestTorchTestCaseMixedIn(harness.DistributedTestCase, TorchTestCase):

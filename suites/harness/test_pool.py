@@ -29,6 +29,21 @@ def unpicklable():
     return threading.Lock()
 
 
+SPARSE_EQ_FIRST_LINE = "Could not run 'aten::eq.Tensor' with arguments from the 'SparseCPU' backend."
+
+
+def raise_a_multi_line_message_on_rank_1():
+    """Rank 1 raises what torch raises for ``==`` on sparse tensors: a message of many lines, the
+    last of them a dispatcher registration, not the error."""
+    if harness.current().rank == 1:
+        raise NotImplementedError(
+            f"{SPARSE_EQ_FIRST_LINE} This could be because the operator doesn't exist for this backend.\n"
+            "\nCPU: registered at aten/src/ATen/RegisterCPU.cpp:30477 [kernel]\n"
+            "PythonDispatcher: registered at ../aten/src/ATen/core/PythonFallbackKernel.cpp:196 "
+            "[backend fallback]"
+        )
+
+
 _left_running: list[subprocess.Popen] = []  # keeps the Popen alive: its __del__ would warn
 
 
@@ -89,6 +104,15 @@ def test_unimportable_target_fails_on_every_rank(pool):
     verdict = judge(pool.run(case("no_such_module_here:test_x", 2)), world_size=2)
     assert verdict.outcome == "failed"
     assert "ModuleNotFoundError: No module named 'no_such_module_here'" in verdict.summary
+
+
+def test_a_failure_whose_message_spans_lines_is_headlined_by_its_type_and_first_line(pool):
+    verdict = judge(pool.run(case(f"{__name__}:raise_a_multi_line_message_on_rank_1", 2)), world_size=2)
+    assert verdict.summary == (
+        "1 of 2 ranks did not pass; root cause: rank 1 failed: NotImplementedError: "
+        f"{SPARSE_EQ_FIRST_LINE} This could be because the operator doesn't exist for this backend."
+    )
+    assert "[rank 1] PythonDispatcher: registered at" in verdict.message, "the full report stays below"
 
 
 def test_unpicklable_return_value_is_a_clear_failure(pool):

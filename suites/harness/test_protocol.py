@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import harness
+from harness.execute import headline
 from harness.outcome import RankResult, describe_exit, judge
 from harness.protocol import (
     MESSAGE_TYPES,
@@ -41,7 +42,15 @@ EXAMPLES = [
     Shutdown(),
     RankStarted(rank=3, pid=4242),
     Ack(rank=1, command="init_group", error="Traceback ..."),
-    CaseFinished(case_id=7, rank=1, status="failed", value=None, text="[rank 1] boom", duration_s=0.25),
+    CaseFinished(
+        case_id=7,
+        rank=1,
+        status="failed",
+        value=None,
+        text="[rank 1] boom",
+        headline="ValueError: boom",
+        duration_s=0.25,
+    ),
     RankCrashed(rank=0, exitcode=-11),
 ]
 
@@ -84,6 +93,44 @@ def test_earliest_failure_is_the_root_cause():
     verdict = judge(results, world_size=2)
     assert verdict.outcome == "failed"
     assert verdict.summary == "2 of 2 ranks did not pass; root cause: rank 1 failed: ValueError: b"
+
+
+def test_a_failed_rank_is_named_by_the_headline_it_sent_not_its_texts_last_line():
+    text = (
+        "[rank 1] Traceback (most recent call last):\n[rank 1] ValueError: first line\n[rank 1] second line"
+    )
+    verdict = judge(
+        [r(0, "passed"), r(1, "failed", text=text, headline="ValueError: first line")], world_size=2
+    )
+    assert verdict.summary == "1 of 2 ranks did not pass; root cause: rank 1 failed: ValueError: first line"
+
+
+def test_a_symptom_is_recognised_by_its_headline_when_its_message_spans_lines():
+    """A c10d error's first line says the peer is gone; C++ stack frames follow it."""
+    symptom = r(
+        0, "failed", 0, "[rank 0] frame #0: c10::Error", headline="RuntimeError: Connection closed by peer"
+    )
+    cause = r(1, "failed", 1, "[rank 1] KeyError: 'a'", headline="KeyError: 'a'")
+    assert "root cause: rank 1 failed: KeyError: 'a'" in judge([symptom, cause], world_size=2).summary
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (
+            NotImplementedError("Could not run 'aten::eq'\n\nCPU: registered at x"),
+            "NotImplementedError: Could not run 'aten::eq'",
+        ),
+        (ValueError("\n  indented after a blank line\nmore"), "ValueError: indented after a blank line"),
+        (AssertionError(), "AssertionError"),
+        (SystemExit(1), "SystemExit: 1"),
+        (KeyError("k"), "KeyError: 'k'"),
+        (harness.RankFailure("one\ntwo"), "harness.outcome.RankFailure: one"),
+    ],
+    ids=["multi-line", "leading-blank-line", "no-message", "sys-exit", "key-error", "qualified-type"],
+)
+def test_the_headline_is_the_exception_type_and_the_first_line_of_its_message(exc, expected):
+    assert headline(exc) == expected
 
 
 def test_peer_symptom_ranks_after_the_real_cause():

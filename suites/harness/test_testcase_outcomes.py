@@ -60,6 +60,16 @@ def test_a_failing_rank_fails_the_test_naming_the_rank(session):
     assert "reproduce: " in text and "inner_testcase.py::TestOneRankFails::test_rank1_fails" in text
 
 
+def test_a_failure_whose_message_spans_lines_is_named_by_its_type_and_first_line(session):
+    kind, text = outcome(session, "test_rank1_raises_a_multi_line_message")
+    assert kind == "failure"
+    assert (
+        "root cause: rank 1 failed: NotImplementedError: "
+        "Could not run 'aten::eq.Tensor' with arguments from the 'SparseCPU' backend.\n" in text
+    ), text
+    assert "[rank 1] PythonDispatcher: registered at" in text, "the full report stays below"
+
+
 def test_the_failure_shows_the_test_methods_traceback_without_harness_frames(session):
     kind, text = outcome(session, "test_rank1_fails")
     line = (
@@ -185,6 +195,10 @@ def test_parameterized_ids_are_test_names_for_k(session, tmp_path):
 
 def test_torchs_test_case_mixed_in_gives_its_tensor_assert_equal(session):
     assert outcome(session, "test_tensor_assert_equal") == ("passed", "")
+
+
+def test_tensor_assert_equal_in_the_ranks_is_torchs_with_the_base_class_alone(session):
+    assert outcome(session, "test_tensor_assert_equal_without_torchs_test_case") == ("passed", "")
 
 
 # -- collection-time skips -----------------------------------------------------------------------
