@@ -91,7 +91,9 @@ def tolerance_for(precision: str) -> profiles.ToleranceProfile:
     return {"fp32": profiles.FP32, "bf16": profiles.BF16, "fp16": profiles.FP16}[precision]
 
 
-def _close(expected: float, got: float, tolerance: profiles.ToleranceProfile | None) -> bool:
+def within(expected: float, got: float, tolerance: profiles.ToleranceProfile | None) -> bool:
+    """Whether a curve value ``got`` matches ``expected`` (exactly when ``tolerance`` is ``None``;
+    non-finite values only the same non-finite value). ``ci.kernels`` holds families to it too."""
     if not (math.isfinite(expected) and math.isfinite(got)):
         return (math.isnan(expected) and math.isnan(got)) or expected == got
     if tolerance is None:
@@ -132,7 +134,7 @@ def _series(
     kind: str,
 ) -> Finding | None:
     differing = [
-        step for step, (e, g) in enumerate(zip(expected, got, strict=True)) if not _close(e, g, tolerance)
+        step for step, (e, g) in enumerate(zip(expected, got, strict=True)) if not within(e, g, tolerance)
     ]
     if not differing:
         return None

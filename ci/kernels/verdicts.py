@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from ci.gate.curves import tolerance_for
+from ci.gate.curves import tolerance_for, within
 
 BROKEN = frozenset({"fail", "crash", "error"})
 KINDS = ("broken", "status_differs", "scale_differs", "curve_differs", "missing")
@@ -80,12 +80,6 @@ def _relative(a: float, b: float) -> float:
     if not (math.isfinite(a) and math.isfinite(b)):
         return math.inf
     return abs(a - b) / max(abs(a), abs(b))
-
-
-def _within(expected: float, got: float, rtol: float, atol: float) -> bool:
-    if expected == got or (math.isnan(expected) and math.isnan(got)):
-        return True
-    return abs(got - expected) <= atol + rtol * abs(expected)
 
 
 def compare(reports: Mapping[str, Mapping[str, Any]]) -> Comparison:
@@ -144,7 +138,7 @@ def compare(reports: Mapping[str, Mapping[str, Any]]) -> Comparison:
             worst = max((_relative(a, b) for a, b in pairs), default=0.0)
             spread[precision] = max(spread.get(precision, 0.0), worst)
             tolerance = tolerance_for(precision)
-            outside = [(a, b) for a, b in pairs if not _within(a, b, tolerance.rtol, tolerance.atol)]
+            outside = [(a, b) for a, b in pairs if not within(a, b, tolerance)]
             if outside:
                 a, b = outside[0]
                 findings.append(
