@@ -1,7 +1,12 @@
 """``python -m harness.parity`` (``make parity``): run the parity matrix and write the reports.
 
+Without ``--workload`` it runs the embedded default matrix; ``--workload my_workloads:resmlp`` (or
+a registered name) runs that workload's matrix (``workload_matrix.for_workload``). The workload's
+module is found on ``sys.path``: the current folder, ``PYTHONPATH``, installed packages.
+
 Exit status: 0 when every configuration that ran held its tolerance, 1 when any broke it (each is
-named), 2 for bad arguments or ranks that could not be started.
+named), 2 for bad arguments, a workload that cannot be used (the message names the fix) or ranks
+that could not be started.
 """
 
 from __future__ import annotations
@@ -9,12 +14,18 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
-from harness.parity import matrix, report, runner
+from harness.parity import matrix, report, runner, workload_matrix, workloads
 from harness.parity.select import ExpressionError, select
+from harness.parity.workload import WorkloadError
+
+
+class BadWorkload(Exception):
+    """A ``--workload`` that cannot be used; printed as it is, exit status 2."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -52,6 +63,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--deadline", type=float, default=60.0, help="seconds allowed per configuration (default 60)"
     )
     parser.add_argument("--no-plot", action="store_true", help="do not write parity.png")
+    parser.add_argument(
+        "--workload",
+        action="append",
+        default=[],
+        metavar="NAME|MODULE:FUNCTION",
+        help="check this workload instead of the embedded matrix: a factory returning a "
+        "harness.parity.Workload (e.g. my_workloads:resmlp, found from the current folder and "
+        "PYTHONPATH) or a registered name (--list shows them); repeatable",
+    )
     options = parser.parse_args(argv)
     if options.world_size < 1:
         parser.error(f"--world-size must be >= 1, got {options.world_size}")
@@ -59,18 +79,41 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--batch-size must be >= 1, got {options.batch_size}")
     if not options.deadline > 0:
         parser.error(f"--deadline must be > 0 seconds, got {options.deadline}")
+    if os.getcwd() not in sys.path:  # the ranks get this sys.path: the workload imports there too
+        sys.path.insert(0, os.getcwd())
     try:
-        options.configs = select(
-            matrix.default_matrix(
-                world_size=options.world_size, backend=options.backend, scaler=options.scaler
-            ),
-            options.expression,
-        )
+        options.configs = select(_matrix(options), options.expression)
     except ExpressionError as error:
         parser.error(str(error))
     if not options.configs:
         parser.error(f"-k {options.expression!r} selects no configuration; see --list for the ids")
     return options
+
+
+def _matrix(options: argparse.Namespace) -> list[matrix.ParityConfig]:
+    """The embedded matrix, or every ``--workload``'s (each checked first: :class:`BadWorkload`)."""
+    kwargs = {"world_size": options.world_size, "backend": options.backend, "scaler": options.scaler}
+    if not options.workload:
+        return matrix.default_matrix(**kwargs)
+    configs = []
+    for name in options.workload:
+        try:
+            if not options.list:
+                from harness.parity.checks import check
+
+                check(workloads.get(name))
+            configs += workload_matrix.for_workload(name, **kwargs)
+        except WorkloadError as error:
+            raise BadWorkload(str(error)) from None
+    return matrix.unique(configs)
+
+
+def list_workloads() -> list[str]:
+    """The lines ``--list`` ends with: every registered workload and where it comes from."""
+    lines = ["", "workloads (--workload NAME, or --workload module:function for your own):"]
+    for name, (spec, source) in sorted(workloads.available().items()):
+        lines.append(f"  {name:<14} {spec}  ({source})")
+    return lines
 
 
 def _gpus(backend: str) -> int:
@@ -92,12 +135,17 @@ def _progress(update: runner.Progress) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    options = parse_args(argv)
+    try:
+        options = parse_args(argv)
+    except BadWorkload as error:
+        print(f"parity: {error}", file=sys.stderr)
+        return 2
     gpus = _gpus(options.backend)
     if options.list:
         for config in options.configs:
             reason = matrix.unsupported_reason(config, gpus=gpus)
             print(config.id + (f"  (not here: {reason})" if reason else ""))
+        print("\n".join(list_workloads()))
         return 0
     import torch
 

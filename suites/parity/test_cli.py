@@ -1,10 +1,14 @@
 """``python -m harness.parity`` (``make parity``) as a user runs it: progress, reports, exit status."""
 
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from fixtures import user_workloads
 
 
 def parity(*args, cwd):
@@ -16,7 +20,7 @@ def parity(*args, cwd):
 def test_list_prints_the_selected_ids_and_why_some_cannot_run_here(tmp_path):
     done = parity("--list", "-k", "sparse", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [
+    assert done.stdout.splitlines()[:3] == [
         "ddp-fp32-sgd-embedding-w2",
         "ddp-fp16-sgd_plain-embedding-w2  (not here: gloo cannot all-reduce fp16 sparse gradients "
         "('cadd_sparse' not implemented for 'Half'); the GPU tier runs it)",
@@ -68,3 +72,60 @@ def test_a_configuration_that_breaks_its_tolerance_exits_1_and_is_named(tmp_path
         in done.stdout
     )
     assert not (tmp_path / "reports" / "parity.png").exists()
+
+
+# -- a user's own workload, from a folder outside the checkout ----------------------------------------
+USER_WORKLOADS = Path(__file__).parents[2] / "fixtures" / "user_workloads.py"
+
+
+@pytest.fixture
+def user_folder(tmp_path):
+    """A fresh folder holding the user's ``my_workloads.py`` (nothing else of the project)."""
+    shutil.copy(USER_WORKLOADS, tmp_path / "my_workloads.py")
+    return tmp_path
+
+
+def test_a_users_workload_runs_from_the_current_folder(user_folder):
+    done = parity(
+        "--workload",
+        "my_workloads:resmlp",
+        "-k",
+        "fsdp2 and keep and bf16 and not offload and sgd",
+        "--no-plot",
+        cwd=user_folder,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[1/1] pass  fsdp2-keep-bf16-sgd-resmlp-w2" in done.stdout
+
+
+def test_a_model_that_trains_differently_when_sharded_fails_naming_the_step_and_the_tensor(user_folder):
+    """Weight decay that reads ``model.parameters()`` outside forward sees each rank's shard under
+    FSDP1: the run diverges at step 0, and the report says where."""
+    done = parity(
+        "--workload",
+        "my_workloads:l2_outside_forward",
+        "-k",
+        "full_shard and orig and fp32 and sgd and suite=fsdp_vs_ddp",
+        "--no-plot",
+        cwd=user_folder,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    config_id = "fsdp1-full_shard-orig-fp32-sgd-l2_outside_forward-w2"
+    assert f"parity: 1 configuration(s) broke their tolerance: {config_id}" in done.stdout
+    (row,) = json.loads((user_folder / "reports" / "parity.json").read_text())["configs"]
+    assert row["status"] == "fail" and row["first_diverging_step"] == 0
+    assert "step 0, rank 0 loss" in done.stdout
+    parameters = {name for name, _ in user_workloads.ResMLP().named_parameters()}
+    assert row["worst"]["step"] == 0 and row["worst"]["name"] in parameters, row["worst"]
+
+
+@pytest.mark.parametrize(
+    ("workload", "complaint"),
+    [
+        ("my_workloads:data_not_deterministic", "returned different data on two calls"),
+        ("not_here:resmlp", "no module named 'not_here'; run from the folder that holds not_here.py"),
+    ],
+)
+def test_a_workload_that_cannot_be_used_exits_2_naming_the_fix(user_folder, workload, complaint):
+    done = parity("--workload", workload, cwd=user_folder)
+    assert done.returncode == 2 and complaint in done.stderr, done.stderr
