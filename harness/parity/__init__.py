@@ -17,6 +17,7 @@ package imports neither torch nor the rank side.
 
 from harness.parity.matrix import Fault, ParityConfig, default_matrix, unsupported_reason
 from harness.parity.select import select
+from harness.parity.testing import parity_test
 from harness.parity.workload import Workload, WorkloadError
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "Workload",
     "WorkloadError",
     "default_matrix",
+    "parity_test",
     "select",
     "unsupported_reason",
 ]
