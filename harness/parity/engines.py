@@ -59,6 +59,7 @@ class Engine:
         if self.workload.sparse:  # sparse workloads train in their precision throughout
             model = model.to(DTYPES[config.precision])
         self.module = model.to(device)
+        self.first_unit = self._first_unit_prefix()  # before wrapping: FSDP1 renames submodules
         self.wrapped = self.wrap(self.module)
 
     # -- building ---------------------------------------------------------------------------------
@@ -77,7 +78,7 @@ class Engine:
         named = self.named_trainable()
         if optimizers == 1:
             return [[p for _, p in named]]
-        prefix = self._first_unit_prefix()
+        prefix = self.first_unit or "\0"  # no unit: nothing is inside it, refused below
         first = [p for n, p in named if n.startswith(prefix)]
         rest = [p for n, p in named if not n.startswith(prefix)]
         if not first or not rest:
@@ -87,12 +88,12 @@ class Engine:
             )
         return [first, rest]
 
-    def _first_unit_prefix(self) -> str:
+    def _first_unit_prefix(self) -> str | None:
         units = self.workload.units or (nn.Module,)
         for name, module in self.module.named_modules():
             if name and isinstance(module, units) and any(p.requires_grad for p in module.parameters()):
                 return name + "."
-        raise ValueError(f"workload {self.workload.name!r} has no unit holding trainable parameters")
+        return None
 
     def make_optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
         """The configuration's optimizer over ``params`` (``own``: the workload's)."""

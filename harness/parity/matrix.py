@@ -407,12 +407,16 @@ def cpu_offload(*, world_size: int = 2, backend: str = "gloo") -> list[ParityCon
 
 
 def default_matrix(*, world_size: int = 2, backend: str = "gloo", scaler: str = "ours") -> list[ParityConfig]:
-    """Every suite's configurations: what ``python -m harness.parity`` runs by default."""
+    """Every suite's configurations, and a few rows of each showcase workload (the Llama-style
+    decoder and the conv net): what ``python -m harness.parity`` runs by default."""
+    from harness.parity import workload_matrix
+
     configs = [
         *fsdp_vs_ddp(world_size=world_size, backend=backend),
         *forced_inf(world_size=world_size, backend=backend),
         *sparse(world_size=world_size, backend=backend),
         *cpu_offload(world_size=world_size, backend=backend),
+        *workload_matrix.showcase(world_size=world_size, backend=backend),
     ]
     if scaler != "ours":
         configs = [c.with_(scaler=scaler) for c in configs]

@@ -41,6 +41,8 @@ BUILTIN = {
     "transformer": "harness.parity.builtin.toys:transformer",
     "frozen": "harness.parity.builtin.toys:frozen",
     "embedding": "harness.parity.builtin.toys:embedding",
+    "llama": "harness.parity.builtin.llama:llama",
+    "convnet": "harness.parity.builtin.convnet:convnet",
 }
 """Built-in names and their factories (resolved like any user's spec)."""
 

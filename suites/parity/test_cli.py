@@ -1,6 +1,7 @@
 """``python -m harness.parity`` (``make parity``) as a user runs it: progress, reports, exit status."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -129,3 +130,44 @@ def test_a_model_that_trains_differently_when_sharded_fails_naming_the_step_and_
 def test_a_workload_that_cannot_be_used_exits_2_naming_the_fix(user_folder, workload, complaint):
     done = parity("--workload", workload, cwd=user_folder)
     assert done.returncode == 2 and complaint in done.stderr, done.stderr
+
+
+def _installed_package(folder):
+    """A package that names its workload in the ``shardscale.workloads`` entry-point group, as its
+    wheel's metadata would (a ``.dist-info`` folder on ``sys.path``)."""
+    shutil.copy(USER_WORKLOADS, folder / "resmlp_parity.py")
+    info = folder / "resmlp_models-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: resmlp-models\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[shardscale.workloads]\nresmlp = resmlp_parity:resmlp\n")
+    return {**os.environ, "PYTHONPATH": str(folder)}
+
+
+def test_list_shows_the_builtin_workloads_and_those_installed_packages_name(tmp_path):
+    env = _installed_package(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.parity", "--list", "-k", "sparse"],
+        cwd=tmp_path / "..",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "  llama          harness.parity.builtin.llama:llama  (built-in)" in lines
+    assert "  resmlp         resmlp_parity:resmlp  (entry point of resmlp-models)" in lines
+
+
+def test_a_workload_named_by_an_entry_point_runs_by_its_name(tmp_path):
+    env = _installed_package(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.parity", "--workload", "resmlp", "-k", "ddp and inf@r1", "--no-plot"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "pass  ddp-fp32-sgd-resmlp-inf@r1s2-inf@r1s5-w2" in done.stdout
