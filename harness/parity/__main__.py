@@ -19,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness.parity import matrix, report, runner, workload_matrix, workloads
+from harness.parity import launched, matrix, report, runner, workload_matrix, workloads
+from harness.parity.result import ParityResult
 from harness.parity.select import ExpressionError, select
 from harness.parity.workload import WorkloadError
 
@@ -39,8 +40,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--world-size",
         type=int,
-        default=2,
-        help="ranks per configuration (default 2; HYBRID_SHARD needs >= 4)",
+        default=launched.world_size() if launched.launched() else 2,
+        help="ranks per configuration (default 2; HYBRID_SHARD needs >= 4); under torchrun, the launched world size",
     )
     parser.add_argument(
         "--scaler",
@@ -75,6 +76,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     options = parser.parse_args(argv)
     if options.world_size < 1:
         parser.error(f"--world-size must be >= 1, got {options.world_size}")
+    if launched.launched() and options.world_size != launched.world_size():
+        parser.error(
+            f"--world-size {options.world_size} under torchrun, which launched {launched.world_size()} "
+            "processes; leave --world-size out (configurations run at the launched world size)"
+        )
     if options.batch_size < 1:
         parser.error(f"--batch-size must be >= 1, got {options.batch_size}")
     if not options.deadline > 0:
@@ -135,30 +141,50 @@ def _progress(update: runner.Progress) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    in_torchrun = launched.launched()
+    quiet = in_torchrun and int(os.environ["RANK"]) != 0  # under torchrun, global rank 0 speaks
     try:
         options = parse_args(argv)
     except BadWorkload as error:
-        print(f"parity: {error}", file=sys.stderr)
+        if not quiet:
+            print(f"parity: {error}", file=sys.stderr)
         return 2
     gpus = _gpus(options.backend)
     if options.list:
-        for config in options.configs:
-            reason = matrix.unsupported_reason(config, gpus=gpus)
-            print(config.id + (f"  (not here: {reason})" if reason else ""))
-        print("\n".join(list_workloads()))
+        if not quiet:
+            for config in options.configs:
+                reason = matrix.unsupported_reason(config, gpus=gpus)
+                print(config.id + (f"  (not here: {reason})" if reason else ""))
+            print("\n".join(list_workloads()))
         return 0
     import torch
 
+    if not quiet:
+        print(
+            f"parity: {len(options.configs)} configurations, {options.backend}, world size {options.world_size}"
+            + (" (torchrun)" if in_torchrun else "")
+            + f", scaler {options.scaler}, torch {torch.__version__}",
+            flush=True,
+        )
+    started = time.monotonic()
+
+    def finish(results: list[ParityResult]) -> int:
+        return _finish(
+            options, results, time.monotonic() - started, launcher="torchrun" if in_torchrun else "pool"
+        )
+
+    if in_torchrun:
+        return launched.run(
+            options.configs,
+            backend=options.backend,
+            deadline_per_config_s=options.deadline,
+            batch_size=options.batch_size,
+            gpus=gpus,
+            on_progress=_progress,
+            finish=finish,
+        )
     from harness.pool import PoolError, RankPool
 
-    out = Path(options.out)
-    out.mkdir(parents=True, exist_ok=True)
-    print(
-        f"parity: {len(options.configs)} configurations, {options.backend}, world size {options.world_size}, "
-        f"scaler {options.scaler}, torch {torch.__version__}",
-        flush=True,
-    )
-    started = time.monotonic()
     pool = RankPool(threads_per_rank=1)
     try:
         outcomes = runner.run(
@@ -174,13 +200,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         pool.close()
-    wall = time.monotonic() - started
-    results = [outcome.result for outcome in outcomes]
+    return finish([outcome.result for outcome in outcomes])
+
+
+def _finish(options: argparse.Namespace, results: list[ParityResult], wall: float, *, launcher: str) -> int:
+    """Write the reports, print the summary; the exit status (1 when a configuration broke)."""
+    import torch
+
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
     run = {
         "backend": options.backend,
         "world_size": options.world_size,
         "scaler": options.scaler,
         "filter": options.expression,
+        "workloads": options.workload,
+        "launcher": launcher,
         "torch": torch.__version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "wall_s": round(wall, 2),
