@@ -45,7 +45,11 @@ def test_bad_arguments_exit_2_with_the_fix(tmp_path, args, complaint):
 
 def test_a_passing_run_shows_progress_and_writes_the_three_reports(tmp_path):
     done = parity(
-        "-k", "suite=fsdp_vs_ddp and fsdp2 and reshard and fp32 and not offload", "--out", "out", cwd=tmp_path
+        "-k",
+        "suite=fsdp_vs_ddp and fsdp2 and reshard and fp32 and not offload and not (llama or convnet)",
+        "--out",
+        "out",
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[1/5] pass" in done.stdout and "[5/5] pass" in done.stdout and "ETA" in done.stdout
