@@ -86,6 +86,8 @@ class Workload:
                 raise WorkloadError(
                     f"Workload {self.name!r}: {field} must be callable, got {type(getattr(self, field)).__name__}"
                 )
+        if isinstance(self.units, (list, set, frozenset)):
+            object.__setattr__(self, "units", tuple(self.units))  # frozen: the one normalisation
         if not isinstance(self.units, tuple) or not all(isinstance(u, type) for u in self.units):
             raise WorkloadError(
                 f"Workload {self.name!r}: units must be a tuple of module classes, got {self.units!r}; "

@@ -103,25 +103,40 @@ def test_a_users_workload_runs_from_the_current_folder(user_folder):
     assert "[1/1] pass  fsdp2-keep-bf16-sgd-resmlp-w2" in done.stdout
 
 
-def test_a_model_that_trains_differently_when_sharded_fails_naming_the_step_and_the_tensor(user_folder):
-    """Weight decay that reads ``model.parameters()`` outside forward sees each rank's shard under
-    FSDP1: the run diverges at step 0, and the report says where."""
+@pytest.fixture
+def broken_run(user_folder):
+    """A model whose weight decay reads ``model.parameters()`` outside forward, where FSDP1 holds
+    each rank's shard: ``(completed CLI run, {id: parity.json row})`` for FULL_SHARD, flat and
+    original parameters."""
     done = parity(
         "--workload",
         "my_workloads:l2_outside_forward",
         "-k",
-        "full_shard and orig and fp32 and sgd and suite=fsdp_vs_ddp",
+        "full_shard and fp32 and sgd and suite=fsdp_vs_ddp",
         "--no-plot",
         cwd=user_folder,
     )
+    rows = json.loads((user_folder / "reports" / "parity.json").read_text())["configs"]
+    return done, {row["id"]: row for row in rows}
+
+
+def test_a_model_that_trains_differently_when_sharded_fails_naming_the_step_and_the_tensor(broken_run):
+    done, rows = broken_run
     assert done.returncode == 1, done.stdout + done.stderr
-    config_id = "fsdp1-full_shard-orig-fp32-sgd-l2_outside_forward-w2"
-    assert f"parity: 1 configuration(s) broke their tolerance: {config_id}" in done.stdout
-    (row,) = json.loads((user_folder / "reports" / "parity.json").read_text())["configs"]
+    row = rows["fsdp1-full_shard-orig-fp32-sgd-l2_outside_forward-w2"]
     assert row["status"] == "fail" and row["first_diverging_step"] == 0
-    assert "step 0, rank 0 loss" in done.stdout
+    assert f"FAIL {row['id']}: step 0, rank 0 loss" in done.stdout
     parameters = {name for name, _ in user_workloads.ResMLP().named_parameters()}
     assert row["worst"]["step"] == 0 and row["worst"]["name"] in parameters, row["worst"]
+
+
+def test_a_model_that_crashes_only_under_fsdp_is_a_crash_row_with_its_traceback(broken_run, user_folder):
+    done, rows = broken_run
+    row = rows["fsdp1-full_shard-flat-fp32-sgd-l2_outside_forward-w2"]
+    assert row["status"] == "crash", row
+    assert f"CRASH {row['id']}: step 0, the candidate raised" in done.stdout
+    markdown = (user_folder / "reports" / "parity.md").read_text()
+    assert "Traceback (most recent call last)" in markdown, markdown
 
 
 @pytest.mark.parametrize(
