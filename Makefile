@@ -37,14 +37,16 @@ setup: ## create or refresh .venv (idempotent; re-runs when TORCH, PIP_ARGS or p
 	fi
 
 # make parity [BACKEND=gloo] [WORLD_SIZE=2] [SCALER=ours] [K='fsdp2 and not bf16'] [REPORTS=reports]
+#             [WORKLOAD=my_workloads:resmlp]  (your own workload's matrix instead of the embedded one)
 # Plain `=`: only the command line overrides these (a WORLD_SIZE exported by a cluster job does not).
 BACKEND    = gloo
 WORLD_SIZE = 2
 SCALER     = ours
 REPORTS    = reports
 K          =
+WORKLOAD   =
 parity: setup ## the parity matrix against DDP; writes reports/parity.{json,md,png}; exits 1 if a configuration broke its tolerance
-	$(PY) -m harness.parity --backend $(BACKEND) --world-size $(WORLD_SIZE) --scaler $(SCALER) --out $(REPORTS) $(if $(K),-k "$(K)")
+	$(PY) -m harness.parity --backend $(BACKEND) --world-size $(WORLD_SIZE) --scaler $(SCALER) --out $(REPORTS) $(if $(K),-k "$(K)") $(if $(WORKLOAD),--workload "$(WORKLOAD)")
 
 test: setup ## all suites on CPU/gloo (.ci/run runs exactly this)
 	$(PY) -m pytest suites -q

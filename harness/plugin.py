@@ -92,6 +92,9 @@ def pytest_configure(config: pytest.Config) -> None:
             f"--dist-deadline must be > 0 seconds, got {config.getoption('dist_deadline')}"
         )
     config.stash[_state_key] = SessionState(config)
+    from harness.parity import pytest_plugin
+
+    config.pluginmanager.register(pytest_plugin, "shardscale-parity")
 
 
 def session_state(config: pytest.Config) -> SessionState | None:

@@ -6,6 +6,11 @@ includes starting the pool. The alternative, what PyTorch's ``MultiProcessTestCa
 test, spawns fresh ranks (``spawn``: a new interpreter importing torch) for each configuration,
 builds a process group and runs the same ``rank_side.run_batch([config])``; it is timed on a
 sample (``SAMPLE`` configurations spread over the matrix) and extrapolated to the matrix's size.
+
+The user-workload overhead: what the tool costs a user over training their model. The matrix of a
+workload (``USER_WORKLOAD``, as ``python -m harness.parity --workload`` runs it, on a fresh pool)
+against a plain loop in this process training the same model for the same number of steps (each
+configuration's candidate and reference steps): no wrapper, no scaler, no recording, no gather.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import warnings
 from harness.parity import matrix, runner
 
 SAMPLE = 6
+USER_WORKLOAD = "llama"
+"""A built-in that looks like a user's model, resolved as a user's is."""
 
 
 def _spawned_rank(rank: int, world_size: int, store_path: str, config: matrix.ParityConfig) -> None:
@@ -64,17 +71,58 @@ def spawn_one(config: matrix.ParityConfig) -> float:
         return time.perf_counter() - started
 
 
-def measure() -> dict[str, object]:
+def _on_pool(configs: list[matrix.ParityConfig]) -> tuple[float, list[runner.Outcome]]:
     from harness.pool import RankPool
 
-    configs = [c for c in matrix.default_matrix() if matrix.unsupported_reason(c) is None]
     started = time.perf_counter()
     pool = RankPool(threads_per_rank=1)
     try:
         outcomes = runner.run(configs, runner.pool_executor(pool), keep_records=False)
     finally:
         pool.close()
-    wall = time.perf_counter() - started
+    return time.perf_counter() - started, outcomes
+
+
+def plain_loop(workload_name: str, steps: int) -> float:
+    """Seconds to train the workload's model for ``steps`` steps in a plain loop (fp32, SGD)."""
+    import torch
+
+    from harness.parity import workloads
+
+    workload = workloads.get(workload_name)
+    torch.set_num_threads(1)
+    model = workloads.build_model(workload, 0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    started = time.perf_counter()
+    for step in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        workload.loss(model, workloads.make_batch(workload, 0, 0, step)).backward()
+        optimizer.step()
+    return time.perf_counter() - started
+
+
+def measure_user_workload(name: str = USER_WORKLOAD) -> dict[str, object]:
+    """The tool's wall time on one workload's matrix against the same steps in a plain loop."""
+    from harness.parity import workload_matrix
+
+    configs = [c for c in workload_matrix.for_workload(name) if matrix.unsupported_reason(c) is None]
+    wall, _ = _on_pool(configs)
+    steps = 2 * sum(c.steps for c in configs)  # candidate and reference, per rank
+    plain = plain_loop(name, steps)
+    return {
+        "workload": name,
+        "configs": len(configs),
+        "steps": steps,
+        "tool_wall_s": wall,
+        "plain_loop_s": plain,
+        "ratio_tool_per_plain": wall / plain,
+    }
+
+
+def measure() -> dict[str, object]:
+
+    configs = [c for c in matrix.default_matrix() if matrix.unsupported_reason(c) is None]
+    wall, outcomes = _on_pool(configs)
     broken = [o.result.config.id for o in outcomes if o.result.broken]
     step = max(1, len(configs) // SAMPLE)
     sample = configs[::step][:SAMPLE]
@@ -97,6 +145,7 @@ def measure() -> dict[str, object]:
         "ratio_spawn_per_warm": spawn_mean * len(configs) / wall,
         "spawn_sample": len(spawned),
         "spawn_failures": failed,
+        "user_workload": measure_user_workload(),
     }
 
 
@@ -107,14 +156,29 @@ def render(m: dict[str, object]) -> str:
             "parity matrix (gloo, world size 2)",
             "-" * 72,
             f"warm pool, whole matrix:   {m['matrix_wall_s']:7.1f} s for {m['configs']} configurations "
-            f"({m['per_config_warm_s'] * 1e3:.0f} ms each, pool start included; {m['broken']} broken)",
+            f"({m['per_config_warm_s'] * 1e3:.0f} ms each, {m['configs'] / m['matrix_wall_s']:.1f} "
+            f"configurations/s, pool start included; {m['broken']} broken)",
             f"one spawn per config:      {m['spawn_per_config_s']:7.2f} s each (mean of {m['spawn_sample']}), "
             f"{extrapolated:.0f} s for the matrix",
             "-" * 72,
             f"ratio spawn per configuration / warm pool: {m['ratio_spawn_per_warm']:.0f}x",
             *(f"(spawn failed, left out of the mean: {failure})" for failure in m["spawn_failures"]),
+            *_render_user(m.get("user_workload")),
         ]
     )
+
+
+def _render_user(u: object) -> list[str]:
+    if not isinstance(u, dict):  # a bench.json written before the user-workload measure
+        return []
+    return [
+        "",
+        f"user workload {u['workload']!r}, its whole matrix: {u['tool_wall_s']:7.1f} s for {u['configs']} "
+        f"configurations ({u['steps']} steps trained, pool start included)",
+        f"the same {u['steps']} steps in a plain loop:   {u['plain_loop_s']:7.1f} s (one process, no wrapper, "
+        "scaler or recording)",
+        f"ratio tool / plain loop: {u['ratio_tool_per_plain']:.1f}x",
+    ]
 
 
 def main() -> int:

@@ -6,12 +6,27 @@ Data flow (one module per stage; ``docs/architecture.md`` draws it)::
         --> record.RunRecord (reference, candidate) --> compare.compare_runs --> result.ParityResult
         --> report (parity.json, parity.md), plot (parity.png)
 
-``python -m harness.parity`` runs the embedded default matrix (``matrix.default_matrix``); the
-pytest suites under ``suites/parity`` expand the same lists. Importing this package imports neither
-torch nor the rank side.
+What is trained is a :class:`Workload` (``workload.py``): a model, its data and loss, and its FSDP
+units, made by a module-level factory that ranks import by name (``workloads.py`` resolves names,
+``checks.py`` rejects unusable ones, ``workload_matrix.py`` lists the configurations that check
+one). ``python -m harness.parity`` runs the embedded default matrix (``matrix.default_matrix``),
+or ``--workload module:function``'s; the pytest suites under ``suites/parity`` expand the same
+lists, and ``parity_test`` (``testing.py``) turns a user's workload into tests. Importing this
+package imports neither torch nor the rank side.
 """
 
 from harness.parity.matrix import Fault, ParityConfig, default_matrix, unsupported_reason
 from harness.parity.select import select
+from harness.parity.testing import parity_test
+from harness.parity.workload import Workload, WorkloadError
 
-__all__ = ["Fault", "ParityConfig", "default_matrix", "select", "unsupported_reason"]
+__all__ = [
+    "Fault",
+    "ParityConfig",
+    "Workload",
+    "WorkloadError",
+    "default_matrix",
+    "parity_test",
+    "select",
+    "unsupported_reason",
+]

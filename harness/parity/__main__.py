@@ -1,7 +1,12 @@
 """``python -m harness.parity`` (``make parity``): run the parity matrix and write the reports.
 
+Without ``--workload`` it runs the embedded default matrix; ``--workload my_workloads:resmlp`` (or
+a registered name) runs that workload's matrix (``workload_matrix.for_workload``). The workload's
+module is found on ``sys.path``: the current folder, ``PYTHONPATH``, installed packages.
+
 Exit status: 0 when every configuration that ran held its tolerance, 1 when any broke it (each is
-named), 2 for bad arguments or ranks that could not be started.
+named), 2 for bad arguments, a workload that cannot be used (the message names the fix) or ranks
+that could not be started.
 """
 
 from __future__ import annotations
@@ -9,12 +14,19 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
-from harness.parity import matrix, report, runner
+from harness.parity import launched, matrix, report, runner, workload_matrix, workloads
+from harness.parity.result import ParityResult
 from harness.parity.select import ExpressionError, select
+from harness.parity.workload import WorkloadError
+
+
+class BadWorkload(Exception):
+    """A ``--workload`` that cannot be used; printed as it is, exit status 2."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -28,8 +40,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--world-size",
         type=int,
-        default=2,
-        help="ranks per configuration (default 2; HYBRID_SHARD needs >= 4)",
+        default=launched.world_size() if launched.launched() else 2,
+        help="ranks per configuration (default 2; HYBRID_SHARD needs >= 4); under torchrun, the launched world size",
     )
     parser.add_argument(
         "--scaler",
@@ -52,25 +64,62 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--deadline", type=float, default=60.0, help="seconds allowed per configuration (default 60)"
     )
     parser.add_argument("--no-plot", action="store_true", help="do not write parity.png")
+    parser.add_argument(
+        "--workload",
+        action="append",
+        default=[],
+        metavar="NAME|MODULE:FUNCTION",
+        help="check this workload instead of the embedded matrix: a factory returning a "
+        "harness.parity.Workload (e.g. my_workloads:resmlp, found from the current folder and "
+        "PYTHONPATH) or a registered name (--list shows them); repeatable",
+    )
     options = parser.parse_args(argv)
     if options.world_size < 1:
         parser.error(f"--world-size must be >= 1, got {options.world_size}")
+    if launched.launched() and options.world_size != launched.world_size():
+        parser.error(
+            f"--world-size {options.world_size} under torchrun, which launched {launched.world_size()} "
+            "processes; leave --world-size out (configurations run at the launched world size)"
+        )
     if options.batch_size < 1:
         parser.error(f"--batch-size must be >= 1, got {options.batch_size}")
     if not options.deadline > 0:
         parser.error(f"--deadline must be > 0 seconds, got {options.deadline}")
+    if os.getcwd() not in sys.path:  # the ranks get this sys.path: the workload imports there too
+        sys.path.insert(0, os.getcwd())
     try:
-        options.configs = select(
-            matrix.default_matrix(
-                world_size=options.world_size, backend=options.backend, scaler=options.scaler
-            ),
-            options.expression,
-        )
+        options.configs = select(_matrix(options), options.expression)
     except ExpressionError as error:
         parser.error(str(error))
     if not options.configs:
         parser.error(f"-k {options.expression!r} selects no configuration; see --list for the ids")
     return options
+
+
+def _matrix(options: argparse.Namespace) -> list[matrix.ParityConfig]:
+    """The embedded matrix, or every ``--workload``'s (each checked first: :class:`BadWorkload`)."""
+    kwargs = {"world_size": options.world_size, "backend": options.backend, "scaler": options.scaler}
+    if not options.workload:
+        return matrix.default_matrix(**kwargs)
+    configs = []
+    for name in options.workload:
+        try:
+            if not options.list:
+                from harness.parity.checks import check
+
+                check(workloads.get(name))
+            configs += workload_matrix.for_workload(name, **kwargs)
+        except WorkloadError as error:
+            raise BadWorkload(str(error)) from None
+    return matrix.unique(configs)
+
+
+def list_workloads() -> list[str]:
+    """The lines ``--list`` ends with: every registered workload and where it comes from."""
+    lines = ["", "workloads (--workload NAME, or --workload module:function for your own):"]
+    for name, (spec, source) in sorted(workloads.available().items()):
+        lines.append(f"  {name:<14} {spec}  ({source})")
+    return lines
 
 
 def _gpus(backend: str) -> int:
@@ -92,25 +141,50 @@ def _progress(update: runner.Progress) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    options = parse_args(argv)
+    in_torchrun = launched.launched()
+    quiet = in_torchrun and int(os.environ["RANK"]) != 0  # under torchrun, global rank 0 speaks
+    try:
+        options = parse_args(argv)
+    except BadWorkload as error:
+        if not quiet:
+            print(f"parity: {error}", file=sys.stderr)
+        return 2
     gpus = _gpus(options.backend)
     if options.list:
-        for config in options.configs:
-            reason = matrix.unsupported_reason(config, gpus=gpus)
-            print(config.id + (f"  (not here: {reason})" if reason else ""))
+        if not quiet:
+            for config in options.configs:
+                reason = matrix.unsupported_reason(config, gpus=gpus)
+                print(config.id + (f"  (not here: {reason})" if reason else ""))
+            print("\n".join(list_workloads()))
         return 0
     import torch
 
+    if not quiet:
+        print(
+            f"parity: {len(options.configs)} configurations, {options.backend}, world size {options.world_size}"
+            + (" (torchrun)" if in_torchrun else "")
+            + f", scaler {options.scaler}, torch {torch.__version__}",
+            flush=True,
+        )
+    started = time.monotonic()
+
+    def finish(results: list[ParityResult]) -> int:
+        return _finish(
+            options, results, time.monotonic() - started, launcher="torchrun" if in_torchrun else "pool"
+        )
+
+    if in_torchrun:
+        return launched.run(
+            options.configs,
+            backend=options.backend,
+            deadline_per_config_s=options.deadline,
+            batch_size=options.batch_size,
+            gpus=gpus,
+            on_progress=_progress,
+            finish=finish,
+        )
     from harness.pool import PoolError, RankPool
 
-    out = Path(options.out)
-    out.mkdir(parents=True, exist_ok=True)
-    print(
-        f"parity: {len(options.configs)} configurations, {options.backend}, world size {options.world_size}, "
-        f"scaler {options.scaler}, torch {torch.__version__}",
-        flush=True,
-    )
-    started = time.monotonic()
     pool = RankPool(threads_per_rank=1)
     try:
         outcomes = runner.run(
@@ -126,13 +200,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         pool.close()
-    wall = time.monotonic() - started
-    results = [outcome.result for outcome in outcomes]
+    return finish([outcome.result for outcome in outcomes])
+
+
+def _finish(options: argparse.Namespace, results: list[ParityResult], wall: float, *, launcher: str) -> int:
+    """Write the reports, print the summary; the exit status (1 when a configuration broke)."""
+    import torch
+
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
     run = {
         "backend": options.backend,
         "world_size": options.world_size,
         "scaler": options.scaler,
         "filter": options.expression,
+        "workloads": options.workload,
+        "launcher": launcher,
         "torch": torch.__version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "wall_s": round(wall, 2),

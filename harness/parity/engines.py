@@ -26,18 +26,21 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 def cast_floats(batch: Any, dtype: torch.dtype) -> Any:
     """``batch`` with its floating-point tensors cast to ``dtype`` (FSDP casts forward inputs alike)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(dtype) if batch.is_floating_point() else batch
-    if isinstance(batch, dict):
-        return {key: cast_floats(value, dtype) for key, value in batch.items()}
-    return batch
+    return _tree_map(batch, lambda t: t.to(dtype) if t.is_floating_point() else t)
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
+    return _tree_map(batch, lambda t: t.to(device))
+
+
+def _tree_map(batch: Any, func: Any) -> Any:
+    """``func`` applied to every tensor of ``batch`` (through dicts, lists and tuples)."""
     if isinstance(batch, torch.Tensor):
-        return batch.to(device)
+        return func(batch)
     if isinstance(batch, dict):
-        return {key: to_device(value, device) for key, value in batch.items()}
+        return {key: _tree_map(value, func) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+        return type(batch)(_tree_map(value, func) for value in batch)
     return batch
 
 
@@ -56,6 +59,7 @@ class Engine:
         if self.workload.sparse:  # sparse workloads train in their precision throughout
             model = model.to(DTYPES[config.precision])
         self.module = model.to(device)
+        self.first_unit = self._first_unit_prefix()  # before wrapping: FSDP1 renames submodules
         self.wrapped = self.wrap(self.module)
 
     # -- building ---------------------------------------------------------------------------------
@@ -68,19 +72,47 @@ class Engine:
         return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
 
     def param_groups(self, optimizers: int) -> list[list[torch.Tensor]]:
-        """The parameters of each optimizer: all of them, or split at the workload's first unit."""
+        """The parameters of each optimizer: all of them, or split into the first unit's (the first
+        module of a ``units`` class, in module order, that holds trainable parameters; the first
+        such child without units) and the rest."""
         named = self.named_trainable()
         if optimizers == 1:
             return [[p for _, p in named]]
-        first = [p for n, p in named if n.startswith(self.workload.first_unit)]
-        rest = [p for n, p in named if not n.startswith(self.workload.first_unit)]
-        assert first and rest, f"two optimizers need parameters on both sides of {self.workload.first_unit!r}"
+        prefix = self.first_unit or "\0"  # no unit: nothing is inside it, refused below
+        first = [p for n, p in named if n.startswith(prefix)]
+        rest = [p for n, p in named if not n.startswith(prefix)]
+        if not first or not rest:
+            raise ValueError(
+                f"two optimizers need trainable parameters inside and outside the first unit {prefix!r} "
+                f"of workload {self.workload.name!r}"
+            )
         return [first, rest]
+
+    def _first_unit_prefix(self) -> str | None:
+        units = self.workload.units or (nn.Module,)
+        for name, module in self.module.named_modules():
+            if name and isinstance(module, units) and any(p.requires_grad for p in module.parameters()):
+                return name + "."
+        return None
+
+    def make_optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+        """The configuration's optimizer over ``params`` (``own``: the workload's)."""
+        from harness.parity.train import make_optimizer
+
+        if self.config.optimizer == "own":
+            if self.workload.optimizer is None:
+                raise ValueError(f"optimizer='own' but workload {self.workload.name!r} defines none")
+            return self.workload.optimizer(params)
+        return make_optimizer(self.config.optimizer, params)
 
     # -- one step ---------------------------------------------------------------------------------
     def batch(self, step: int, rank: int) -> Any:
-        generator = workloads.data_generator(self.config.seed, rank, step)
-        return self.workload.make_batch(generator, step)
+        return workloads.make_batch(self.workload, self.config.seed, rank, step)
+
+    def forward_rng(self, step: int) -> Any:
+        """torch's RNG seeded for this rank's forward of ``step`` (dropout masks match the
+        reference's: no engine draws from it between here and the model's own draws)."""
+        return workloads.seeded(workloads.forward_seed(self.config.seed, self.rank, step), self.device)
 
     def finish(self, batch: Any, scale: float) -> Any:
         if self.workload.finish_batch is None:
@@ -90,7 +122,8 @@ class Engine:
     def losses(self, step: int, scale: float) -> tuple[torch.Tensor, float]:
         """``(loss to back-propagate, this rank's loss as recorded)``."""
         batch = to_device(self.finish(self.batch(step, self.rank), scale), self.device)
-        loss = self.workload.loss(self.wrapped, batch)
+        with self.forward_rng(step):
+            loss = self.workload.loss(self.wrapped, batch)
         return loss, loss.item()
 
     unscales_first = False
@@ -146,14 +179,21 @@ class LowPrecisionDDP(Engine):
 
     def wrap(self, module: nn.Module) -> nn.Module:
         self.working = copy.deepcopy(module).to(self.dtype)
+        self.working.register_forward_pre_hook(self._cast_inputs, with_kwargs=True)
         return super().wrap(self.working)
+
+    def _cast_inputs(self, module: nn.Module, args: Any, kwargs: Any) -> tuple[Any, Any]:
+        """The root's forward inputs in the low dtype, as FSDP casts them (a loss that uses float
+        data outside the model, a regression target, sees it uncast in both runs)."""
+        return cast_floats(args, self.dtype), cast_floats(kwargs, self.dtype)
 
     def losses(self, step: int, scale: float) -> tuple[torch.Tensor, float]:
         with torch.no_grad():
             for low, master in zip(self.working.parameters(), self.module.parameters(), strict=True):
                 low.copy_(master)
-        batch = cast_floats(to_device(self.batch(step, self.rank), self.device), self.dtype)
-        loss = self.workload.loss(self.wrapped, batch)
+        batch = to_device(self.batch(step, self.rank), self.device)
+        with self.forward_rng(step):
+            loss = self.workload.loss(self.wrapped, batch)
         return loss, loss.item()
 
     def after_backward(self) -> None:
@@ -190,7 +230,8 @@ class SingleProcess(Engine):
             to_device(self.finish(self.batch(step, rank), scale), self.device)
             for rank in range(self.world_size)
         ]
-        parts = self.workload.losses(self.module, batches)
+        with self.forward_rng(step):
+            parts = self.workload.losses(self.module, batches)
         return torch.stack(parts).mean(), parts[self.rank].item()
 
 

@@ -23,11 +23,11 @@ from harness.parity import workloads
 ENGINES = ("ddp", "fsdp1", "fsdp2")
 FSDP1_SHARDING = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard")
 PRECISIONS = ("fp32", "fp16", "bf16")
-OPTIMIZERS = ("sgd", "adam", "adam_fused", "sgd_plain")
+OPTIMIZERS = ("sgd", "adam", "adam_fused", "sgd_plain", "own")
 """``sgd``: SGD with momentum 0.9 (not scale-invariant, so scaler bugs show); ``adam``:
 ``Adam(foreach=True)``; ``adam_fused``: ``Adam(fused=True)`` (unscales and skips inside its kernel);
 ``sgd_plain``: SGD without momentum (fp16 sparse gradients: a sparse momentum buffer needs a sparse
-``add`` that the CPU lacks for fp16)."""
+``add`` that the CPU lacks for fp16); ``own``: the workload's ``optimizer``."""
 PATHS = ("plain", "unscale_clip", "two_optimizers")
 """``plain``: ``scale -> backward -> step -> update``; ``unscale_clip``: ``unscale_`` then
 ``clip_grad_norm_`` before ``step``; ``two_optimizers``: the parameters split over two optimizers,
@@ -96,6 +96,9 @@ class ParityConfig:
     offload: bool = False
     """FSDP2: ``CPUOffloadPolicy(pin_memory=False)``; FSDP1: ``CPUOffload(offload_params=True)``."""
     workload: str = "mlp"
+    """A registered workload name (``mlp``, ``llama``, an entry point's) or ``module:function``
+    (``harness.parity.workloads``); a string, so a configuration pickles to the ranks, which
+    resolve it themselves."""
     path: str = "plain"
     faults: tuple[Fault, ...] = ()
     scaler: str = "ours"
@@ -118,7 +121,12 @@ class ParityConfig:
         _choice("scaler", self.scaler, SCALERS)
         _choice("reference", self.reference, REFERENCES)
         _choice("backend", self.backend, BACKENDS)
-        workloads.get(self.workload)
+        workload = workloads.get(self.workload)
+        if self.optimizer == "own" and workload.optimizer is None:
+            raise ValueError(
+                f"optimizer='own' needs a workload with an optimizer; {workload.name!r} has none "
+                "(use e.g. optimizer='sgd')"
+            )
         if self.engine == "fsdp1":
             _choice("sharding", self.sharding, FSDP1_SHARDING)
             if self.use_orig_params is None:
@@ -173,7 +181,7 @@ class ParityConfig:
             parts.append("offload")
         parts += [self.precision, self.optimizer]
         if self.workload != "mlp":
-            parts.append(self.workload)
+            parts.append(workloads.get(self.workload).name)
         if self.path != "plain":
             parts.append(self.path)
         parts += [fault.id for fault in self.faults]
@@ -195,12 +203,14 @@ class ParityConfig:
             words.add("every_rank")
         if any(fault.rank is not None for fault in self.faults):
             words.add("one_rank")
-        if self.optimizer.endswith("fused"):
+        if self.fused:
             words.add("fused")
         return frozenset(words)
 
     @property
     def fused(self) -> bool:
+        if self.optimizer == "own":
+            return workloads.fused_optimizer(workloads.spec_of(self.workload))
         return self.optimizer.endswith("_fused")
 
     def reference_key(self) -> tuple[object, ...]:
@@ -397,12 +407,16 @@ def cpu_offload(*, world_size: int = 2, backend: str = "gloo") -> list[ParityCon
 
 
 def default_matrix(*, world_size: int = 2, backend: str = "gloo", scaler: str = "ours") -> list[ParityConfig]:
-    """Every suite's configurations: what ``python -m harness.parity`` runs by default."""
+    """Every suite's configurations, and a few rows of each showcase workload (the Llama-style
+    decoder and the conv net): what ``python -m harness.parity`` runs by default."""
+    from harness.parity import workload_matrix
+
     configs = [
         *fsdp_vs_ddp(world_size=world_size, backend=backend),
         *forced_inf(world_size=world_size, backend=backend),
         *sparse(world_size=world_size, backend=backend),
         *cpu_offload(world_size=world_size, backend=backend),
+        *workload_matrix.showcase(world_size=world_size, backend=backend),
     ]
     if scaler != "ours":
         configs = [c.with_(scaler=scaler) for c in configs]

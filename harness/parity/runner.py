@@ -38,6 +38,18 @@ class Outcome:
     reference: RunRecord | None = None
     candidate: RunRecord | None = None
 
+    @property
+    def passed(self) -> bool:
+        """The configuration held its tolerance."""
+        return self.result.status == "pass"
+
+    @property
+    def explanation(self) -> str:
+        """The verdict, its first divergences and the candidate's error, one per line."""
+        from harness.parity.testing import describe
+
+        return describe(self)
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Progress:

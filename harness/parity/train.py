@@ -109,7 +109,7 @@ def run(config: ParityConfig, role: str, device: torch.device) -> tuple[dict[str
         engine = engines.build(config, role, device)
         description = engine.description
         groups = engine.param_groups(2 if config.path == "two_optimizers" else 1)
-        optimizers = [make_optimizer(config.optimizer, group) for group in groups]
+        optimizers = [engine.make_optimizer(group) for group in groups]
         scaler = make_scaler(config, role, device)
         for step in range(config.steps):
             for opt in optimizers:

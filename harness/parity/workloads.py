@@ -1,309 +1,226 @@
-"""The models and data the parity matrix trains: deterministic, small, and each chosen for a bug class.
+"""Finding workloads by name, checking them, and drawing their weights and data deterministically.
 
-Why these four (and why they ship inside ``harness``): ``python -m harness.parity`` must run its
-embedded default matrix from an installed package, so the workloads live here, not in a test tree.
+A workload is named by a ``module:function`` spec (a module-level factory without arguments that
+returns a :class:`~harness.parity.Workload`), or by a registered name: the built-ins below, or an
+entry point of the ``shardscale.workloads`` group, which any installed package can declare::
 
-* ``mlp``: a nested MLP whose layers are separate FSDP units (nested wrapping), the default.
-* ``transformer``: a two-block causal transformer whose output head shares (ties) the embedding
-  weight, so one parameter receives gradient from two places.
-* ``frozen``: a frozen first layer (``requires_grad=False``) and a one-element ``gain`` parameter
-  in an FSDP unit of its own, so sharding leaves every rank but rank 0 with an *empty* shard: the
-  scaler must still join the found_inf agreement on a rank that holds no gradient elements.
-* ``embedding``: ``nn.Embedding(sparse=True)`` with a fixed projection; batches repeat indices so a
-  sparse gradient carries duplicates, and at ``OVERFLOW_STEP`` the duplicates are finite one by one
-  but overflow once summed (coalesced). Coefficients and the projection are powers of two, so every
-  clean sum is exact in any order and in any precision.
+    [project.entry-points."shardscale.workloads"]
+    resmlp = "my_package.parity:resmlp"
 
-Every rank builds the model from the same seed (identical initial weights); batches are drawn on
-the CPU from a generator seeded by ``(seed, rank, step)``, then moved to the device, so the
-reference and the candidate see the same data on the same rank.
+Every name resolves to a spec and every spec through :func:`resolve`: one code path for ours and
+the user's. Ranks resolve the spec themselves (it is all a ``ParityConfig`` carries), so the
+module must import from the rank's ``sys.path`` (the controller's, which the pool passes on).
+
+Determinism: the model is built under ``torch.manual_seed(seed)`` (same weights on every rank);
+``batch(rank, step)`` runs with torch's global RNG seeded by :func:`batch_seed`, and each forward
+with another seed of the same ``(seed, rank, step)``, so dropout draws the same masks in the
+reference and the candidate. Importing this module imports no torch.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from collections.abc import Callable
-from typing import Any
+import contextlib
+import functools
+import importlib
+import inspect
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+from harness.parity.workload import Workload, WorkloadError
 
+if TYPE_CHECKING:  # pragma: no cover - annotations only
+    import torch
+    from torch import nn
 
-def data_generator(seed: int, rank: int, step: int) -> torch.Generator:
-    """The generator for one rank's batch of one step (distinct for every ``(seed, rank, step)``)."""
-    return torch.Generator().manual_seed(1_000_003 * seed + 10_007 * rank + step)
-
-
-# -- models ---------------------------------------------------------------------------------------
-class Block(nn.Module):
-    """``Linear`` + ``ReLU``: the FSDP unit of the nested MLP."""
-
-    def __init__(self, width_in: int, width_out: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(width_in, width_out)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.linear(x))
-
-
-class NestedMLP(nn.Module):
-    """``16 -> 32 -> (32 -> 32 -> 32) -> 4``: FSDP wraps each block, ``inner`` around two of them
-    (a unit that owns no parameter of its own) and the root: units three levels deep."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.inp = Block(16, 32)
-        self.inner = nn.Sequential(Block(32, 32), Block(32, 32))
-        self.out = nn.Linear(32, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.inner(self.inp(x)))
-
-
-class Gain(nn.Module):
-    """One learnable scalar: sharded over 2+ ranks, every rank but rank 0 holds an empty shard."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.full((1,), 1.5))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.weight
-
-
-class FrozenMLP(nn.Module):
-    """A frozen first layer, a trainable block and a one-element gain in its own unit."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.frozen = Block(16, 32)
-        self.frozen.requires_grad_(False)
-        self.body = Block(32, 32)
-        self.gain = Gain()
-        self.out = nn.Linear(32, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.gain(self.body(self.frozen(x))))
-
-
-class Attention(nn.Module):
-    """Single-head causal self-attention (written out, so every precision takes the same path)."""
-
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.qkv = nn.Linear(width, 3 * width)
-        self.proj = nn.Linear(width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv(x).chunk(3, dim=-1)
-        scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
-        causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool, device=x.device).triu(1)
-        weights = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
-        return self.proj(weights @ v)
-
-
-class TransformerBlock(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.norm1 = nn.LayerNorm(width)
-        self.attn = Attention(width)
-        self.norm2 = nn.LayerNorm(width)
-        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
-
-
-class TiedTransformer(nn.Module):
-    """Token embedding, two blocks, and an output head whose weight *is* the embedding weight."""
-
-    vocab = 32
-    width = 16
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(self.vocab, self.width)
-        self.blocks = nn.ModuleList(TransformerBlock(self.width) for _ in range(2))
-        self.norm = nn.LayerNorm(self.width)
-        self.head = nn.Linear(self.width, self.vocab, bias=False)
-        self.head.weight = self.embed.weight
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x))
-
-
-class SparseEmbedding(nn.Module):
-    """``nn.Embedding(sparse=True)`` summed against a fixed projection (a buffer, not trained)."""
-
-    vocab = 16
-    width = 4
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(self.vocab, self.width, sparse=True)
-        self.register_buffer("projection", torch.tensor([1.0, 0.5, -0.25, 2.0]))
-
-    def forward(self, indices: torch.Tensor) -> torch.Tensor:
-        return self.embed(indices).float() @ self.projection.float()
-
-
-# -- workloads ------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Workload:
-    """A model, how FSDP wraps it, its data and its loss."""
-
-    name: str
-    build: Callable[[], nn.Module]
-    """Builds the model in float32 (call under a fixed seed: every rank must get the same weights)."""
-    units: tuple[type[nn.Module], ...]
-    """Module classes wrapped as FSDP units of their own (the root is always wrapped too)."""
-    make_batch: Callable[[torch.Generator, int], Any]
-    """``(generator, step) -> batch`` on the CPU."""
-    loss: Callable[[nn.Module, Any], torch.Tensor]
-    """``(model, batch) -> float32 scalar loss``; the model may run in low precision."""
-    first_unit: str
-    """Parameter-name prefix of the first optimizer when a run uses two optimizers."""
-    sparse: bool = False
-    """Sparse gradients: trained in the run's precision throughout (no fp32 master weights)."""
-    finish_batch: Callable[[Any, torch.dtype, float], Any] | None = None
-    """``(batch, dtype, current scale) -> batch``, for data that depends on the loss scale."""
-    joint_losses: Callable[[nn.Module, list[Any]], list[torch.Tensor]] | None = None
-    """``(model, batches) -> one loss per batch`` from a single forward pass, for models whose
-    gradient must come out of one backward call (a sparse gradient accumulated over several
-    forward passes needs ``add`` on sparse tensors, which the CPU lacks for fp16)."""
-
-    def losses(self, model: nn.Module, batches: list[Any]) -> list[torch.Tensor]:
-        """One loss per batch (the single-process reference trains on every rank's batch)."""
-        if self.joint_losses is not None:
-            return self.joint_losses(model, batches)
-        return [self.loss(model, batch) for batch in batches]
-
-
-def _mlp_batch(generator: torch.Generator, step: int) -> torch.Tensor:
-    return torch.randn(8, 16, generator=generator)
-
-
-def _square_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
-    return model(batch).float().pow(2).mean()
-
-
-def _token_batch(generator: torch.Generator, step: int) -> torch.Tensor:
-    return torch.randint(0, TiedTransformer.vocab, (4, 9), generator=generator)
-
-
-def _next_token_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    logits = model(tokens[:, :-1]).float()
-    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
-
+ENTRY_POINT_GROUP = "shardscale.workloads"
+BUILTIN = {
+    "mlp": "harness.parity.builtin.toys:mlp",
+    "transformer": "harness.parity.builtin.toys:transformer",
+    "frozen": "harness.parity.builtin.toys:frozen",
+    "embedding": "harness.parity.builtin.toys:embedding",
+    "llama": "harness.parity.builtin.llama:llama",
+    "convnet": "harness.parity.builtin.convnet:convnet",
+}
+"""Built-in names and their factories (resolved like any user's spec)."""
 
 OVERFLOW_STEP = 3
 """The step of the ``embedding`` workload whose duplicated indices overflow once coalesced."""
 OVERFLOW_INDEX = 5
 """The index every rank repeats three times in that step."""
-_CLEAN_COEFFICIENT = 0.25
 
 
-def overflow_coefficient(dtype: torch.dtype, scale: float) -> float:
-    """A power of two ``c`` for the overflow step: at loss scale ``scale`` every gradient entry is
-    finite in ``dtype``, but the coalesced sum at ``OVERFLOW_INDEX`` is not.
+# -- names -----------------------------------------------------------------------------------------
+def entry_points() -> dict[str, tuple[str, str]]:
+    """``{name: (spec, distribution)}`` of the ``shardscale.workloads`` entry points installed."""
+    from importlib import metadata
 
-    One occurrence of an index contributes ``c * projection * scale`` to the local gradient
-    (``c * projection * scale / world_size`` once averaged over ranks); the projection's largest
-    entry is 2. Every rank repeats the index 3 times, so the coalesced sum is ``6 * c * scale``
-    whatever the world size. With ``c * scale`` in ``[max / 6, max / 3)`` one entry (``2 * c *
-    scale``) stays below ``max`` while the sum reaches it.
-    """
-    limit = torch.finfo(dtype).max
-    return 2.0 ** math.ceil(math.log2(limit / (6 * scale)))
+    found = {}
+    for point in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(point, "dist", None)
+        found[point.name] = (point.value, dist.name if dist is not None else "?")
+    return found
 
 
-def _embedding_batch(generator: torch.Generator, step: int) -> dict[str, Any]:
-    indices = torch.randint(0, SparseEmbedding.vocab, (6,), generator=generator)
-    indices[:2] = indices[2]  # duplicated indices in every batch
-    if step == OVERFLOW_STEP:
-        indices[:3] = OVERFLOW_INDEX
-    return {"indices": indices, "coefficient": _CLEAN_COEFFICIENT, "overflow": step == OVERFLOW_STEP}
+def available() -> dict[str, tuple[str, str]]:
+    """``{name: (spec, where it comes from)}``: the built-ins, then installed entry points (a
+    built-in name cannot be taken over)."""
+    names = {name: (spec, "built-in") for name, spec in BUILTIN.items()}
+    for name, (spec, dist) in entry_points().items():
+        names.setdefault(name, (spec, f"entry point of {dist}"))
+    return names
 
 
-def _embedding_finish(batch: dict[str, Any], dtype: torch.dtype, scale: float) -> dict[str, Any]:
-    if not batch["overflow"]:
-        return batch
-    return {**batch, "coefficient": overflow_coefficient(dtype, scale)}
+def spec_of(workload: str | Callable[[], Workload]) -> str:
+    """The spec of a name, a spec, or a module-level factory function (``module:qualname``)."""
+    if callable(workload):
+        qualname = getattr(workload, "__qualname__", "")
+        if not qualname or "<" in qualname or "." in qualname:
+            raise WorkloadError(
+                f"{workload!r} is not a module-level function; ranks import the factory by name, "
+                "so define it at the top level of a module"
+            )
+        return f"{workload.__module__}:{qualname}"
+    if not isinstance(workload, str) or not workload:
+        raise WorkloadError(f"a workload is a name or 'module:function', got {workload!r}")
+    if ":" in workload:
+        return workload
+    known = available()
+    if workload not in known:
+        raise WorkloadError(
+            f"unknown workload {workload!r}: give 'module:function' (a factory returning a Workload) "
+            f"or one of the registered names {sorted(known)}"
+        )
+    return known[workload][0]
 
 
-def _embedding_loss(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
-    return (model(batch["indices"]) * batch["coefficient"]).sum()
+def get(name_or_spec: str | Callable[[], Workload]) -> Workload:
+    """The workload of a registered name or a ``module:function`` spec (resolved once per process)."""
+    return resolve(spec_of(name_or_spec))
 
 
-def _embedding_joint_losses(model: nn.Module, batches: list[dict[str, Any]]) -> list[torch.Tensor]:
-    """One embedding lookup over every batch (one sparse gradient, one backward), then each batch's
-    loss computed from its own rows alone, in a fresh tensor shaped as a rank's own forward shapes
-    it: the lookup is a gather (exact in any shape), but a matmul over 12 rows may take another CPU
-    kernel path than one over 6 and round the last bit differently (AVX-512 MKL, or
-    ``ATEN_CPU_CAPABILITY=default``), so the shape-dependent part runs on the candidate's shapes."""
-    rows = model.embed(torch.cat([batch["indices"] for batch in batches]))
-    parts = rows.split([len(batch["indices"]) for batch in batches])
-    projection = model.projection.float()
-    return [
-        ((part.clone().float() @ projection) * batch["coefficient"]).sum()
-        for part, batch in zip(parts, batches, strict=True)
-    ]
+def raised(what: str) -> str:
+    """``what``, then the traceback of the exception being handled, without this package's and
+    importlib's frames: the user's code is what the reader must see."""
+    error = sys.exc_info()[1]
+    assert error is not None, "raised() is for an except block"
+    summary = traceback.TracebackException.from_exception(error)
+    here = os.path.dirname(os.path.abspath(__file__))
+    summary.stack = traceback.StackSummary.from_list(
+        [
+            f
+            for f in summary.stack
+            if not f.filename.startswith((here, "<frozen")) and "importlib" not in f.filename
+        ]
+    )
+    return f"{what}:\n" + "".join(summary.format()).rstrip()
 
 
-WORKLOADS: dict[str, Workload] = {
-    "mlp": Workload(
-        name="mlp",
-        build=NestedMLP,
-        units=(Block, nn.Sequential),  # the blocks, and ``inner`` around two of them
-        make_batch=_mlp_batch,
-        loss=_square_loss,
-        first_unit="inp.",
-    ),
-    "transformer": Workload(
-        name="transformer",
-        build=TiedTransformer,
-        units=(TransformerBlock,),
-        make_batch=_token_batch,
-        loss=_next_token_loss,
-        first_unit="blocks.0.",
-    ),
-    "frozen": Workload(
-        name="frozen",
-        build=FrozenMLP,
-        units=(Block, Gain),
-        make_batch=_mlp_batch,
-        loss=_square_loss,
-        first_unit="body.",
-    ),
-    "embedding": Workload(
-        name="embedding",
-        build=SparseEmbedding,
-        units=(),
-        make_batch=_embedding_batch,
-        loss=_embedding_loss,
-        first_unit="embed.",
-        sparse=True,
-        finish_batch=_embedding_finish,
-        joint_losses=_embedding_joint_losses,
-    ),
-}
+@functools.cache
+def resolve(spec: str) -> Workload:
+    """Import ``module`` of ``module:function``, call the factory and check what it returns.
 
-
-def get(name: str) -> Workload:
-    """The workload called ``name``; an unknown name is a ``ValueError`` listing the known ones."""
+    Every failure is a :class:`WorkloadError` whose message says what to fix."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise WorkloadError(f"workload {spec!r} must look like 'module:function' (e.g. my_workloads:resmlp)")
     try:
-        return WORKLOADS[name]
-    except KeyError:
-        raise ValueError(f"workload must be one of {sorted(WORKLOADS)}, got {name!r}") from None
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        if getattr(error, "name", None) == module_name:
+            raise WorkloadError(
+                f"workload {spec!r}: no module named {module_name!r}; run from the folder that holds "
+                f"{module_name.replace('.', '/')}.py, add that folder to PYTHONPATH, or install its package"
+            ) from None
+        raise WorkloadError(raised(f"workload {spec!r}: importing {module_name!r} failed")) from None
+    except Exception:  # noqa: BLE001 - the user's module raised while importing: say so
+        raise WorkloadError(raised(f"workload {spec!r}: importing {module_name!r} raised")) from None
+    factory: Any = module
+    for part in attribute.split("."):
+        if not hasattr(factory, part):
+            public = sorted(
+                n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_")
+            )
+            raise WorkloadError(
+                f"workload {spec!r}: module {module_name!r} has no attribute {attribute!r}; "
+                f"its functions are {public}"
+            )
+        factory = getattr(factory, part)
+    if not callable(factory):
+        raise WorkloadError(
+            f"workload {spec!r}: {attribute} is a {type(factory).__name__}, not a factory function"
+        )
+    try:
+        workload = factory()
+    except WorkloadError as error:
+        raise WorkloadError(f"workload {spec!r}: {error}") from None
+    except Exception:  # noqa: BLE001 - the user's factory raised: show where
+        raise WorkloadError(raised(f"workload {spec!r}: calling {attribute}() raised")) from None
+    if not isinstance(workload, Workload):
+        raise WorkloadError(
+            f"workload {spec!r}: {attribute}() returned {type(workload).__name__}, not a Workload; "
+            "return harness.parity.Workload(name=..., model=..., batch=..., loss=..., units=...)"
+        )
+    return workload
+
+
+# -- seeds ---------------------------------------------------------------------------------------
+def batch_seed(seed: int, rank: int, step: int) -> int:
+    """The seed of one rank's batch of one step (distinct for every ``(seed, rank, step)``)."""
+    return 1_000_003 * seed + 10_007 * rank + step
+
+
+def forward_seed(seed: int, rank: int, step: int) -> int:
+    """The seed torch's RNG holds when one rank's forward of one step starts (dropout)."""
+    return 2**40 + batch_seed(seed, rank, step)
+
+
+@contextlib.contextmanager
+def seeded(seed_value: int, device: torch.device | None = None) -> Iterator[None]:
+    """torch's RNG (the CPU's, and ``device``'s if it is an accelerator) seeded with
+    ``seed_value`` inside, restored afterwards: what a workload draws cannot shift any other draw.
+
+    The generators are seeded one by one: ``torch.manual_seed`` visits every device backend and
+    costs ~35 times as much, twice per step of every run."""
+    import torch
+
+    cpu = torch.random.default_generator
+    accelerator = device is not None and device.type != "cpu"
+    saved = cpu.get_state()
+    saved_device = torch.get_device_module(device.type).get_rng_state(device) if accelerator else None
+    cpu.manual_seed(seed_value)
+    if accelerator:
+        with torch.get_device_module(device.type).device(device):
+            torch.get_device_module(device.type).manual_seed(seed_value)
+    try:
+        yield
+    finally:
+        cpu.set_state(saved)
+        if accelerator:
+            torch.get_device_module(device.type).set_rng_state(saved_device, device)
+
+
+def make_batch(workload: Workload, seed: int, rank: int, step: int) -> Any:
+    """``workload.batch(rank, step)`` with torch's RNG seeded per ``(seed, rank, step)``."""
+    with seeded(batch_seed(seed, rank, step)):
+        return workload.batch(rank, step)
 
 
 def build_model(workload: Workload, seed: int) -> nn.Module:
     """The workload's float32 model with weights drawn from ``seed`` (identical on every rank)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return workload.build()
+    with seeded(seed):
+        return workload.model()
+
+
+@functools.cache
+def fused_optimizer(spec: str) -> bool:
+    """Whether the workload's own optimizer is a fused one (its tolerance profile depends on it)."""
+    import torch
+
+    workload = resolve(spec)
+    if workload.optimizer is None:
+        return False
+    probe = workload.optimizer([torch.nn.Parameter(torch.zeros(1))])
+    return bool(getattr(probe, "defaults", {}).get("fused"))

@@ -98,11 +98,19 @@ def _cpu_tier_configs():
         test_cpu_offload,
         test_forced_inf,
         test_fsdp_vs_ddp,
+        test_showcase,
         test_side_by_side,
         test_sparse,
     )
 
-    modules = (test_fsdp_vs_ddp, test_forced_inf, test_sparse, test_cpu_offload, test_side_by_side)
+    modules = (
+        test_fsdp_vs_ddp,
+        test_forced_inf,
+        test_sparse,
+        test_cpu_offload,
+        test_side_by_side,
+        test_showcase,
+    )
     return {c.id for module in modules for c in module.CONFIGS if matrix.unsupported_reason(c) is None}
 
 

@@ -1,10 +1,15 @@
 """``python -m harness.parity`` (``make parity``) as a user runs it: progress, reports, exit status."""
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from fixtures import user_workloads
 
 
 def parity(*args, cwd):
@@ -16,7 +21,7 @@ def parity(*args, cwd):
 def test_list_prints_the_selected_ids_and_why_some_cannot_run_here(tmp_path):
     done = parity("--list", "-k", "sparse", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [
+    assert done.stdout.splitlines()[:3] == [
         "ddp-fp32-sgd-embedding-w2",
         "ddp-fp16-sgd_plain-embedding-w2  (not here: gloo cannot all-reduce fp16 sparse gradients "
         "('cadd_sparse' not implemented for 'Half'); the GPU tier runs it)",
@@ -40,7 +45,11 @@ def test_bad_arguments_exit_2_with_the_fix(tmp_path, args, complaint):
 
 def test_a_passing_run_shows_progress_and_writes_the_three_reports(tmp_path):
     done = parity(
-        "-k", "suite=fsdp_vs_ddp and fsdp2 and reshard and fp32 and not offload", "--out", "out", cwd=tmp_path
+        "-k",
+        "suite=fsdp_vs_ddp and fsdp2 and reshard and fp32 and not offload and not (llama or convnet)",
+        "--out",
+        "out",
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[1/5] pass" in done.stdout and "[5/5] pass" in done.stdout and "ETA" in done.stdout
@@ -68,3 +77,116 @@ def test_a_configuration_that_breaks_its_tolerance_exits_1_and_is_named(tmp_path
         in done.stdout
     )
     assert not (tmp_path / "reports" / "parity.png").exists()
+
+
+# -- a user's own workload, from a folder outside the checkout ----------------------------------------
+USER_WORKLOADS = Path(__file__).parents[2] / "fixtures" / "user_workloads.py"
+
+
+@pytest.fixture
+def user_folder(tmp_path):
+    """A fresh folder holding the user's ``my_workloads.py`` (nothing else of the project)."""
+    shutil.copy(USER_WORKLOADS, tmp_path / "my_workloads.py")
+    return tmp_path
+
+
+def test_a_users_workload_runs_from_the_current_folder(user_folder):
+    done = parity(
+        "--workload",
+        "my_workloads:resmlp",
+        "-k",
+        "fsdp2 and keep and bf16 and not offload and sgd",
+        "--no-plot",
+        cwd=user_folder,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[1/1] pass  fsdp2-keep-bf16-sgd-resmlp-w2" in done.stdout
+
+
+@pytest.fixture
+def broken_run(user_folder):
+    """A model whose weight decay reads ``model.parameters()`` outside forward, where FSDP1 holds
+    each rank's shard: ``(completed CLI run, {id: parity.json row})`` for FULL_SHARD, flat and
+    original parameters."""
+    done = parity(
+        "--workload",
+        "my_workloads:l2_outside_forward",
+        "-k",
+        "full_shard and fp32 and sgd and suite=fsdp_vs_ddp",
+        "--no-plot",
+        cwd=user_folder,
+    )
+    rows = json.loads((user_folder / "reports" / "parity.json").read_text())["configs"]
+    return done, {row["id"]: row for row in rows}
+
+
+def test_a_model_that_trains_differently_when_sharded_fails_naming_the_step_and_the_tensor(broken_run):
+    done, rows = broken_run
+    assert done.returncode == 1, done.stdout + done.stderr
+    row = rows["fsdp1-full_shard-orig-fp32-sgd-l2_outside_forward-w2"]
+    assert row["status"] == "fail" and row["first_diverging_step"] == 0
+    assert f"FAIL {row['id']}: step 0, rank 0 loss" in done.stdout
+    parameters = {name for name, _ in user_workloads.ResMLP().named_parameters()}
+    assert row["worst"]["step"] == 0 and row["worst"]["name"] in parameters, row["worst"]
+
+
+def test_a_model_that_crashes_only_under_fsdp_is_a_crash_row_with_its_traceback(broken_run, user_folder):
+    done, rows = broken_run
+    row = rows["fsdp1-full_shard-flat-fp32-sgd-l2_outside_forward-w2"]
+    assert row["status"] == "crash", row
+    assert f"CRASH {row['id']}: step 0, the candidate raised" in done.stdout
+    markdown = (user_folder / "reports" / "parity.md").read_text()
+    assert "Traceback (most recent call last)" in markdown, markdown
+
+
+@pytest.mark.parametrize(
+    ("workload", "complaint"),
+    [
+        ("my_workloads:data_not_deterministic", "returned different data on two calls"),
+        ("not_here:resmlp", "no module named 'not_here'; run from the folder that holds not_here.py"),
+    ],
+)
+def test_a_workload_that_cannot_be_used_exits_2_naming_the_fix(user_folder, workload, complaint):
+    done = parity("--workload", workload, cwd=user_folder)
+    assert done.returncode == 2 and complaint in done.stderr, done.stderr
+
+
+def _installed_package(folder):
+    """A package that names its workload in the ``shardscale.workloads`` entry-point group, as its
+    wheel's metadata would (a ``.dist-info`` folder on ``sys.path``)."""
+    shutil.copy(USER_WORKLOADS, folder / "resmlp_parity.py")
+    info = folder / "resmlp_models-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: resmlp-models\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[shardscale.workloads]\nresmlp = resmlp_parity:resmlp\n")
+    return {**os.environ, "PYTHONPATH": str(folder)}
+
+
+def test_list_shows_the_builtin_workloads_and_those_installed_packages_name(tmp_path):
+    env = _installed_package(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.parity", "--list", "-k", "sparse"],
+        cwd=tmp_path / "..",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "  llama          harness.parity.builtin.llama:llama  (built-in)" in lines
+    assert "  resmlp         resmlp_parity:resmlp  (entry point of resmlp-models)" in lines
+
+
+def test_a_workload_named_by_an_entry_point_runs_by_its_name(tmp_path):
+    env = _installed_package(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.parity", "--workload", "resmlp", "-k", "ddp and inf@r1", "--no-plot"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "pass  ddp-fp32-sgd-resmlp-inf@r1s2-inf@r1s5-w2" in done.stdout

@@ -8,6 +8,7 @@ import torch
 
 import harness
 from harness.parity import matrix, train, workloads
+from harness.parity.builtin.toys import SparseEmbedding
 from suites.parity.support import describe, unaffected_by_expected_failures
 
 CONFIGS = matrix.sparse(world_size=2)
@@ -29,10 +30,10 @@ def test_duplicates_that_overflow_only_when_summed_skip_the_step_everywhere(pari
 def _expected_embedding_grad(config, step):
     """The unscaled gradient worked out by hand: each occurrence of an index adds
     ``coefficient * projection / world_size``; every term is a power of two, so it is exact."""
-    model = workloads.SparseEmbedding()
+    model = SparseEmbedding()
     expected = torch.zeros(model.vocab, model.width, dtype=torch.float64)
     for rank in range(config.world_size):
-        batch = workloads.get("embedding").make_batch(workloads.data_generator(config.seed, rank, step), step)
+        batch = workloads.make_batch(workloads.get("embedding"), config.seed, rank, step)
         for index in batch["indices"].tolist():
             expected[index] += batch["coefficient"] * model.projection.double() / config.world_size
     return expected

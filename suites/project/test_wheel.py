@@ -42,6 +42,7 @@ def test_the_wheel_holds_exactly_the_library_and_the_harness(wheel):
     top_level = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert top_level == {"scaler", "harness"}
     assert "harness/parity/workloads.py" in names and "harness/parity/__main__.py" in names
+    assert "harness/parity/builtin/llama.py" in names and "harness/parity/builtin/convnet.py" in names
 
 
 def test_the_wheel_registers_the_pytest_plugin(wheel):
@@ -77,3 +78,24 @@ def test_the_parity_engine_runs_from_the_unpacked_wheel_alone(wheel, tmp_path):
         timeout=120,
     )
     assert listed.returncode == 0 and "ddp-fp32-sgd-embedding-w2" in listed.stdout, listed.stderr
+
+
+def test_a_users_workload_in_a_fresh_folder_runs_on_the_engine_from_the_wheel(wheel, tmp_path):
+    """The contract's promise: a module of the user's, outside any checkout, found from the current
+    folder, checked on the engine the wheel installed."""
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "my_workloads.py").write_text((ROOT / "fixtures" / "user_workloads.py").read_text())
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.parity", "--workload", "my_workloads:resmlp", "-k", "ddp and inf@r1"],
+        cwd=user,
+        env={**os.environ, "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "pass  ddp-fp32-sgd-resmlp-inf@r1s2-inf@r1s5-w2" in done.stdout
+    assert (user / "reports" / "parity.json").exists()
