@@ -11,7 +11,7 @@ import dataclasses
 import math
 from typing import Any
 
-from harness.parity import compare, profiles, workloads
+from harness.parity import compare, profiles, ulp, workloads
 from harness.parity.matrix import ParityConfig
 from harness.parity.record import RunRecord, merge_rank_runs
 
@@ -76,6 +76,12 @@ class ParityResult:
     candidate: str = ""
     curves: dict[str, Curves] = dataclasses.field(default_factory=dict)
     """``reference`` and ``candidate`` curves."""
+    max_ulp: float = 0.0
+    """The largest distance in ULPs of any loss or tensor compared (0: bitwise everywhere)."""
+    distances: tuple[compare.StepDistance, ...] = ()
+    """Per step, the largest distances (ULP and relative) and whether a check failed."""
+    at_first: tuple[compare.TensorDiff, ...] = ()
+    """Every loss and tensor compared at the first diverging step."""
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, self.status
@@ -83,6 +89,11 @@ class ParityResult:
     @property
     def first_diverging_step(self) -> int | None:
         return self.divergences[0].step if self.divergences else None
+
+    @property
+    def closeness(self) -> str:
+        """``bitwise``, ``≤ N ulp`` or ``toleranced`` for a pass (what was measured), else empty."""
+        return ulp.label(self.max_ulp, passed=self.status == "pass")
 
     @property
     def broken(self) -> bool:
@@ -213,6 +224,9 @@ def judge(
         time_s=candidate.duration_s + (0.0 if parts[0].get("reference_reused") else reference.duration_s),
         candidate=candidate.description,
         curves={"reference": Curves.of(reference), "candidate": Curves.of(candidate)},
+        max_ulp=comparison.max_ulp,
+        distances=comparison.steps,
+        at_first=comparison.at_first,
         **common,
     )
     return result, reference, candidate

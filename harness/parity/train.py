@@ -148,6 +148,7 @@ def run(config: ParityConfig, role: str, device: torch.device) -> tuple[dict[str
                     found_inf=found_inf,
                     skipped=skipped,
                     tensors=tensors,
+                    buffers=engine.own_buffers(),
                 )
             )
     except Exception:  # noqa: BLE001 - recorded; the caller decides what it means

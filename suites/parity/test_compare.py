@@ -23,7 +23,7 @@ def test_the_first_diverging_step_and_the_worst_tensor_are_named():
     comparison = compare_runs(reference, candidate, profile=EXACT)
     assert comparison.first.step == 1 and comparison.first.what == "param"
     assert comparison.first.message == (
-        "step 1, param layer.weight: 4 / 4 mismatched; max abs 0.000977, max rel 0.000977 (profile exact)"
+        "step 1, param layer.weight: 4 / 4 mismatched; max abs 0.000977, max rel 0.000977, 8192 ulp (profile exact)"
     )
     assert (comparison.worst.step, comparison.worst.name) == (1, "layer.weight")
 
