@@ -19,6 +19,7 @@
         "worst": {"step", "kind", "name", "max_abs", "max_rel", "mismatched", "numel", "max_ulp"} | null,
         "distances": [{"step", "max_ulp", "max_rel", "failed"}],      # per step, everything compared
         "at_first": [{...as worst...}],                # every loss/tensor at the first diverging step
+        "causes": [{"name", "evidence", "explanation", "reference"}],  # known causes that match
         "skipped_steps", "reference_skipped_steps", "counters", "time_s",
         "reference", "candidate",                      # what ran, in words
         "divergences": [{"step", "what", "message"}],
@@ -128,6 +129,7 @@ def result_to_json(result: ParityResult) -> dict[str, Any]:
         "worst": None if result.worst is None else _diff_json(result.worst),
         "distances": [_numbers(dataclasses.asdict(d)) for d in result.distances],
         "at_first": [_diff_json(d) for d in result.at_first],
+        "causes": [dataclasses.asdict(c) for c in result.causes],
         "skipped_steps": list(result.skipped_steps),
         "reference_skipped_steps": list(result.reference_skipped_steps),
         "counters": list(result.counters),
@@ -245,6 +247,7 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
             lines += [f"  - {message}" for message in shown]
             if len(r.divergences) > 5:
                 lines.append(f"  - ... and {len(r.divergences) - 5} more")
+            lines += [f"  - {cause.describe()}" for cause in r.causes]
             if r.detail:
                 tail = r.detail.rstrip().splitlines()[-_DETAIL_LINES:]
                 lines += ["", "  ```", *(f"  {line}" for line in tail), "  ```"]

@@ -11,7 +11,7 @@ import dataclasses
 import math
 from typing import Any
 
-from harness.parity import compare, profiles, ulp, workloads
+from harness.parity import causes, compare, profiles, ulp, workloads
 from harness.parity.matrix import ParityConfig
 from harness.parity.record import RunRecord, merge_rank_runs
 
@@ -82,6 +82,8 @@ class ParityResult:
     """Per step, the largest distances (ULP and relative) and whether a check failed."""
     at_first: tuple[compare.TensorDiff, ...] = ()
     """Every loss and tensor compared at the first diverging step."""
+    causes: tuple[causes.Cause, ...] = ()
+    """Known causes whose pattern matches the first divergence (``causes.py``)."""
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, self.status
@@ -210,6 +212,8 @@ def judge(
         reference, candidate, profile=profile, poisoned_steps=poisoned_steps(config)
     )
     status = "pass" if comparison.ok else ("crash" if candidate.error else "fail")
+    poisoned = poisoned_steps(config)
+    matched = causes.match(reference, candidate, comparison, poisoned_steps=poisoned)
     first = comparison.first
     result = ParityResult(
         status=status,
@@ -227,6 +231,7 @@ def judge(
         max_ulp=comparison.max_ulp,
         distances=comparison.steps,
         at_first=comparison.at_first,
+        causes=matched,
         **common,
     )
     return result, reference, candidate
