@@ -38,6 +38,12 @@ def _reference(config: ParityConfig, device: Any) -> tuple[dict[str, Any], str, 
     return run, description, False
 
 
+def forget() -> None:
+    """Drop what was cached for the default group (after it was re-created)."""
+    _references.clear()
+    gather.forget_meshes()
+
+
 def run_one(config: ParityConfig) -> dict[str, Any]:
     """Reference and candidate runs of ``config`` on this rank (never raises)."""
     device = context.current().device
@@ -82,7 +88,6 @@ def _run_batch(configs: list[ParityConfig]) -> list[dict[str, Any]]:
         if failed and ctx.world_size > 1:
             leave_group()  # unblock peers still waiting in a collective with this rank
         if ctx.world_size > 1 and not agree(ctx, f"parity{index}", ok=not failed):
-            _references.clear()
-            gather.forget_meshes()
+            forget()
         results.append(result)
     return results

@@ -20,6 +20,10 @@
         "distances": [{"step", "max_ulp", "max_rel", "failed"}],      # per step, everything compared
         "at_first": [{...as worst...}],                # every loss/tensor at the first diverging step
         "causes": [{"name", "evidence", "explanation", "reference"}],  # known causes that match
+        "localization": null | {"step", "summary", "error", "time_s",  # failed configurations only
+            "first": {"phase", "module", "rank", "order", "max_abs", "max_rel", "max_ulp",
+                      "mismatched", "numel"} | null,
+            "modules": [{...as first...}]},            # every module, every rank, forward then backward
         "skipped_steps", "reference_skipped_steps", "counters", "time_s",
         "reference", "candidate",                      # what ran, in words
         "divergences": [{"step", "what", "message"}],
@@ -106,6 +110,20 @@ def _diff_json(diff: Any) -> dict[str, Any]:
     return {key: _numbers(value) for key, value in dataclasses.asdict(diff).items()}
 
 
+def _localization_json(result: ParityResult) -> dict[str, Any] | None:
+    found = result.localization
+    if found is None:
+        return None
+    return {
+        "step": found.step,
+        "summary": found.describe(),
+        "error": found.error,
+        "time_s": round(found.duration_s, 4),
+        "first": None if found.first is None else _diff_json(found.first),
+        "modules": [_diff_json(m) for m in found.modules],
+    }
+
+
 def result_to_json(result: ParityResult) -> dict[str, Any]:
     config = {
         field.name: getattr(result.config, field.name)
@@ -130,6 +148,7 @@ def result_to_json(result: ParityResult) -> dict[str, Any]:
         "distances": [_numbers(dataclasses.asdict(d)) for d in result.distances],
         "at_first": [_diff_json(d) for d in result.at_first],
         "causes": [dataclasses.asdict(c) for c in result.causes],
+        "localization": _localization_json(result),
         "skipped_steps": list(result.skipped_steps),
         "reference_skipped_steps": list(result.reference_skipped_steps),
         "counters": list(result.counters),
@@ -171,6 +190,19 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _first_cell(result: ParityResult) -> str:
+    """The first diverging step, and its first diverging module when localized."""
+    step = result.first_diverging_step
+    if step is None:
+        return "-"
+    found = result.localization
+    if found is None or found.error:
+        return str(step)
+    if found.first is None:
+        return f"{step} (no module: after backward)"
+    return f"{step} ({found.first.display_name}, {found.first.phase}, rank {found.first.rank})"
+
+
 def _row(result: ParityResult) -> str:
     c = result.config
     sharding = c.sharding or (
@@ -185,7 +217,6 @@ def _row(result: ParityResult) -> str:
             f"{w.kind} {w.name} @{w.step}: abs {_fmt(w.max_abs)}, rel {_fmt(w.max_rel)}, "
             f"{format_ulp(w.max_ulp)}"
         )
-    first = result.first_diverging_step
     ran = result.status not in ("skip", "error")
     cells = [
         f"`{c.id}`",
@@ -198,7 +229,7 @@ def _row(result: ParityResult) -> str:
         result.closeness or "-",
         result.profile,
         _fmt(result.max_loss_diff) if ran else "-",
-        "-" if first is None else str(first),
+        _first_cell(result),
         worst,
         ",".join(map(str, result.skipped_steps)) or "-",
         f"{result.time_s:.2f}s" if ran else "-",
@@ -247,6 +278,8 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
             lines += [f"  - {message}" for message in shown]
             if len(r.divergences) > 5:
                 lines.append(f"  - ... and {len(r.divergences) - 5} more")
+            if r.localization is not None:
+                lines.append(f"  - {r.localization.describe()}")
             lines += [f"  - {cause.describe()}" for cause in r.causes]
             if r.detail:
                 tail = r.detail.rstrip().splitlines()[-_DETAIL_LINES:]

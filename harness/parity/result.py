@@ -11,7 +11,7 @@ import dataclasses
 import math
 from typing import Any
 
-from harness.parity import causes, compare, profiles, ulp, workloads
+from harness.parity import causes, compare, pinpoint, profiles, ulp, workloads
 from harness.parity.matrix import ParityConfig
 from harness.parity.record import RunRecord, merge_rank_runs
 
@@ -84,6 +84,8 @@ class ParityResult:
     """Every loss and tensor compared at the first diverging step."""
     causes: tuple[causes.Cause, ...] = ()
     """Known causes whose pattern matches the first divergence (``causes.py``)."""
+    localization: pinpoint.Localization | None = None
+    """The first diverging module at the first diverging step (failed configurations only)."""
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, self.status
@@ -154,6 +156,17 @@ def poisoned_steps(config: ParityConfig) -> frozenset[int]:
     if workloads.get(config.workload).sparse:
         steps.add(workloads.OVERFLOW_STEP)
     return frozenset(steps)
+
+
+def localizable(result: ParityResult) -> int | None:
+    """The step to probe module by module when ``result`` failed, else ``None``: the first
+    diverging step, for configurations whose two sides run the same model per rank (not the
+    single-process sparse reference, which runs every rank's batch at once)."""
+    if result.status != "fail" or result.first_diverging_step is None:
+        return None
+    if result.config.reference != "ddp":
+        return None
+    return result.first_diverging_step
 
 
 def skipped(config: ParityConfig, reason: str) -> ParityResult:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from harness import RankFailure
-from harness.parity import rank_side, report, runner
+from harness.parity import localize, rank_side, report, runner
 from harness.parity.result import ParityResult
 
 _SECONDS_PER_CONFIG = 60.0
@@ -18,11 +18,11 @@ def unaffected_by_expected_failures(func):
 def ranks_executor(ranks) -> runner.Executor:
     """A runner executor on the session's warm pool (``ranks``/``module_ranks``)."""
 
-    def execute(batch, backend, world_size):
+    def execute(batch, backend, world_size, target=runner.RANK_TARGET):
         deadline = 30.0 + _SECONDS_PER_CONFIG * len(batch)
         try:
             return ranks.run(
-                rank_side.run_batch,
+                localize.run_batch if target == runner.LOCALIZE_TARGET else rank_side.run_batch,
                 batch,
                 world_size=world_size,
                 backend=backend,
