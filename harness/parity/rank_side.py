@@ -53,8 +53,15 @@ def run_one(config: ParityConfig) -> dict[str, Any]:
         if reference["error"] is None
         else (None, "not run: the reference failed")
     )
+    fp32 = None
+    if config.precision != "fp32" and config.reference == "ddp" and reference["error"] is None:
+        # The expected mixed-precision gap: the same workload, optimizer and data in float32
+        # (cached like any reference: the fp32 configurations of the matrix share it).
+        fp32_run, _, _ = _reference(config.with_(precision="fp32"), device)
+        fp32 = fp32_run if fp32_run["error"] is None else None
     return {
         "id": config.id,
+        "fp32_reference": fp32,
         "reference": reference,
         "reference_description": reference_description,
         "reference_reused": reused,

@@ -20,6 +20,8 @@
         "distances": [{"step", "max_ulp", "max_rel", "failed"}],      # per step, everything compared
         "at_first": [{...as worst...}],                # every loss/tensor at the first diverging step
         "causes": [{"name", "evidence", "explanation", "reference"}],  # known causes that match
+        "expected_gap": null | {"loss_max_abs", "loss_max_rel", "param_max_abs", "param_max_rel"},
+                                                       # fp16/bf16: the reference against plain fp32
         "localization": null | {"step", "summary", "error", "time_s",  # failed configurations only
             "first": {"phase", "module", "rank", "order", "max_abs", "max_rel", "max_ulp",
                       "mismatched", "numel"} | null,
@@ -148,6 +150,7 @@ def result_to_json(result: ParityResult) -> dict[str, Any]:
         "distances": [_numbers(dataclasses.asdict(d)) for d in result.distances],
         "at_first": [_diff_json(d) for d in result.at_first],
         "causes": [dataclasses.asdict(c) for c in result.causes],
+        "expected_gap": None if result.expected_gap is None else _diff_json(result.expected_gap),
         "localization": _localization_json(result),
         "skipped_steps": list(result.skipped_steps),
         "reference_skipped_steps": list(result.reference_skipped_steps),
@@ -190,6 +193,15 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _measured_cell(result: ParityResult) -> str:
+    """What a pass measured, and for mixed precision the reference's own gap to float32:
+    ``bitwise; bf16 vs fp32: loss rel 3e-03, params rel 1e-02``."""
+    cell = result.closeness or "-"
+    if result.expected_gap is not None:
+        cell += f"; {result.config.precision} vs fp32: {result.expected_gap.describe()}"
+    return cell
+
+
 def _first_cell(result: ParityResult) -> str:
     """The first diverging step, and its first diverging module when localized."""
     step = result.first_diverging_step
@@ -226,7 +238,7 @@ def _row(result: ParityResult) -> str:
         c.optimizer + ("" if c.path == "plain" else f" ({c.path})"),
         "cpu" if c.offload else "-",
         label(result),
-        result.closeness or "-",
+        _measured_cell(result),
         result.profile,
         _fmt(result.max_loss_diff) if ran else "-",
         _first_cell(result),

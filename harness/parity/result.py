@@ -84,6 +84,9 @@ class ParityResult:
     """Every loss and tensor compared at the first diverging step."""
     causes: tuple[causes.Cause, ...] = ()
     """Known causes whose pattern matches the first divergence (``causes.py``)."""
+    expected_gap: compare.Gap | None = None
+    """Mixed precision only: how far the reference itself is from a plain float32 run of the same
+    workload (the gap the precision is expected to cost), next to the candidate's distance."""
     localization: pinpoint.Localization | None = None
     """The first diverging module at the first diverging step (failed configurations only)."""
 
@@ -226,6 +229,11 @@ def judge(
     )
     status = "pass" if comparison.ok else ("crash" if candidate.error else "fail")
     poisoned = poisoned_steps(config)
+    fp32_parts = [p.get("fp32_reference") for p in parts]
+    expected_gap = None
+    if fp32_parts and all(part is not None for part in fp32_parts):
+        fp32 = merge_rank_runs("fp32 reference", "DDP, float32", fp32_parts)  # type: ignore[arg-type]
+        expected_gap = compare.gap(reference, fp32)
     matched = causes.match(reference, candidate, comparison, poisoned_steps=poisoned)
     first = comparison.first
     result = ParityResult(
@@ -245,6 +253,7 @@ def judge(
         distances=comparison.steps,
         at_first=comparison.at_first,
         causes=matched,
+        expected_gap=expected_gap,
         **common,
     )
     return result, reference, candidate

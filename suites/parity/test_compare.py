@@ -110,3 +110,14 @@ def test_sparse_tensors_are_compared_as_their_dense_sums():
         tensor_diff(torch.tensor([0.0, 0.75, 0.0]), sparse, EXACT, step=0, kind="grad", name="g").mismatched
         == 0
     )
+
+
+def test_the_gap_between_two_runs_is_their_largest_loss_and_parameter_difference():
+    from harness.parity.compare import gap
+
+    other = run(step(0), step(1))
+    mine = run(step(0, loss=0.625), step(1, weight=1.5))
+    found = gap(mine, other)
+    assert (found.loss_max_abs, found.loss_max_rel) == (0.125, 0.25)
+    assert (found.param_max_abs, found.param_max_rel) == (0.5, 0.5)
+    assert found.describe() == "loss rel 0.25, params rel 0.5"
