@@ -88,10 +88,8 @@ def _heatmap(ax: Any, rows: list[ParityResult]) -> Any:
 def _colormap() -> Any:
     import matplotlib
 
-    cmap = matplotlib.colormaps["magma_r"].copy()
-    cmap.set_bad("#dddddd")  # a step the configuration did not record
-    cmap.set_under("white")  # bitwise
-    return cmap
+    # grey: a step the configuration did not record; white: bitwise (under the scale's minimum)
+    return matplotlib.colormaps["magma_r"].with_extremes(bad="#dddddd", under="white")
 
 
 def _error_per_step(ax: Any, r: ParityResult) -> None:
