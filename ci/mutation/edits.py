@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-
 _LISTS = {"scaler": "plants.py", "harness/parity": "engine_plants.py"}
 """Where each package's plants are listed (what to update when one no longer applies)."""
 
