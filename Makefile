@@ -59,7 +59,7 @@ GATE_ARGS =
 gate: setup ## the CI gate: make test's suites with JUnit XML and parity reports, curves against ci/baselines; exits 1 on a regression
 	$(PY) -m ci.gate --out $(REPORTS)/gate $(GATE_ARGS)
 
-mutation: setup ## plant known bugs into a copy of scaler/ and check the gate catches each; exits 1 if one survives
+mutation: setup ## plant known bugs into copies of scaler/ and harness/parity/ and check the gate catches each; exits 1 if one survives
 	$(PY) -m ci.mutation --out $(REPORTS)
 
 bench: setup ## scaler, harness and parity overhead, as ratios against PyTorch measured in the same run; also reports/bench.json

@@ -6,6 +6,11 @@ includes starting the pool. The alternative, what PyTorch's ``MultiProcessTestCa
 test, spawns fresh ranks (``spawn``: a new interpreter importing torch) for each configuration,
 builds a process group and runs the same ``rank_side.run_batch([config])``; it is timed on a
 sample (``SAMPLE`` configurations spread over the matrix) and extrapolated to the matrix's size.
+
+Localization runs only for failing configurations, so a passing matrix pays nothing for it; its
+cost per failing configuration is measured on configurations with a planted bug
+(``fixtures/parity_plants.py``): each judged with and without localization on the same warm pool,
+the difference divided by their number (and, apart, the ranks' own re-run time).
 """
 
 from __future__ import annotations
@@ -72,9 +77,13 @@ def measure() -> dict[str, object]:
     pool = RankPool(threads_per_rank=1)
     try:
         outcomes = runner.run(configs, runner.pool_executor(pool), keep_records=False)
+        wall = time.perf_counter() - started
+        try:
+            localization = measure_localization(pool)
+        except Exception as error:  # noqa: BLE001 - reported in the table, not fatal to the bench
+            localization = {"error": f"{type(error).__name__}: {error}"}
     finally:
         pool.close()
-    wall = time.perf_counter() - started
     broken = [o.result.config.id for o in outcomes if o.result.broken]
     step = max(1, len(configs) // SAMPLE)
     sample = configs[::step][:SAMPLE]
@@ -97,6 +106,64 @@ def measure() -> dict[str, object]:
         "ratio_spawn_per_warm": spawn_mean * len(configs) / wall,
         "spawn_sample": len(spawned),
         "spawn_failures": failed,
+        "localization": localization,
+    }
+
+
+def _planted_executor(pool: object, plant: object) -> runner.Executor:
+    from harness.outcome import judge
+    from harness.pool import CaseSpec
+    from harness.spec import DistConfig
+
+    def execute(batch, backend, world_size, target=runner.RANK_TARGET):  # type: ignore[no-untyped-def]
+        name = "localize_batch" if target == runner.LOCALIZE_TARGET else "run_batch"
+        config = DistConfig(
+            world_size=world_size, backend=backend, deadline_s=300.0, collective_timeout_s=60.0
+        )
+        spec = CaseSpec.of(
+            f"fixtures.parity_plants:{name}", config, args=(plant, batch), default_deadline_s=300.0
+        )
+        verdict = judge(pool.run(spec), world_size=world_size)  # type: ignore[attr-defined]
+        if verdict.outcome != "passed":
+            raise runner.BatchFailed(verdict.message or verdict.summary)
+        return verdict.values
+
+    return execute
+
+
+def measure_localization(pool: object) -> dict[str, object]:
+    """Seconds localization adds per failing configuration (planted bugs, warm pool)."""
+    from fixtures.parity_plants import Plant
+
+    fsdp2 = {"engine": "fsdp2", "reshard_after_forward": True, "optimizer": "sgd"}
+    cases = [
+        (matrix.ParityConfig(**fsdp2), Plant(kind="output_ulp", module="inner.1.linear")),
+        (
+            matrix.ParityConfig(workload="transformer", **fsdp2),
+            Plant(kind="output_scale", module="blocks.1", amount=1e-2),
+        ),
+        (matrix.ParityConfig(**fsdp2), Plant(kind="grad_factor", amount=2.0)),
+    ]
+    started = time.perf_counter()
+    plain = with_localization = ranks_s = 0.0
+    for config, plant in cases:
+        execute = _planted_executor(pool, plant)
+        runner.run([config], execute, localize=False)  # warm: references cached, group made
+        begun = time.perf_counter()
+        runner.run([config], execute, localize=False)
+        plain += time.perf_counter() - begun
+        begun = time.perf_counter()
+        (outcome,) = runner.run([config], execute)
+        with_localization += time.perf_counter() - begun
+        found = outcome.result.localization
+        ranks_s += found.duration_s if found is not None else 0.0
+    return {
+        "failing_configs": len(cases),
+        "judge_s": plain / len(cases),
+        "judge_and_localize_s": with_localization / len(cases),
+        "per_failing_config_s": (with_localization - plain) / len(cases),
+        "ranks_rerun_s": ranks_s / len(cases),
+        "total_s": time.perf_counter() - started,
     }
 
 
@@ -113,8 +180,22 @@ def render(m: dict[str, object]) -> str:
             "-" * 72,
             f"ratio spawn per configuration / warm pool: {m['ratio_spawn_per_warm']:.0f}x",
             *(f"(spawn failed, left out of the mean: {failure})" for failure in m["spawn_failures"]),
+            *_render_localization(m.get("localization")),
         ]
     )
+
+
+def _render_localization(found: object) -> list[str]:
+    if not isinstance(found, dict):
+        return []
+    if "error" in found:
+        return [f"localization: not measured: {found['error']}"]
+    return [
+        f"localization (failing configurations only; {found['failing_configs']} planted bugs): "
+        f"+{found['per_failing_config_s'] * 1e3:.0f} ms per failing configuration "
+        f"({found['judge_s'] * 1e3:.0f} ms judged alone, {found['judge_and_localize_s'] * 1e3:.0f} ms localized; "
+        f"re-runs on the ranks {found['ranks_rerun_s'] * 1e3:.0f} ms); a passing matrix pays nothing"
+    ]
 
 
 def main() -> int:

@@ -147,7 +147,7 @@ def _forward_differs(e: Evidence) -> Cause | None:
         explanation=(
             "The forward pass itself differs: how the model is wrapped, the input dtype or its "
             "casting, or a module that behaves differently when sharded; the first diverging "
-            "module below says where"
+            "module says where"
         ),
         reference="torchtitan#734",
     )

@@ -196,10 +196,10 @@ def _cell(text: str) -> str:
 def _measured_cell(result: ParityResult) -> str:
     """What a pass measured, and for mixed precision the reference's own gap to float32:
     ``bitwise; bf16 vs fp32: loss rel 3e-03, params rel 1e-02``."""
-    cell = result.closeness or "-"
+    cells = [result.closeness] if result.closeness else []
     if result.expected_gap is not None:
-        cell += f"; {result.config.precision} vs fp32: {result.expected_gap.describe()}"
-    return cell
+        cells.append(f"{result.config.precision} vs fp32: {result.expected_gap.describe()}")
+    return "; ".join(cells) or "-"
 
 
 def _first_cell(result: ParityResult) -> str:
@@ -287,12 +287,14 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
             expected = f" (expected: {r.expected_failure})" if r.expected_failure else ""
             lines.append(f"- `{r.config.id}` {label(r)}{expected}:")
             shown = [d.message for d in r.divergences[:5]] or [r.reason]
-            lines += [f"  - {message}" for message in shown]
+            lines.append(f"  - {shown[0]}")
+            # Under the first divergence: where it starts, and what it likely means.
+            if r.localization is not None:
+                lines.append(f"    - {r.localization.describe()}")
+            lines += [f"    - {cause.describe()}" for cause in r.causes]
+            lines += [f"  - {message}" for message in shown[1:]]
             if len(r.divergences) > 5:
                 lines.append(f"  - ... and {len(r.divergences) - 5} more")
-            if r.localization is not None:
-                lines.append(f"  - {r.localization.describe()}")
-            lines += [f"  - {cause.describe()}" for cause in r.causes]
             if r.detail:
                 tail = r.detail.rstrip().splitlines()[-_DETAIL_LINES:]
                 lines += ["", "  ```", *(f"  {line}" for line in tail), "  ```"]
