@@ -16,6 +16,10 @@ per rank, never sharded):
   backward produces them (tensor hooks on the outputs: no full backward hooks, which wrap a
   module's inputs and interfere with FSDP's own).
 
+When a module's forward output diverged on some rank, both sides are replayed once more with
+``ops.OpProbe`` inside that rank's first diverging module, recording its ATen ops, so the report
+can go one level deeper and name the first op (``pinpoint.locate_op``).
+
 Modules are named as in the user's model: wrappers (FSDP1's ``FullyShardedDataParallel``, DDP)
 are skipped, and their prefixes (``_fsdp_wrapped_module.``, ``module.``) never appear, because the
 hooks go on the model the engine built (``Engine.trained_module``), below any wrapper. A module
@@ -35,11 +39,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from harness import context
 from harness.execute import prefix_lines
-from harness.parity import engines, gather, rank_side, train
+from harness.parity import engines, gather, ops, profiles, rank_side, train
 from harness.parity.matrix import ParityConfig
 from harness.subtests import agree, leave_group
 
@@ -127,20 +132,49 @@ class Probe:
         return {"forward": self.forward, "backward": self.backward}
 
 
-def run_one(config: ParityConfig, step: int) -> dict[str, Any]:
-    """Both sides of ``config`` through ``step``, probed at ``step`` (never raises)."""
-    started = time.perf_counter()
+def _replay(config: ParityConfig, step: int, probes: dict[str, Any], part: dict[str, Any]) -> None:
+    """Both sides through ``step`` with ``probes[role].observe``; the first error into ``part``."""
     device = context.current().device
-    part: dict[str, Any] = {"id": config.id, "step": step, "error": None}
     for role in ("reference", "candidate"):
-        probe = Probe(step)
         try:
-            run, _ = train.run(config, role, device, observe=probe.observe, last_step=step)
+            run, _ = train.run(config, role, device, observe=probes[role].observe, last_step=step)
         except Exception:  # noqa: BLE001 - train.run records its own errors; this is the probe's
             run = {"error": prefix_lines(traceback.format_exc(), context.current().rank)}
-        part[role] = probe.to_wire()
         if run["error"] and part["error"] is None:
             part["error"] = f"the {role} raised while being probed:\n{run['error']}"
+
+
+def _any_rank(flag: bool) -> bool:
+    """Whether ``flag`` holds on any rank (every rank must replay, or none: the runs are collective)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return flag
+    value = torch.tensor([1.0 if flag else 0.0], device=context.current().device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def run_one(config: ParityConfig, step: int) -> dict[str, Any]:
+    """Both sides of ``config`` through ``step``, probed at ``step`` module by module, then, when
+    a forward output diverged on any rank, once more op by op inside this rank's first diverging
+    module (``ops.py``). Never raises."""
+    started = time.perf_counter()
+    part: dict[str, Any] = {"id": config.id, "step": step, "error": None, "ops_module": None, "ops": None}
+    probes = {role: Probe(step) for role in ("reference", "candidate")}
+    _replay(config, step, probes, part)
+    for role, probe in probes.items():
+        part[role] = probe.to_wire()
+    if part["error"] is None:
+        target = ops.first_forward_divergence(
+            probes["reference"].forward, probes["candidate"].forward, profiles.profile_for(config)
+        )
+        if _any_rank(target is not None):
+            op_probes = {role: ops.OpProbe(step, target or "") for role in ("reference", "candidate")}
+            if target is None:  # replay for the collectives' sake, recording nothing
+                op_probes = {role: Probe(-1) for role in ("reference", "candidate")}  # type: ignore[misc]
+            _replay(config, step, op_probes, part)
+            if target is not None:
+                part["ops_module"] = target
+                part["ops"] = {role: probe.ops for role, probe in op_probes.items()}
     part["duration_s"] = time.perf_counter() - started
     return part
 

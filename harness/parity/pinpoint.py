@@ -53,6 +53,38 @@ class ModuleDiff:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class OpFinding:
+    """One level deeper: the ops inside the first diverging module's forward, compared."""
+
+    compared: int
+    """Reference ops matched with a candidate op of the same name and shape."""
+    first: str = ""
+    """The first op whose output left the tolerance (``aten.addmm.default``), if any."""
+    index: int = -1
+    """Its position among the reference's ops."""
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    max_ulp: float = 0.0
+    missing: tuple[str, ...] = ()
+    """Reference ops the candidate never ran (by name)."""
+    extra: tuple[str, ...] = ()
+    """Candidate ops the reference never ran (by name)."""
+
+    def describe(self) -> str:
+        if self.first:
+            return (
+                f"inside it, first diverging op: {self.first} (op {self.index + 1} of {self.compared + len(self.missing)}): "
+                f"abs {self.max_abs:.3g}, rel {self.max_rel:.3g}, {format_ulp(self.max_ulp)}"
+            )
+        if self.missing:
+            return f"inside it, the candidate never ran {', '.join(self.missing[:3])}"
+        text = f"inside it, its {self.compared} op(s) match the reference's"
+        if self.extra:
+            return text + f"; the candidate also ran {', '.join(self.extra[:3])}"
+        return text + "; its output changes after them (a forward hook, or the wrapper)"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Localization:
     """Where, inside the first diverging step, the candidate first left the reference."""
 
@@ -64,6 +96,8 @@ class Localization:
     """Why the probe could not run (the ranks' text), when it could not."""
     duration_s: float = 0.0
     """Wall time of the re-runs on the ranks (both sides, through the probed step)."""
+    op: OpFinding | None = None
+    """Inside the first diverging module, when it diverged in its forward output."""
 
     def describe(self) -> str:
         if self.error:
@@ -76,10 +110,11 @@ class Localization:
                 f"({count} module values compared); the difference arises after backward, in the "
                 "gradient reduction, the scaler or the optimizer step"
             )
-        return (
+        text = (
             f"first diverging module: {first.display_name}, {_PHASE_WORDS[first.phase]}, step {self.step}, "
             f"rank {first.rank}: abs {first.max_abs:.3g}, rel {first.max_rel:.3g}, {format_ulp(first.max_ulp)}"
         )
+        return text + (f"; {self.op.describe()}" if self.op is not None else "")
 
     def along(self, rank: int | None = None) -> list[ModuleDiff]:
         """The modules of one rank (the first diverging module's, else rank 0) in execution order."""
@@ -138,4 +173,48 @@ def locate(step: int, parts: list[dict[str, Any]], profile: ToleranceProfile) ->
                 modules.append(_diff(phase, key, rank, order, want, got.get(key), profile))
     failing = [m for m in modules if m.failed]
     first = min(failing, key=lambda m: (PHASES.index(m.phase), m.order, m.rank), default=None)
-    return Localization(step=step, first=first, modules=tuple(modules), duration_s=duration)
+    op = None
+    if first is not None and first.phase == "forward":
+        part = parts[first.rank]
+        if part.get("ops") and part.get("ops_module") == first.module:
+            op = locate_op(part["ops"]["reference"], part["ops"]["candidate"], profile)
+    return Localization(step=step, first=first, modules=tuple(modules), duration_s=duration, op=op)
+
+
+def locate_op(
+    reference: list[tuple[str, torch.Tensor]],
+    candidate: list[tuple[str, torch.Tensor]],
+    profile: ToleranceProfile,
+) -> OpFinding:
+    """The first reference op whose output the candidate's same op (next one of the same name and
+    shape, in order) leaves the tolerance on; ops only one side ran are listed apart."""
+    cursor, matched, missing = 0, set(), []
+    compared = 0
+    for index, (name, want) in enumerate(reference):
+        found = next(
+            (
+                j
+                for j in range(cursor, len(candidate))
+                if candidate[j][0] == name and candidate[j][1].shape == want.shape
+            ),
+            None,
+        )
+        if found is None:
+            missing.append(name)
+            continue
+        matched.add(found)
+        cursor = found + 1
+        compared += 1
+        diff = tensor_diff(want, candidate[found][1], profile, step=0, kind="op", name=name)
+        if diff.mismatched:
+            return OpFinding(
+                compared=compared,
+                first=name,
+                index=index,
+                max_abs=diff.max_abs,
+                max_rel=diff.max_rel,
+                max_ulp=diff.max_ulp,
+                missing=tuple(missing),
+            )
+    extra = tuple(dict.fromkeys(name for j, (name, _) in enumerate(candidate) if j not in matched))
+    return OpFinding(compared=compared, missing=tuple(missing), extra=extra)

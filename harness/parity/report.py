@@ -25,6 +25,7 @@
         "localization": null | {"step", "summary", "error", "time_s",  # failed configurations only
             "first": {"phase", "module", "rank", "order", "max_abs", "max_rel", "max_ulp",
                       "mismatched", "numel"} | null,
+            "op": null | {"compared", "first", "index", "max_abs", "max_rel", "max_ulp", "missing", "extra"},
             "modules": [{...as first...}]},            # every module, every rank, forward then backward
         "skipped_steps", "reference_skipped_steps", "counters", "time_s",
         "reference", "candidate",                      # what ran, in words
@@ -122,6 +123,7 @@ def _localization_json(result: ParityResult) -> dict[str, Any] | None:
         "error": found.error,
         "time_s": round(found.duration_s, 4),
         "first": None if found.first is None else _diff_json(found.first),
+        "op": None if found.op is None else _diff_json(found.op),
         "modules": [_diff_json(m) for m in found.modules],
     }
 

@@ -26,6 +26,10 @@ CASES = {
         ParityConfig(precision="bf16", **_FSDP2),
         Plant(kind="output_ulp", module="inner.1.linear", amount=1),
     ),
+    "op_in_float64": (
+        ParityConfig(**_FSDP2),
+        Plant(kind="linear_in_float64", module="inner.0.linear"),
+    ),
     "no_agreement": (
         ParityConfig(
             suite="forced_inf",
@@ -93,6 +97,20 @@ def test_a_one_ulp_change_in_one_layers_output_under_fsdp2_is_located_to_that_la
     first = _first(planted[case])
     assert (first.module, first.phase, first.max_ulp) == ("inner.1.linear", "forward", 1.0)
     assert planted[case].first_diverging_step == 0
+
+
+def test_inside_the_first_diverging_module_the_first_diverging_op_is_named(planted):
+    located = planted["op_in_float64"].localization
+    assert (located.first.module, located.first.phase) == ("inner.0.linear", "forward")
+    assert located.op.first == "aten.addmm.default", located.op
+    assert "inside it, first diverging op: aten.addmm.default" in located.describe()
+
+
+def test_a_change_made_by_a_hook_after_the_modules_own_ops_is_told_apart(planted):
+    """The 1-ulp plant is a forward hook: the module's own ops match the reference's."""
+    op = planted["one_ulp"].localization.op
+    assert op.first == "" and op.compared > 0
+    assert "its output changes after them (a forward hook, or the wrapper)" in op.describe()
 
 
 def test_a_scaler_without_found_inf_agreement_is_named_at_the_poisoned_step(planted):
