@@ -11,7 +11,7 @@ import dataclasses
 import math
 from typing import Any
 
-from harness.parity import causes, compare, pinpoint, profiles, ulp, workloads
+from harness.parity import causes, compare, gap, pinpoint, profiles, ulp, workloads
 from harness.parity.matrix import ParityConfig
 from harness.parity.record import RunRecord, merge_rank_runs
 
@@ -84,7 +84,7 @@ class ParityResult:
     """Every loss and tensor compared at the first diverging step."""
     causes: tuple[causes.Cause, ...] = ()
     """Known causes whose pattern matches the first divergence (``causes.py``)."""
-    expected_gap: compare.Gap | None = None
+    expected_gap: gap.Gap | None = None
     """Mixed precision only: how far the reference itself is from a plain float32 run of the same
     workload (the gap the precision is expected to cost), next to the candidate's distance."""
     localization: pinpoint.Localization | None = None
@@ -233,7 +233,7 @@ def judge(
     expected_gap = None
     if fp32_parts and all(part is not None for part in fp32_parts):
         fp32 = merge_rank_runs("fp32 reference", "DDP, float32", fp32_parts)  # type: ignore[arg-type]
-        expected_gap = compare.gap(reference, fp32)
+        expected_gap = gap.gap(reference, fp32)
     matched = causes.match(reference, candidate, comparison, poisoned_steps=poisoned)
     first = comparison.first
     result = ParityResult(

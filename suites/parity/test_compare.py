@@ -113,7 +113,7 @@ def test_sparse_tensors_are_compared_as_their_dense_sums():
 
 
 def test_the_gap_between_two_runs_is_their_largest_loss_and_parameter_difference():
-    from harness.parity.compare import gap
+    from harness.parity.gap import gap
 
     other = run(step(0), step(1))
     mine = run(step(0, loss=0.625), step(1, weight=1.5))
