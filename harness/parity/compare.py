@@ -134,6 +134,11 @@ def tensor_diff(
     """Elementwise comparison in float64 (``exact``: every element equal); NaN matches NaN."""
     ref = reference.detach().to("cpu")
     cand = candidate.detach().to("cpu")
+    if ref.dtype == cand.dtype and not ref.is_sparse and not cand.is_sparse and torch.equal(ref, cand):
+        # The common case of a passing run, and the cheap one: bitwise equal, 0 ulp.
+        return TensorDiff(
+            step=step, kind=kind, name=name, max_abs=0.0, max_rel=0.0, mismatched=0, numel=ref.numel()
+        )
     if ref.is_sparse:
         ref = ref.to_dense()
     if cand.is_sparse:

@@ -229,11 +229,8 @@ def judge(
     )
     status = "pass" if comparison.ok else ("crash" if candidate.error else "fail")
     poisoned = poisoned_steps(config)
-    fp32_parts = [p.get("fp32_reference") for p in parts]
-    expected_gap = None
-    if fp32_parts and all(part is not None for part in fp32_parts):
-        fp32 = merge_rank_runs("fp32 reference", "DDP, float32", fp32_parts)  # type: ignore[arg-type]
-        expected_gap = gap.gap(reference, fp32)
+    gaps = [p.get("fp32_gap") for p in parts]
+    expected_gap = gap.merge(gaps) if gaps and all(g is not None for g in gaps) else None  # type: ignore[arg-type]
     matched = causes.match(reference, candidate, comparison, poisoned_steps=poisoned)
     first = comparison.first
     result = ParityResult(
