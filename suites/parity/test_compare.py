@@ -129,7 +129,8 @@ def test_the_gap_measured_on_each_rank_and_merged_is_the_gap_of_the_merged_recor
     def rank_run(steps, rank):
         return {
             "steps": [
-                {"loss": s.losses[rank], "tensors": {"params": s.params} if rank == 0 else None} for s in steps
+                {"loss": s.losses[rank], "tensors": {"params": s.params} if rank == 0 else None}
+                for s in steps
             ]
         }
 

@@ -21,6 +21,18 @@ CASES = {
         ParityConfig(workload="transformer", precision="bf16", **_FSDP2),
         Plant(kind="output_scale", module="blocks.1", amount=1e-2),
     ),
+    "block_fsdp1_fp16": (
+        ParityConfig(
+            engine="fsdp1",
+            sharding="full_shard",
+            use_orig_params=False,
+            workload="transformer",
+            precision="fp16",
+            optimizer="sgd",
+            steps=3,
+        ),
+        Plant(kind="output_scale", module="blocks.1", amount=1e-2),
+    ),
     "one_ulp": (ParityConfig(**_FSDP2), Plant(kind="output_ulp", module="inner.1.linear", amount=1)),
     "one_ulp_bf16": (
         ParityConfig(precision="bf16", **_FSDP2),
@@ -77,12 +89,18 @@ def _cause_names(result):
     return [cause.name for cause in result.causes]
 
 
-@pytest.mark.parametrize("case", ["block_fp32", "block_bf16"])
+@pytest.mark.parametrize("case", ["block_fp32", "block_bf16", "block_fsdp1_fp16"])
 def test_a_block_that_behaves_differently_when_sharded_is_located_to_that_block(planted, case):
     result = planted[case]
     first = _first(result)
     assert (first.module, first.phase, first.rank, result.localization.step) == ("blocks.1", "forward", 0, 0)
     assert "forward_differs" in _cause_names(result)
+
+
+def test_fsdp1_wrapper_prefixes_never_appear_in_module_names(planted):
+    names = {m.module for m in planted["block_fsdp1_fp16"].localization.modules}
+    assert "blocks.1.attn.qkv" in names
+    assert not any("_fsdp_wrapped_module" in name or name.startswith("module.") for name in names)
 
 
 def test_its_neighbours_and_children_are_reported_as_matching(planted):
