@@ -65,6 +65,9 @@ def junit_properties(result: ParityResult) -> list[tuple[str, str]]:
         ),
         ("parity.worst", worst),
         ("parity.skipped_steps", ",".join(map(str, result.skipped_steps)) or "-"),
+        ("parity.measured", result.closeness or "-"),
+        ("parity.localized", result.localization.describe() if result.localization is not None else "-"),
+        ("parity.causes", ",".join(cause.name for cause in result.causes) or "-"),
         ("parity.time_s", f"{result.time_s:.3f}"),
     ]
     if candidate is not None and candidate.scale:
