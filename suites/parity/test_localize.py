@@ -161,3 +161,10 @@ def test_the_json_report_holds_every_module_compared(planted):
     assert located["first"]["module"] == "inner.1.linear"
     modules = {(m["phase"], m["module"]) for m in located["modules"]}
     assert {("forward", "inp.linear"), ("forward", ""), ("backward", "out")} <= modules
+
+
+def test_the_figure_draws_the_failing_configurations_in_detail(planted, tmp_path):
+    from harness.parity.plot import render_png
+
+    assert render_png(list(planted.values()), tmp_path / "parity.png")
+    assert (tmp_path / "parity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
