@@ -174,6 +174,18 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         tests=(_LOCALIZE,),
     ),
     Plant(
+        name="parity_op_never_diverges",
+        bug="inside the first diverging module, no op is ever found to differ",
+        edits=(
+            _edit(
+                "pinpoint.py",
+                "        if diff.mismatched:\n            return OpFinding(",
+                "        if diff.mismatched > diff.numel:  # planted\n            return OpFinding(",
+            ),
+        ),
+        tests=(_LOCALIZE,),
+    ),
+    Plant(
         name="parity_causes_silent",
         bug="no known cause is ever matched",
         edits=(
