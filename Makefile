@@ -66,7 +66,7 @@ KERNELS =
 kernels: setup ## the parity matrix under each CPU kernel family this machine reaches; exits 1 if a verdict differs
 	$(PY) -m ci.kernels --out $(REPORTS)/kernels $(if $(KERNELS),--settings $(KERNELS)) $(if $(K),-k "$(K)")
 
-mutation: setup ## plant known bugs into a copy of scaler/ and check the gate catches each; exits 1 if one survives
+mutation: setup ## plant known bugs into copies of scaler/ and harness/parity/ and check the gate catches each; exits 1 if one survives
 	$(PY) -m ci.mutation --out $(REPORTS)
 
 bench: setup ## scaler, harness and parity overhead, as ratios against PyTorch measured in the same run; also reports/bench.json

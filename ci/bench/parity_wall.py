@@ -11,6 +11,11 @@ The user-workload overhead: what the tool costs a user over training their model
 workload (``USER_WORKLOAD``, as ``python -m harness.parity --workload`` runs it, on a fresh pool)
 against a plain loop in this process training the same model for the same number of steps (each
 configuration's candidate and reference steps): no wrapper, no scaler, no recording, no gather.
+
+Localization runs only for failing configurations, so a passing matrix pays nothing for it; its
+cost per failing configuration is measured on configurations with a planted bug
+(``fixtures/parity_plants.py``): each judged with and without localization on the same warm pool,
+the difference divided by their number (and, apart, the ranks' own re-run time).
 """
 
 from __future__ import annotations
@@ -83,6 +88,18 @@ def _on_pool(configs: list[matrix.ParityConfig]) -> tuple[float, list[runner.Out
     return time.perf_counter() - started, outcomes
 
 
+def _localization_on_a_pool() -> dict[str, object]:
+    from harness.pool import RankPool
+
+    pool = RankPool(threads_per_rank=1)
+    try:
+        return measure_localization(pool)
+    except Exception as error:  # noqa: BLE001 - reported in the table, not fatal to the bench
+        return {"error": f"{type(error).__name__}: {error}"}
+    finally:
+        pool.close()
+
+
 def plain_loop(workload_name: str, steps: int) -> float:
     """Seconds to train the workload's model for ``steps`` steps in a plain loop (fp32, SGD)."""
     import torch
@@ -146,6 +163,64 @@ def measure() -> dict[str, object]:
         "spawn_sample": len(spawned),
         "spawn_failures": failed,
         "user_workload": measure_user_workload(),
+        "localization": _localization_on_a_pool(),
+    }
+
+
+def _planted_executor(pool: object, plant: object) -> runner.Executor:
+    from harness.outcome import judge
+    from harness.pool import CaseSpec
+    from harness.spec import DistConfig
+
+    def execute(batch, backend, world_size, target=runner.RANK_TARGET):  # type: ignore[no-untyped-def]
+        name = "localize_batch" if target == runner.LOCALIZE_TARGET else "run_batch"
+        config = DistConfig(
+            world_size=world_size, backend=backend, deadline_s=300.0, collective_timeout_s=60.0
+        )
+        spec = CaseSpec.of(
+            f"fixtures.parity_plants:{name}", config, args=(plant, batch), default_deadline_s=300.0
+        )
+        verdict = judge(pool.run(spec), world_size=world_size)  # type: ignore[attr-defined]
+        if verdict.outcome != "passed":
+            raise runner.BatchFailed(verdict.message or verdict.summary)
+        return verdict.values
+
+    return execute
+
+
+def measure_localization(pool: object) -> dict[str, object]:
+    """Seconds localization adds per failing configuration (planted bugs, warm pool)."""
+    from fixtures.parity_plants import Plant
+
+    fsdp2 = {"engine": "fsdp2", "reshard_after_forward": True, "optimizer": "sgd"}
+    cases = [
+        (matrix.ParityConfig(**fsdp2), Plant(kind="output_ulp", module="inner.1.linear")),
+        (
+            matrix.ParityConfig(workload="transformer", **fsdp2),
+            Plant(kind="output_scale", module="blocks.1", amount=1e-2),
+        ),
+        (matrix.ParityConfig(**fsdp2), Plant(kind="grad_factor", amount=2.0)),
+    ]
+    started = time.perf_counter()
+    plain = with_localization = ranks_s = 0.0
+    for config, plant in cases:
+        execute = _planted_executor(pool, plant)
+        runner.run([config], execute, localize=False)  # warm: references cached, group made
+        begun = time.perf_counter()
+        runner.run([config], execute, localize=False)
+        plain += time.perf_counter() - begun
+        begun = time.perf_counter()
+        (outcome,) = runner.run([config], execute)
+        with_localization += time.perf_counter() - begun
+        found = outcome.result.localization
+        ranks_s += found.duration_s if found is not None else 0.0
+    return {
+        "failing_configs": len(cases),
+        "judge_s": plain / len(cases),
+        "judge_and_localize_s": with_localization / len(cases),
+        "per_failing_config_s": (with_localization - plain) / len(cases),
+        "ranks_rerun_s": ranks_s / len(cases),
+        "total_s": time.perf_counter() - started,
     }
 
 
@@ -164,6 +239,7 @@ def render(m: dict[str, object]) -> str:
             f"ratio spawn per configuration / warm pool: {m['ratio_spawn_per_warm']:.0f}x",
             *(f"(spawn failed, left out of the mean: {failure})" for failure in m["spawn_failures"]),
             *_render_user(m.get("user_workload")),
+            *_render_localization(m.get("localization")),
         ]
     )
 
@@ -178,6 +254,19 @@ def _render_user(u: object) -> list[str]:
         f"the same {u['steps']} steps in a plain loop:   {u['plain_loop_s']:7.1f} s (one process, no wrapper, "
         "scaler or recording)",
         f"ratio tool / plain loop: {u['ratio_tool_per_plain']:.1f}x",
+    ]
+
+
+def _render_localization(found: object) -> list[str]:
+    if not isinstance(found, dict):
+        return []
+    if "error" in found:
+        return [f"localization: not measured: {found['error']}"]
+    return [
+        f"localization (failing configurations only; {found['failing_configs']} planted bugs): "
+        f"+{found['per_failing_config_s'] * 1e3:.0f} ms per failing configuration "
+        f"({found['judge_s'] * 1e3:.0f} ms judged alone, {found['judge_and_localize_s'] * 1e3:.0f} ms localized; "
+        f"re-runs on the ranks {found['ranks_rerun_s'] * 1e3:.0f} ms); a passing matrix pays nothing"
     ]
 
 

@@ -1,4 +1,5 @@
-"""The bug classes the mutation check plants into a copy of ``scaler/``, one precise edit each.
+"""The bug classes the mutation check plants into a copy of ``scaler/`` (and, from
+``engine_plants.py``, of the parity engine ``harness/parity/``), one precise edit each.
 
 Why precise text edits rather than a generic mutator: each plant is a bug someone could really
 write (most are bugs torch's own scalers have or had), and each must stay what it says. An edit
@@ -13,55 +14,11 @@ suites: write the test that kills it and add it here.
 
 from __future__ import annotations
 
-import dataclasses
-from pathlib import Path
-
+from ci.mutation.edits import Edit, Plant, PlantError, apply
+from ci.mutation.engine_plants import ENGINE_PLANTS
 from harness.parity import matrix
 
-
-class PlantError(RuntimeError):
-    """A plant no longer applies to the current ``scaler/``."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Edit:
-    """Replace ``old`` (present exactly once in ``file``) by ``new``."""
-
-    file: str
-    """Path under ``scaler/``."""
-    old: str
-    new: str
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Plant:
-    """One bug class, as edits to ``scaler/``, and the tests that must catch it."""
-
-    name: str
-    bug: str
-    """What the planted code does wrong, in words."""
-    edits: tuple[Edit, ...]
-    tests: tuple[str, ...]
-    """What the gate runs against the mutant (pytest paths or node ids)."""
-
-    def __post_init__(self) -> None:
-        if not self.edits or not self.tests:
-            raise ValueError(f"plant {self.name}: needs at least one edit and one test")
-
-
-def apply(plant: Plant, root: Path) -> None:
-    """Apply ``plant`` to the project copy at ``root`` (its ``scaler/`` is edited in place)."""
-    for edit in plant.edits:
-        path = root / "scaler" / edit.file
-        text = path.read_text()
-        count = text.count(edit.old)
-        if count != 1:
-            where = "is no longer in" if count == 0 else f"occurs {count} times in"
-            raise PlantError(
-                f"plant {plant.name} no longer applies: its target text {where} scaler/{edit.file} "
-                f"({edit.old.strip().splitlines()[0]!r}...); update ci/mutation/plants.py"
-            )
-        path.write_text(text.replace(edit.old, edit.new))
+__all__ = ["PLANTS", "Edit", "Plant", "PlantError", "apply"]
 
 
 _SHARDED_DIST = "suites/scaler/test_sharded_distributed.py"
@@ -94,7 +51,7 @@ _FUSED_ONE_RANK = f"{_POISONED}[{_forced_inf('fsdp1', 'adam_fused')}]"
 _TWO_OPTIMIZERS = f"{_POISONED}[{_forced_inf('fsdp2', 'sgd', 'two_optimizers', every_rank=True)}]"
 _FSDP2 = "suites/parity/test_fsdp_vs_ddp.py::test_fsdp_trains_like_ddp[fsdp2-reshard-fp32-sgd-w2]"
 
-PLANTS: tuple[Plant, ...] = (
+_SCALER_PLANTS: tuple[Plant, ...] = (
     Plant(
         name="no_agreement",
         bug="found_inf is never all-reduced: each rank decides on its own grads",
@@ -450,3 +407,6 @@ PLANTS: tuple[Plant, ...] = (
         tests=(f"{_RECORDS}::test_records_after_unscale_and_step_equal_torchs",),
     ),
 )
+
+PLANTS: tuple[Plant, ...] = (*_SCALER_PLANTS, *ENGINE_PLANTS)
+"""Every plant: the scaler's, then the parity engine's."""

@@ -134,7 +134,8 @@ def run_all(
     check_imports_from_copy(base)
     for plant in plants:  # every plant must still apply before anything runs
         trial = workdir / "trial"
-        shutil.copytree(base / "scaler", trial / "scaler")
+        for package in {edit.package for edit in plant.edits}:
+            shutil.copytree(base / package, trial / package)
         apply(plant, trial)
         shutil.rmtree(trial)
     control_outcome = None

@@ -3,7 +3,8 @@
 Data flow (one module per stage; ``docs/architecture.md`` draws it)::
 
     matrix.ParityConfig --(runner, controller)--> rank_side.run_batch (ranks: engines, train, gather)
-        --> record.RunRecord (reference, candidate) --> compare.compare_runs --> result.ParityResult
+        --> record.RunRecord (reference, candidate) --> compare.compare_runs (ulp) --> result.ParityResult
+            (causes; the expected gap from gap) --> failed? localize (ranks) --> pinpoint, ops
         --> report (parity.json, parity.md), plot (parity.png)
 
 What is trained is a :class:`Workload` (``workload.py``): a model, its data and loss, and its FSDP

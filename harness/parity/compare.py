@@ -8,7 +8,14 @@ this order, and the first failing check of the earliest step is *the* divergence
 2. scaler state against the reference: skip decisions, found_inf, scale, growth tracker (exact);
 3. the loss of every rank (under the profile);
 4. full tensors: names, shapes and dtypes first, then values of parameters, unscaled gradients
-   and optimizer state (under the profile), gathered on rank 0 from both runs.
+   and optimizer state (under the profile), gathered on rank 0 from both runs;
+5. module buffers (normalization statistics), every rank's own, as a kind of their own: DDP
+   broadcasts rank 0's buffers before every forward, FSDP does not, so they may differ on rank 1
+   only. Their values are compared (under the profile), not their dtypes: FSDP1's mixed precision
+   casts buffers, FSDP2's does not.
+
+Every distance is also measured in ULPs of the tensor's dtype (``ulp.py``): a passing
+configuration is ``bitwise``, ``≤ N ulp`` or ``toleranced`` (``Comparison.closeness``).
 
 Messages read like ``pytest.approx``'s: ``step 3, grad inner.0.linear.weight (profile fp16):
 12 / 1024 mismatched; max abs 3.1e-02, max rel 4.0e-01``.
@@ -21,6 +28,7 @@ import math
 
 import torch
 
+from harness.parity import ulp
 from harness.parity.profiles import ToleranceProfile
 from harness.parity.record import RunRecord, StepRecord
 
@@ -33,20 +41,41 @@ class TensorDiff:
 
     step: int
     kind: str
-    """``param``, ``grad`` or ``optim_state``."""
+    """``param``, ``grad``, ``optim_state``, ``buffer`` or ``loss``."""
     name: str
     """Parameter name (``inner.0.linear.weight``), with the state key for optimizer state
-    (``inner.0.linear.weight:exp_avg``)."""
+    (``inner.0.linear.weight:exp_avg``) and the rank for buffers (``bn.running_mean [rank 1]``)."""
     max_abs: float
     max_rel: float
     mismatched: int
     numel: int
+    max_ulp: float = 0.0
+    """The largest distance in units in the last place of the tensor's dtype (``inf``: NaN
+    against a number)."""
 
     def describe(self) -> str:
         return (
             f"{self.kind} {self.name}: {self.mismatched} / {self.numel} mismatched; "
-            f"max abs {self.max_abs:.3g}, max rel {self.max_rel:.3g}"
+            f"max abs {self.max_abs:.3g}, max rel {self.max_rel:.3g}, {format_ulp(self.max_ulp)}"
         )
+
+
+def format_ulp(value: float) -> str:
+    """``0 ulp``, ``3 ulp``, ``1.2e+06 ulp``, ``inf ulp``."""
+    if not math.isfinite(value):
+        return f"{value} ulp"
+    return f"{value:.0f} ulp" if value < 1e6 else f"{value:.2g} ulp"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class StepDistance:
+    """How far the candidate was from the reference at one step, over everything compared."""
+
+    step: int
+    max_ulp: float
+    max_rel: float
+    failed: bool
+    """A check failed at this step."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,7 +85,7 @@ class Divergence:
     step: int
     what: str
     """``agreement``, ``skipped``, ``found_inf``, ``scale``, ``tracker``, ``loss``, ``names``,
-    ``shape``, ``dtype``, ``param``, ``grad``, ``optim_state``, ``steps`` or ``crash``."""
+    ``shape``, ``dtype``, ``param``, ``grad``, ``optim_state``, ``buffer``, ``steps`` or ``crash``."""
     message: str
 
 
@@ -72,6 +101,17 @@ class Comparison:
     anywhere (``None`` when every tensor matched bitwise)."""
     max_loss_diff: float
     """Over every step and rank (``inf`` when a loss is non-finite in one run only)."""
+    max_ulp: float = 0.0
+    """The largest ULP distance of any loss or tensor compared, at any step."""
+    steps: tuple[StepDistance, ...] = ()
+    """Per step, the largest distances (the report's heatmap)."""
+    at_first: tuple[TensorDiff, ...] = ()
+    """Every tensor compared at the first diverging step (``parity.json``'s full comparison)."""
+
+    @property
+    def closeness(self) -> str:
+        """``bitwise``, ``≤ N ulp`` or ``toleranced`` for a passing comparison, else empty."""
+        return ulp.label(self.max_ulp, passed=self.ok)
 
     @property
     def first(self) -> Divergence | None:
@@ -94,6 +134,11 @@ def tensor_diff(
     """Elementwise comparison in float64 (``exact``: every element equal); NaN matches NaN."""
     ref = reference.detach().to("cpu")
     cand = candidate.detach().to("cpu")
+    if ref.dtype == cand.dtype and not ref.is_sparse and not cand.is_sparse and torch.equal(ref, cand):
+        # The common case of a passing run, and the cheap one: bitwise equal, 0 ulp.
+        return TensorDiff(
+            step=step, kind=kind, name=name, max_abs=0.0, max_rel=0.0, mismatched=0, numel=ref.numel()
+        )
     if ref.is_sparse:
         ref = ref.to_dense()
     if cand.is_sparse:
@@ -120,6 +165,7 @@ def tensor_diff(
         max_rel=float(rel.max()) if rel.numel() else 0.0,
         mismatched=int((~same).sum()),
         numel=ref.numel(),
+        max_ulp=ulp.max_distance(ref, cand),
     )
 
 
@@ -180,7 +226,11 @@ def _scaler_state(ref: StepRecord, cand: StepRecord) -> list[tuple[str, str]]:
     return problems
 
 
-def _loss_problems(ref: StepRecord, cand: StepRecord, profile: ToleranceProfile) -> tuple[list[str], float]:
+def _loss_problems(
+    ref: StepRecord, cand: StepRecord, profile: ToleranceProfile, diffs: list[TensorDiff]
+) -> tuple[list[str], float]:
+    """Each rank's loss; its distance is appended to ``diffs`` (in ULPs of float32, the dtype of a
+    workload's loss; the comparison itself is in float64)."""
     problems, worst = [], 0.0
     for rank, (want, got) in enumerate(zip(ref.losses, cand.losses, strict=True)):
         diff = tensor_diff(
@@ -192,6 +242,7 @@ def _loss_problems(ref: StepRecord, cand: StepRecord, profile: ToleranceProfile)
             name=f"rank {rank}",
         )
         worst = max(worst, diff.max_abs)
+        diffs.append(dataclasses.replace(diff, max_ulp=ulp.of_floats(want, got)))
         if diff.mismatched:
             problems.append(f"rank {rank} loss {got!r}, reference {want!r} (abs diff {diff.max_abs:.3g})")
     return problems, worst
@@ -202,9 +253,28 @@ def _flatten(step: StepRecord, kind: str) -> dict[str, torch.Tensor]:
         return step.params
     if kind == "grad":
         return step.grads
+    if kind == "buffer":
+        return {
+            f"{name} [rank {rank}]": value
+            for rank, own in enumerate(step.buffers)
+            for name, value in own.items()
+        }
     return {
         f"{name}:{key}": value for name, state in step.optim_state.items() for key, value in state.items()
     }
+
+
+def _aligned_dtypes(
+    want: dict[str, torch.Tensor], got: dict[str, torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Both sides of each floating-point buffer in the coarser of their two dtypes."""
+    want, got = dict(want), dict(got)
+    for name in set(want) & set(got):
+        w, g = want[name], got[name]
+        if w.dtype != g.dtype and w.is_floating_point() and g.is_floating_point():
+            dtype = ulp.coarser(w.dtype, g.dtype)
+            want[name], got[name] = w.to(dtype), g.to(dtype)
+    return want, got
 
 
 def _tensor_problems(
@@ -214,6 +284,8 @@ def _tensor_problems(
     diffs: list[TensorDiff] = []
     for kind in kinds:
         want, got = _flatten(ref, kind), _flatten(cand, kind)
+        if kind == "buffer":  # values, not dtypes (FSDP1 mixed precision casts buffers)
+            want, got = _aligned_dtypes(want, got)
         if set(want) != set(got):
             missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
             problems.append(("names", f"{kind} names differ: missing {missing}, unexpected {extra}"))
@@ -250,21 +322,34 @@ def compare_runs(
     """
     divergences: list[Divergence] = []
     all_diffs: list[TensorDiff] = []
+    distances: list[StepDistance] = []
     worst_at_first: TensorDiff | None = None
+    at_first: list[TensorDiff] = []
     max_loss = 0.0
     for ref, cand in zip(reference.steps, candidate.steps, strict=False):
         found: list[tuple[str, str]] = [("agreement", text) for text in _same_on_every_rank(cand)]
         found += _scaler_state(ref, cand)
-        losses, loss_diff = _loss_problems(ref, cand, profile)
+        loss_diffs: list[TensorDiff] = []
+        losses, loss_diff = _loss_problems(ref, cand, profile, loss_diffs)
         max_loss = max(max_loss, loss_diff)
         found += [("loss", text) for text in losses]
         kinds = tuple(k for k in _TENSOR_KINDS if not (k == "grad" and cand.step in poisoned_steps))
-        tensor_found, diffs = _tensor_problems(ref, cand, profile, kinds)
+        tensor_found, diffs = _tensor_problems(ref, cand, profile, (*kinds, "buffer"))
         found += tensor_found
         all_diffs += diffs
+        step_diffs = loss_diffs + diffs
+        distances.append(
+            StepDistance(
+                step=cand.step,
+                max_ulp=max((d.max_ulp for d in step_diffs), default=0.0),
+                max_rel=max((d.max_rel for d in step_diffs), default=0.0),
+                failed=bool(found),
+            )
+        )
         if found and worst_at_first is None and not divergences:
             failing = [d for d in diffs if d.mismatched]
             worst_at_first = max(failing, key=lambda d: (d.max_abs, d.mismatched), default=None)
+            at_first = step_diffs
         divergences += [
             Divergence(
                 step=cand.step, what=what, message=f"step {cand.step}, {text} (profile {profile.name})"
@@ -296,4 +381,7 @@ def compare_runs(
         divergences=tuple(divergences[:max_divergences]),
         worst=worst,
         max_loss_diff=max_loss,
+        max_ulp=max((d.max_ulp for d in distances), default=0.0),
+        steps=tuple(distances),
+        at_first=tuple(at_first),
     )

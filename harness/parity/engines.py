@@ -147,6 +147,15 @@ class Engine:
     def full_grads(self) -> dict[str, torch.Tensor]:
         return {n: gather.to_cpu(p.grad) for n, p in self.named_trainable() if p.grad is not None}
 
+    def trained_module(self) -> nn.Module:
+        """The module whose forward runs (the low-precision reference runs a working copy)."""
+        return self.module
+
+    def own_buffers(self) -> dict[str, torch.Tensor]:
+        """This rank's module buffers by name as in the unwrapped model (never sharded, so local;
+        not collective)."""
+        return {gather.clean_name(n): gather.to_cpu(b) for n, b in self.trained_module().named_buffers()}
+
     def full_after_step(
         self, optimizers: list[torch.optim.Optimizer]
     ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
@@ -186,6 +195,9 @@ class LowPrecisionDDP(Engine):
         """The root's forward inputs in the low dtype, as FSDP casts them (a loss that uses float
         data outside the model, a regression target, sees it uncast in both runs)."""
         return cast_floats(args, self.dtype), cast_floats(kwargs, self.dtype)
+
+    def trained_module(self) -> nn.Module:
+        return self.working
 
     def losses(self, step: int, scale: float) -> tuple[torch.Tensor, float]:
         with torch.no_grad():

@@ -70,11 +70,17 @@ class Launched:
             self.backend, store=store, rank=self.rank, world_size=self.world_size, timeout=self.timeout
         )
 
-    def execute(self, batch: list[ParityConfig], backend: str, world_size: int) -> list[list[dict[str, Any]]]:
-        """A ``runner.Executor``: run ``batch`` on this rank, return every rank's results."""
+    def execute(
+        self, batch: list[Any], backend: str, world_size: int, target: str | None = None
+    ) -> list[list[dict[str, Any]]]:
+        """A ``runner.Executor``: run ``batch`` on this rank (configurations, or with
+        ``target=runner.LOCALIZE_TARGET`` the localization requests of failed ones), return every
+        rank's results."""
         import torch.distributed as dist
 
-        from harness.parity import rank_side
+        from harness.parity import localize, rank_side, runner
+
+        run_batch = localize.run_batch if target == runner.LOCALIZE_TARGET else rank_side.run_batch
 
         assert backend == self.backend and world_size == self.world_size, (backend, world_size)
         self.batches += 1
@@ -92,7 +98,7 @@ class Launched:
         )
         faulthandler.dump_traceback_later(30.0 + self.deadline_per_config_s * len(batch), exit=True)
         try:
-            mine = rank_side.run_batch(batch)
+            mine = run_batch(batch)
         finally:
             faulthandler.cancel_dump_traceback_later()
             context._set_current(None)

@@ -19,7 +19,7 @@ from typing import Any
 import torch.distributed as dist
 
 from harness import context
-from harness.parity import gather, train
+from harness.parity import gap, gather, train
 from harness.parity.matrix import ParityConfig
 from harness.subtests import agree, leave_group
 
@@ -38,6 +38,12 @@ def _reference(config: ParityConfig, device: Any) -> tuple[dict[str, Any], str, 
     return run, description, False
 
 
+def forget() -> None:
+    """Drop what was cached for the default group (after it was re-created)."""
+    _references.clear()
+    gather.forget_meshes()
+
+
 def run_one(config: ParityConfig) -> dict[str, Any]:
     """Reference and candidate runs of ``config`` on this rank (never raises)."""
     device = context.current().device
@@ -47,8 +53,16 @@ def run_one(config: ParityConfig) -> dict[str, Any]:
         if reference["error"] is None
         else (None, "not run: the reference failed")
     )
+    fp32_gap = None
+    if config.precision != "fp32" and config.reference == "ddp" and reference["error"] is None:
+        # The expected mixed-precision gap: the same workload, optimizer and data in float32
+        # (cached like any reference: the fp32 configurations of the matrix share it), measured
+        # here so that only numbers travel.
+        fp32_run, _, _ = _reference(config.with_(precision="fp32"), device)
+        fp32_gap = gap.of_rank_runs(reference, fp32_run) if fp32_run["error"] is None else None
     return {
         "id": config.id,
+        "fp32_gap": fp32_gap,
         "reference": reference,
         "reference_description": reference_description,
         "reference_reused": reused,
@@ -82,7 +96,6 @@ def _run_batch(configs: list[ParityConfig]) -> list[dict[str, Any]]:
         if failed and ctx.world_size > 1:
             leave_group()  # unblock peers still waiting in a collective with this rank
         if ctx.world_size > 1 and not agree(ctx, f"parity{index}", ok=not failed):
-            _references.clear()
-            gather.forget_meshes()
+            forget()
         results.append(result)
     return results

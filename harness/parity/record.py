@@ -39,6 +39,9 @@ class StepRecord:
     """Full gradients as the optimizer received them, unscaled (and clipped on ``unscale_clip``)."""
     optim_state: dict[str, Tensors]
     """Full optimizer state after the step, by parameter name then state key."""
+    buffers: tuple[Tensors, ...] = ()
+    """By rank, each rank's own module buffers after the step, by name (buffers are replicated,
+    never sharded, and DDP broadcasts rank 0's while FSDP does not, so each rank's count)."""
 
     def skipped_anywhere(self) -> bool:
         return any(flag for flags in self.skipped for flag in flags)
@@ -85,6 +88,7 @@ def _step_from_dict(data: dict[str, Any]) -> StepRecord:
         params=dict(data["params"]),
         grads=dict(data["grads"]),
         optim_state={name: dict(state) for name, state in data["optim_state"].items()},
+        buffers=tuple(dict(own) for own in data.get("buffers", ())),
     )
 
 
@@ -96,8 +100,10 @@ def rank_step(
     found_inf: list[float],
     skipped: list[bool | None],
     tensors: dict[str, Any] | None,
+    buffers: Tensors | None = None,
 ) -> dict[str, Any]:
-    """One rank's part of one step; ``tensors`` (``params``/``grads``/``optim_state``) on rank 0 only."""
+    """One rank's part of one step; ``tensors`` (``params``/``grads``/``optim_state``) on rank 0
+    only, ``buffers`` (this rank's own) on every rank."""
     return {
         "loss": loss,
         "scale": scale,
@@ -105,6 +111,7 @@ def rank_step(
         "found_inf": list(found_inf),
         "skipped": list(skipped),
         "tensors": tensors,
+        "buffers": buffers or {},
     }
 
 
@@ -140,6 +147,7 @@ def merge_rank_runs(role: str, description: str, parts: list[dict[str, Any]]) ->
                 params=tensors["params"],
                 grads=tensors["grads"],
                 optim_state=tensors["optim_state"],
+                buffers=tuple(s.get("buffers") or {} for s in per_rank),
             )
         )
     return RunRecord(

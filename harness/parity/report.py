@@ -1,19 +1,32 @@
 """The parity report as JSON and Markdown (pure renderers: results in, text out).
 
-``parity.json`` (``"schema": "shardscale.parity"``, ``"version": 1``)::
+``parity.json`` (``"schema": "shardscale.parity"``, ``"version": 2``)::
 
     {
-      "schema": "shardscale.parity", "version": 1,
+      "schema": "shardscale.parity", "version": 2,
       "run": {"backend", "world_size", "scaler", "filter", "torch", "created", "wall_s"},
       "profiles": {"exact": {"rtol": 0.0, "atol": 0.0}, ...},
-      "summary": {"total", "pass", "fail", "crash", "error", "skip", "expected_failures"},
+      "summary": {"total", "pass", "fail", "crash", "error", "skip", "expected_failures",
+                  "closeness": {"bitwise" | "≤ N ulp" | "toleranced": count}},
       "configs": [{
         "id", "suite", "config": {every ParityConfig field; faults as ids},
         "status": "pass" | "fail" | "crash" | "error" | "skip",
         "profile", "reason", "expected_failure",
         "detail",                                      # the full text behind an error or crash
         "max_loss_diff", "first_diverging_step",       # null when none
-        "worst": {"step", "kind", "name", "max_abs", "max_rel", "mismatched", "numel"} | null,
+        "closeness": "bitwise" | "≤ N ulp" | "toleranced" | "",   # what a pass measured
+        "max_ulp",                                     # largest ULP distance compared anywhere
+        "worst": {"step", "kind", "name", "max_abs", "max_rel", "mismatched", "numel", "max_ulp"} | null,
+        "distances": [{"step", "max_ulp", "max_rel", "failed"}],      # per step, everything compared
+        "at_first": [{...as worst...}],                # every loss/tensor at the first diverging step
+        "causes": [{"name", "evidence", "explanation", "reference"}],  # known causes that match
+        "expected_gap": null | {"loss_max_abs", "loss_max_rel", "param_max_abs", "param_max_rel"},
+                                                       # fp16/bf16: the reference against plain fp32
+        "localization": null | {"step", "summary", "error", "time_s",  # failed configurations only
+            "first": {"phase", "module", "rank", "order", "max_abs", "max_rel", "max_ulp",
+                      "mismatched", "numel"} | null,
+            "op": null | {"compared", "first", "index", "max_abs", "max_rel", "max_ulp", "missing", "extra"},
+            "modules": [{...as first...}]},            # every module, every rank, forward then backward
         "skipped_steps", "reference_skipped_steps", "counters", "time_s",
         "reference", "candidate",                      # what ran, in words
         "divergences": [{"step", "what", "message"}],
@@ -34,13 +47,14 @@ from collections import Counter
 from typing import Any
 
 from harness.parity import profiles
+from harness.parity.compare import format_ulp
 from harness.parity.matrix import SUITES
 from harness.parity.result import ParityResult
 
 SCHEMA = "shardscale.parity"
 _DETAIL_LINES = 30
 """How much of an error's or crash's full text parity.md shows (parity.json keeps all of it)."""
-VERSION = 1
+VERSION = 2
 _SUITE_TITLES = {
     "fsdp_vs_ddp": "FSDP vs DDP",
     "forced_inf": "Forced-inf step skipping",
@@ -70,12 +84,47 @@ def label(result: ParityResult) -> str:
     return {"pass": "pass", "skip": "skip"}.get(result.status, result.status.upper())
 
 
-def summary(results: list[ParityResult]) -> dict[str, int]:
+def summary(results: list[ParityResult]) -> dict[str, Any]:
     counts = Counter(r.status for r in results)
     return {
         "total": len(results),
         **{status: counts.get(status, 0) for status in ("pass", "fail", "crash", "error", "skip")},
         "expected_failures": sum(1 for r in results if r.expected_failure and r.broken),
+        "closeness": closeness_counts(results),
+    }
+
+
+def _closeness_order(label_: str) -> tuple[int, float]:
+    if label_ == "bitwise":
+        return (0, 0.0)
+    if label_ == "toleranced":
+        return (2, 0.0)
+    return (1, float(label_.split()[1]))
+
+
+def closeness_counts(results: list[ParityResult]) -> dict[str, int]:
+    """Passing configurations by what they measured: ``bitwise`` first, then ``≤ N ulp`` by N,
+    then ``toleranced``."""
+    counts = Counter(r.closeness for r in results if r.closeness)
+    return {key: counts[key] for key in sorted(counts, key=_closeness_order)}
+
+
+def _diff_json(diff: Any) -> dict[str, Any]:
+    return {key: _numbers(value) for key, value in dataclasses.asdict(diff).items()}
+
+
+def _localization_json(result: ParityResult) -> dict[str, Any] | None:
+    found = result.localization
+    if found is None:
+        return None
+    return {
+        "step": found.step,
+        "summary": found.describe(),
+        "error": found.error,
+        "time_s": round(found.duration_s, 4),
+        "first": None if found.first is None else _diff_json(found.first),
+        "op": None if found.op is None else _diff_json(found.op),
+        "modules": [_diff_json(m) for m in found.modules],
     }
 
 
@@ -97,7 +146,14 @@ def result_to_json(result: ParityResult) -> dict[str, Any]:
         "detail": result.detail,
         "max_loss_diff": _number(result.max_loss_diff),
         "first_diverging_step": result.first_diverging_step,
-        "worst": None if result.worst is None else _numbers(dataclasses.asdict(result.worst)),
+        "closeness": result.closeness,
+        "max_ulp": _number(result.max_ulp),
+        "worst": None if result.worst is None else _diff_json(result.worst),
+        "distances": [_numbers(dataclasses.asdict(d)) for d in result.distances],
+        "at_first": [_diff_json(d) for d in result.at_first],
+        "causes": [dataclasses.asdict(c) for c in result.causes],
+        "expected_gap": None if result.expected_gap is None else _diff_json(result.expected_gap),
+        "localization": _localization_json(result),
         "skipped_steps": list(result.skipped_steps),
         "reference_skipped_steps": list(result.reference_skipped_steps),
         "counters": list(result.counters),
@@ -139,6 +195,28 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _measured_cell(result: ParityResult) -> str:
+    """What a pass measured, and for mixed precision the reference's own gap to float32:
+    ``bitwise; bf16 vs fp32: loss rel 3e-03, params rel 1e-02``."""
+    cells = [result.closeness] if result.closeness else []
+    if result.expected_gap is not None:
+        cells.append(f"{result.config.precision} vs fp32: {result.expected_gap.describe()}")
+    return "; ".join(cells) or "-"
+
+
+def _first_cell(result: ParityResult) -> str:
+    """The first diverging step, and its first diverging module when localized."""
+    step = result.first_diverging_step
+    if step is None:
+        return "-"
+    found = result.localization
+    if found is None or found.error:
+        return str(step)
+    if found.first is None:
+        return f"{step} (no module: after backward)"
+    return f"{step} ({found.first.display_name}, {found.first.phase}, rank {found.first.rank})"
+
+
 def _row(result: ParityResult) -> str:
     c = result.config
     sharding = c.sharding or (
@@ -149,8 +227,10 @@ def _row(result: ParityResult) -> str:
     worst = "-"
     if result.worst is not None:
         w = result.worst
-        worst = f"{w.kind} {w.name} @{w.step}: abs {_fmt(w.max_abs)}, rel {_fmt(w.max_rel)}"
-    first = result.first_diverging_step
+        worst = (
+            f"{w.kind} {w.name} @{w.step}: abs {_fmt(w.max_abs)}, rel {_fmt(w.max_rel)}, "
+            f"{format_ulp(w.max_ulp)}"
+        )
     ran = result.status not in ("skip", "error")
     cells = [
         f"`{c.id}`",
@@ -160,9 +240,10 @@ def _row(result: ParityResult) -> str:
         c.optimizer + ("" if c.path == "plain" else f" ({c.path})"),
         "cpu" if c.offload else "-",
         label(result),
+        _measured_cell(result),
         result.profile,
         _fmt(result.max_loss_diff) if ran else "-",
-        "-" if first is None else str(first),
+        _first_cell(result),
         worst,
         ",".join(map(str, result.skipped_steps)) or "-",
         f"{result.time_s:.2f}s" if ran else "-",
@@ -171,9 +252,9 @@ def _row(result: ParityResult) -> str:
 
 
 _HEADER = (
-    "| configuration | engine | sharding | precision | optimizer | offload | status | profile "
+    "| configuration | engine | sharding | precision | optimizer | offload | status | measured | profile "
     "| max loss diff | first diverging step | worst tensor | skipped steps | time |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -190,6 +271,11 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
         + f" of {counts['total']}"
         + (f" (expected failures: {counts['expected_failures']})" if counts["expected_failures"] else ""),
         "",
+        "Measured (passing configurations): "
+        + (", ".join(f"{n} {k}" for k, n in counts["closeness"].items()) or "none")
+        + ". `bitwise`: every value equal; `≤ N ulp`: at most N units in the last place apart; "
+        "`toleranced`: farther apart, within the profile's rtol/atol.",
+        "",
         "Profiles: " + "; ".join(f"`{n}` {p.describe()}" for n, p in profiles.PROFILES.items()) + ".",
     ]
     for suite in SUITES:
@@ -203,7 +289,12 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
             expected = f" (expected: {r.expected_failure})" if r.expected_failure else ""
             lines.append(f"- `{r.config.id}` {label(r)}{expected}:")
             shown = [d.message for d in r.divergences[:5]] or [r.reason]
-            lines += [f"  - {message}" for message in shown]
+            lines.append(f"  - {shown[0]}")
+            # Under the first divergence: where it starts, and what it likely means.
+            if r.localization is not None:
+                lines.append(f"    - {r.localization.describe()}")
+            lines += [f"    - {cause.describe()}" for cause in r.causes]
+            lines += [f"  - {message}" for message in shown[1:]]
             if len(r.divergences) > 5:
                 lines.append(f"  - ... and {len(r.divergences) - 5} more")
             if r.detail:

@@ -11,7 +11,7 @@ import dataclasses
 import math
 from typing import Any
 
-from harness.parity import compare, profiles, workloads
+from harness.parity import causes, compare, gap, pinpoint, profiles, ulp, workloads
 from harness.parity.matrix import ParityConfig
 from harness.parity.record import RunRecord, merge_rank_runs
 
@@ -76,6 +76,19 @@ class ParityResult:
     candidate: str = ""
     curves: dict[str, Curves] = dataclasses.field(default_factory=dict)
     """``reference`` and ``candidate`` curves."""
+    max_ulp: float = 0.0
+    """The largest distance in ULPs of any loss or tensor compared (0: bitwise everywhere)."""
+    distances: tuple[compare.StepDistance, ...] = ()
+    """Per step, the largest distances (ULP and relative) and whether a check failed."""
+    at_first: tuple[compare.TensorDiff, ...] = ()
+    """Every loss and tensor compared at the first diverging step."""
+    causes: tuple[causes.Cause, ...] = ()
+    """Known causes whose pattern matches the first divergence (``causes.py``)."""
+    expected_gap: gap.Gap | None = None
+    """Mixed precision only: how far the reference itself is from a plain float32 run of the same
+    workload (the gap the precision is expected to cost), next to the candidate's distance."""
+    localization: pinpoint.Localization | None = None
+    """The first diverging module at the first diverging step (failed configurations only)."""
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, self.status
@@ -83,6 +96,11 @@ class ParityResult:
     @property
     def first_diverging_step(self) -> int | None:
         return self.divergences[0].step if self.divergences else None
+
+    @property
+    def closeness(self) -> str:
+        """``bitwise``, ``≤ N ulp`` or ``toleranced`` for a pass (what was measured), else empty."""
+        return ulp.label(self.max_ulp, passed=self.status == "pass")
 
     @property
     def broken(self) -> bool:
@@ -143,6 +161,17 @@ def poisoned_steps(config: ParityConfig) -> frozenset[int]:
     return frozenset(steps)
 
 
+def localizable(result: ParityResult) -> int | None:
+    """The step to probe module by module when ``result`` failed, else ``None``: the first
+    diverging step, for configurations whose two sides run the same model per rank (not the
+    single-process sparse reference, which runs every rank's batch at once)."""
+    if result.status != "fail" or result.first_diverging_step is None:
+        return None
+    if result.config.reference != "ddp":
+        return None
+    return result.first_diverging_step
+
+
 def skipped(config: ParityConfig, reason: str) -> ParityResult:
     return ParityResult(
         config=config, status="skip", profile=profiles.profile_for(config).name, reason=reason
@@ -199,6 +228,10 @@ def judge(
         reference, candidate, profile=profile, poisoned_steps=poisoned_steps(config)
     )
     status = "pass" if comparison.ok else ("crash" if candidate.error else "fail")
+    poisoned = poisoned_steps(config)
+    gaps = [p.get("fp32_gap") for p in parts]
+    expected_gap = gap.merge(gaps) if gaps and all(g is not None for g in gaps) else None  # type: ignore[arg-type]
+    matched = causes.match(reference, candidate, comparison, poisoned_steps=poisoned)
     first = comparison.first
     result = ParityResult(
         status=status,
@@ -213,6 +246,11 @@ def judge(
         time_s=candidate.duration_s + (0.0 if parts[0].get("reference_reused") else reference.duration_s),
         candidate=candidate.description,
         curves={"reference": Curves.of(reference), "candidate": Curves.of(candidate)},
+        max_ulp=comparison.max_ulp,
+        distances=comparison.steps,
+        at_first=comparison.at_first,
+        causes=matched,
+        expected_gap=expected_gap,
         **common,
     )
     return result, reference, candidate

@@ -6,6 +6,9 @@ an *executor*: ``execute(batch, backend, world_size)`` runs ``rank_side.run_batc
 ``world_size`` ranks and returns every rank's list of results (rank order), or raises
 :class:`BatchFailed` with the harness's report when a rank failed, died or missed its deadline.
 Configurations that cannot run here become ``skip`` results with their reason and cost nothing.
+Configurations that fail are then localized (``localize.py``, ``pinpoint.py``): one more rank call
+per batch, ``execute(requests, backend, world_size, target=LOCALIZE_TARGET)`` with ``(config,
+step)`` requests, so a passing matrix costs nothing more.
 A failed batch turns each of its configurations into an ``error`` result; the next batch runs on
 fresh ranks (the pool replaces them), so one broken configuration never hides the others.
 """
@@ -17,13 +20,16 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from harness.parity import pinpoint, profiles
 from harness.parity import result as results
 from harness.parity.matrix import ParityConfig, by_world, unsupported_reason
 from harness.parity.record import RunRecord
 from harness.parity.result import ParityResult
 
-Executor = Callable[[list[ParityConfig], str, int], list[list[dict[str, Any]]]]
+Executor = Callable[..., list[list[dict[str, Any]]]]
+"""``execute(batch, backend, world_size, target=RANK_TARGET)``: every rank's list of results."""
 RANK_TARGET = "harness.parity.rank_side:run_batch"
+LOCALIZE_TARGET = "harness.parity.localize:run_batch"
 
 
 class BatchFailed(RuntimeError):
@@ -83,8 +89,10 @@ def run(
     batch_size: int = 8,
     keep_records: bool = True,
     on_progress: Callable[[Progress], None] | None = None,
+    localize: bool = True,
 ) -> list[Outcome]:
-    """Judge every configuration (in the given order); see the module docstring."""
+    """Judge every configuration (in the given order), localizing each failure unless
+    ``localize`` is False; see the module docstring."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     configs = list(configs)
@@ -122,13 +130,44 @@ def run(
                 for config in batch:
                     finish(Outcome(result=results.failed_batch(config, str(failure))))
                 continue
-            for index, config in enumerate(batch):
-                verdict, reference, candidate = results.judge(config, [rank[index] for rank in per_rank])
+            judged = [
+                results.judge(config, [rank[index] for rank in per_rank])
+                for index, config in enumerate(batch)
+            ]
+            if localize:
+                judged = _localized(judged, execute, backend, world_size)
+            for verdict, reference, candidate in judged:
                 if keep_records:
                     finish(Outcome(result=verdict, reference=reference, candidate=candidate))
                 else:
                     finish(Outcome(result=verdict))
     return [outcomes[config.id] for config in configs]
+
+
+Judged = tuple[ParityResult, RunRecord, "RunRecord | None"]
+
+
+def _localized(judged: list[Judged], execute: Executor, backend: str, world_size: int) -> list[Judged]:
+    """``judged`` with a localization on each failed verdict (one rank call for all of them)."""
+    requests = [
+        (verdict.config, step)
+        for verdict, _, _ in judged
+        if (step := results.localizable(verdict)) is not None
+    ]
+    if not requests:
+        return judged
+    try:
+        per_rank = execute(requests, backend, world_size, target=LOCALIZE_TARGET)  # type: ignore[call-arg]
+        found = {
+            config.id: pinpoint.locate(step, [rank[index] for rank in per_rank], profiles.profile_for(config))
+            for index, (config, step) in enumerate(requests)
+        }
+    except BatchFailed as failure:
+        found = {config.id: pinpoint.Localization(step=step, error=str(failure)) for config, step in requests}
+    return [
+        (dataclasses.replace(v, localization=found[v.config.id]) if v.config.id in found else v, r, c)
+        for v, r, c in judged
+    ]
 
 
 def pool_executor(pool: Any, *, deadline_per_config_s: float = 60.0) -> Executor:
@@ -137,7 +176,9 @@ def pool_executor(pool: Any, *, deadline_per_config_s: float = 60.0) -> Executor
     from harness.pool import CaseSpec
     from harness.spec import DistConfig
 
-    def execute(batch: list[ParityConfig], backend: str, world_size: int) -> list[list[dict[str, Any]]]:
+    def execute(
+        batch: list[Any], backend: str, world_size: int, target: str = RANK_TARGET
+    ) -> list[list[dict[str, Any]]]:
         deadline = 30.0 + deadline_per_config_s * len(batch)
         config = DistConfig(
             world_size=world_size,
@@ -145,7 +186,7 @@ def pool_executor(pool: Any, *, deadline_per_config_s: float = 60.0) -> Executor
             deadline_s=deadline,
             collective_timeout_s=min(deadline_per_config_s, deadline / 2),
         )
-        spec = CaseSpec.of(RANK_TARGET, config, args=(batch,), default_deadline_s=deadline)
+        spec = CaseSpec.of(target, config, args=(batch,), default_deadline_s=deadline)
         rank_results = pool.run(spec)
         verdict = judge(rank_results, world_size=world_size)
         if verdict.outcome != "passed":

@@ -83,6 +83,9 @@ def junit_properties(result: Any) -> list[tuple[str, str]]:
         ),
         ("parity.worst", worst),
         ("parity.skipped_steps", ",".join(map(str, result.skipped_steps)) or "-"),
+        ("parity.measured", result.closeness or "-"),
+        ("parity.localized", result.localization.describe() if result.localization is not None else "-"),
+        ("parity.causes", ",".join(cause.name for cause in result.causes) or "-"),
         ("parity.time_s", f"{result.time_s:.3f}"),
     ]
     if candidate is not None and candidate.scale:
@@ -96,13 +99,15 @@ def junit_properties(result: Any) -> list[tuple[str, str]]:
 def ranks_executor(ranks: Any) -> Any:
     """A runner executor on the session's warm pool (the ``ranks``/``module_ranks`` fixtures)."""
     from harness import RankFailure
-    from harness.parity import rank_side, runner
+    from harness.parity import localize, rank_side, runner
 
-    def execute(batch: list[Any], backend: str, world_size: int) -> list[list[dict[str, Any]]]:
+    def execute(
+        batch: list[Any], backend: str, world_size: int, target: str = runner.RANK_TARGET
+    ) -> list[list[dict[str, Any]]]:
         deadline = 30.0 + _SECONDS_PER_CONFIG * len(batch)
         try:
             return ranks.run(
-                rank_side.run_batch,
+                localize.run_batch if target == runner.LOCALIZE_TARGET else rank_side.run_batch,
                 batch,
                 world_size=world_size,
                 backend=backend,

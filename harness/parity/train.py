@@ -14,8 +14,11 @@ steps before it, so a candidate that crashes (torch's scaler on some paths) stil
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -97,8 +100,21 @@ def _skipped(before: list[torch.Tensor], params: list[torch.Tensor], engine: eng
     return all(torch.equal(b, a) for b, a in zip(before, after, strict=True))
 
 
-def run(config: ParityConfig, role: str, device: torch.device) -> tuple[dict[str, Any], str]:
-    """Train ``config``'s ``role`` for ``config.steps`` steps; ``(rank_run dict, description)``."""
+Observer = Callable[[engines.Engine, int], AbstractContextManager[Any]]
+"""``observe(engine, step)``: a context around one step's forward and backward (``localize.py``
+puts hooks on every module inside it)."""
+
+
+def run(
+    config: ParityConfig,
+    role: str,
+    device: torch.device,
+    *,
+    observe: Observer | None = None,
+    last_step: int | None = None,
+) -> tuple[dict[str, Any], str]:
+    """Train ``config``'s ``role`` for ``config.steps`` steps (through ``last_step`` only, when
+    given); ``(rank_run dict, description)``. ``observe`` wraps each step's forward and backward."""
     started = time.perf_counter()
     steps: list[dict[str, Any]] = []
     error = None
@@ -111,12 +127,13 @@ def run(config: ParityConfig, role: str, device: torch.device) -> tuple[dict[str
         groups = engine.param_groups(2 if config.path == "two_optimizers" else 1)
         optimizers = [engine.make_optimizer(group) for group in groups]
         scaler = make_scaler(config, role, device)
-        for step in range(config.steps):
+        for step in range(config.steps if last_step is None else min(config.steps, last_step + 1)):
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
             scale = scaler.get_scale()
-            loss, recorded_loss = engine.losses(step, scale)
-            scaler.scale(loss).backward()
+            with observe(engine, step) if observe is not None else contextlib.nullcontext():
+                loss, recorded_loss = engine.losses(step, scale)
+                scaler.scale(loss).backward()
             engine.after_backward()
             for fault in _faults_now(config, role, step, rank):
                 _poison(engine, groups[fault.optimizer], fault)
@@ -148,6 +165,7 @@ def run(config: ParityConfig, role: str, device: torch.device) -> tuple[dict[str
                     found_inf=found_inf,
                     skipped=skipped,
                     tensors=tensors,
+                    buffers=engine.own_buffers(),
                 )
             )
     except Exception:  # noqa: BLE001 - recorded; the caller decides what it means

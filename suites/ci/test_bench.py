@@ -78,3 +78,28 @@ def test_the_distributed_test_case_rows_render_from_their_json():
     assert "harness.DistributedTestCase (warm pool)                          5.0 ms      4" in text, text
     assert "MultiProcessTestCase                                          5000.0 ms      5" in text, text
     assert "ratio MultiProcessTestCase / DistributedTestCase (warm): 1000x" in text
+
+
+def test_the_parity_part_says_what_localization_costs_per_failing_configuration():
+    parity = {
+        "configs": 190,
+        "broken": 0,
+        "matrix_wall_s": 40.0,
+        "per_config_warm_s": 0.2,
+        "spawn_per_config_s": 5.0,
+        "spawn_extrapolated_s": 950.0,
+        "ratio_spawn_per_warm": 24.0,
+        "spawn_sample": 6,
+        "spawn_failures": [],
+        "localization": {
+            "failing_configs": 3,
+            "judge_s": 0.4,
+            "judge_and_localize_s": 0.65,
+            "per_failing_config_s": 0.25,
+            "ranks_rerun_s": 0.2,
+            "total_s": 3.0,
+        },
+    }
+    text = render(_document(parity=parity))
+    assert "+250 ms per failing configuration (400 ms judged alone, 650 ms localized" in text
+    assert "a passing matrix pays nothing" in text

@@ -34,10 +34,23 @@ BUG_CLASSES = {
 """The bug classes the gate must catch (issue: the mutation check), each a plant."""
 
 
+_PACKAGES = ("scaler", "harness/parity")
+"""Where plants edit: the library and the parity engine."""
+
+
 @pytest.fixture
 def copy(tmp_path):
-    shutil.copytree(ROOT / "scaler", tmp_path / "scaler")
+    for package in _PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package)
     return tmp_path
+
+
+def _sources(copy):
+    return {
+        f"{package}/{path.name}": path.read_text()
+        for package in _PACKAGES
+        for path in (copy / package).glob("*.py")
+    }
 
 
 def test_every_required_bug_class_has_a_plant_and_names_are_unique():
@@ -47,11 +60,11 @@ def test_every_required_bug_class_has_a_plant_and_names_are_unique():
 
 @pytest.mark.parametrize("plant", PLANTS, ids=lambda p: p.name)
 def test_the_plant_applies_and_leaves_valid_python_that_differs(copy, plant):
-    before = {p.name: p.read_text() for p in (copy / "scaler").glob("*.py")}
+    before = _sources(copy)
     plants.apply(plant, copy)
-    after = {p.name: p.read_text() for p in (copy / "scaler").glob("*.py")}
+    after = _sources(copy)
     changed = {name for name in before if before[name] != after[name]}
-    assert changed == {edit.file for edit in plant.edits}
+    assert changed == {f"{edit.package}/{edit.file}" for edit in plant.edits}
     for name in changed:
         ast.parse(after[name], filename=name)
         assert "planted" in after[name]
@@ -98,6 +111,20 @@ def _mutation(*args):
     return subprocess.run(
         [sys.executable, "-m", "ci.mutation", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
+
+
+def test_the_parity_engine_has_plants_for_every_check_its_report_claims():
+    engine = {plant.name for plant in PLANTS if plant.edits[0].package == "harness/parity"}
+    assert {
+        "parity_ranks_not_checked_for_agreement",
+        "parity_scaler_state_not_checked",
+        "parity_loss_of_rank_0_only",
+        "parity_grads_not_compared",
+        "parity_params_not_compared",
+        "parity_optim_state_not_compared",
+        "parity_buffers_not_compared",
+        "parity_exact_not_bitwise",
+    } <= engine
 
 
 def test_list_names_each_plant_and_its_tests():

@@ -23,7 +23,7 @@ def test_the_first_diverging_step_and_the_worst_tensor_are_named():
     comparison = compare_runs(reference, candidate, profile=EXACT)
     assert comparison.first.step == 1 and comparison.first.what == "param"
     assert comparison.first.message == (
-        "step 1, param layer.weight: 4 / 4 mismatched; max abs 0.000977, max rel 0.000977 (profile exact)"
+        "step 1, param layer.weight: 4 / 4 mismatched; max abs 0.000977, max rel 0.000977, 8192 ulp (profile exact)"
     )
     assert (comparison.worst.step, comparison.worst.name) == (1, "layer.weight")
 
@@ -110,3 +110,32 @@ def test_sparse_tensors_are_compared_as_their_dense_sums():
         tensor_diff(torch.tensor([0.0, 0.75, 0.0]), sparse, EXACT, step=0, kind="grad", name="g").mismatched
         == 0
     )
+
+
+def test_the_gap_between_two_runs_is_their_largest_loss_and_parameter_difference():
+    from harness.parity.gap import gap
+
+    other = run(step(0), step(1))
+    mine = run(step(0, loss=0.625), step(1, weight=1.5))
+    found = gap(mine, other)
+    assert (found.loss_max_abs, found.loss_max_rel) == (0.125, 0.25)
+    assert (found.param_max_abs, found.param_max_rel) == (0.5, 0.5)
+    assert found.describe() == "loss rel 0.25, params rel 0.5"
+
+
+def test_the_gap_measured_on_each_rank_and_merged_is_the_gap_of_the_merged_records():
+    from harness.parity.gap import gap, merge, of_rank_runs
+
+    def rank_run(steps, rank):
+        return {
+            "steps": [
+                {"loss": s.losses[rank], "tensors": {"params": s.params} if rank == 0 else None}
+                for s in steps
+            ]
+        }
+
+    other = [step(0), step(1)]
+    mine = [replace_step(step(0), losses=(0.5, 0.75)), step(1, weight=1.5)]
+    merged = merge([of_rank_runs(rank_run(mine, r), rank_run(other, r)) for r in range(2)])
+    assert merged == gap(run(*mine), run(*other))
+    assert (merged.loss_max_abs, merged.param_max_rel) == (0.25, 0.5)

@@ -23,3 +23,13 @@ def test_fsdp_trains_like_ddp(parity_config, outcome):
 def test_the_scale_moves_identically_on_every_rank(parity_config, outcome):
     scales = [step.scales for step in outcome.candidate.steps]
     assert all(len(set(per_rank)) == 1 for per_rank in scales), scales
+
+
+def test_mixed_precision_rows_show_the_references_own_gap_to_fp32(parity_config, outcome):
+    """The candidate is measured against the reference in its precision; the reference's own
+    distance from a float32 run of the same workload is the gap the precision is expected to cost."""
+    gap = outcome.result.expected_gap
+    if parity_config.precision == "fp32":
+        assert gap is None
+    else:
+        assert gap is not None and gap.loss_max_rel > 0 and gap.param_max_rel > 0, gap

@@ -73,10 +73,15 @@ def _results():
     ]
 
 
+def _ascii(text):
+    """expecttest pins printable ASCII only: the report's ``≤`` is pinned as ``<=``."""
+    return text.replace("≤", "<=")
+
+
 class TestRendering(expecttest.TestCase):
     def test_markdown_has_one_row_per_configuration_then_divergences_and_skip_reasons(self):
         self.assertExpectedInline(
-            report.render_markdown(_results(), RUN),
+            _ascii(report.render_markdown(_results(), RUN)),
             """\
 # Parity report
 
@@ -84,27 +89,29 @@ gloo, world size 2, scaler ours, torch 2.13.0+cpu
 
 1 pass, 1 fail, 1 crash, 1 skip of 4 (expected failures: 1)
 
+Measured (passing configurations): 1 bitwise. `bitwise`: every value equal; `<= N ulp`: at most N units in the last place apart; `toleranced`: farther apart, within the profile's rtol/atol.
+
 Profiles: `exact` bitwise; `fp32` rtol 1.3e-06, atol 1e-05; `bf16` rtol 0.016, atol 0.001; `fp16` rtol 0.001, atol 0.001.
 
 ## FSDP vs DDP
 
-| configuration | engine | sharding | precision | optimizer | offload | status | profile | max loss diff | first diverging step | worst tensor | skipped steps | time |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|
-| `fsdp1-full_shard-flat-fp32-sgd-w2` | fsdp1 | full_shard flat | fp32 | sgd | - | pass | exact | 0 | - | - | 1 | 0.50s |
-| `fsdp2-reshard-bf16-adam-w2` | fsdp2 | reshard | bf16 | adam | - | FAIL | exact | 0.12 | 1 | param layer.weight @1: abs 0.5, rel 0.5 | 1 | 0.50s |
-| `fsdp1-hybrid_shard-orig-fp32-sgd-w2` | fsdp1 | hybrid_shard orig | fp32 | sgd | - | skip | exact | - | - | - | - | - |
+| configuration | engine | sharding | precision | optimizer | offload | status | measured | profile | max loss diff | first diverging step | worst tensor | skipped steps | time |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| `fsdp1-full_shard-flat-fp32-sgd-w2` | fsdp1 | full_shard flat | fp32 | sgd | - | pass | bitwise | exact | 0 | - | - | 1 | 0.50s |
+| `fsdp2-reshard-bf16-adam-w2` | fsdp2 | reshard | bf16 | adam | - | FAIL | - | exact | 0.12 | 1 | param layer.weight @1: abs 0.5, rel 0.5, 4.2e+06 ulp | 1 | 0.50s |
+| `fsdp1-hybrid_shard-orig-fp32-sgd-w2` | fsdp1 | hybrid_shard orig | fp32 | sgd | - | skip | - | exact | - | - | - | - | - |
 
 ## Forced-inf step skipping
 
-| configuration | engine | sharding | precision | optimizer | offload | status | profile | max loss diff | first diverging step | worst tensor | skipped steps | time |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|
-| `fsdp2-reshard-fp32-adam_fused-unscale_clip-inf@r1s1-torch_scaler-w2` | fsdp2 | reshard | fp32 | adam_fused (unscale_clip) | - | xfail | fp32 | 0 | 1 | - | - | 0.50s |
+| configuration | engine | sharding | precision | optimizer | offload | status | measured | profile | max loss diff | first diverging step | worst tensor | skipped steps | time |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| `fsdp2-reshard-fp32-adam_fused-unscale_clip-inf@r1s1-torch_scaler-w2` | fsdp2 | reshard | fp32 | adam_fused (unscale_clip) | - | xfail | - | fp32 | 0 | 1 | - | - | 0.50s |
 
 ## Divergences
 
 - `fsdp2-reshard-bf16-adam-w2` FAIL:
   - step 1, rank 1 loss 0.625, reference 0.5 (abs diff 0.125) (profile exact)
-  - step 1, param layer.weight: 4 / 4 mismatched; max abs 0.5, max rel 0.5 (profile exact)
+  - step 1, param layer.weight: 4 / 4 mismatched; max abs 0.5, max rel 0.5, 4.2e+06 ulp (profile exact)
 - `fsdp2-reshard-fp32-adam_fused-unscale_clip-inf@r1s1-torch_scaler-w2` xfail (expected: torch's scaler crashes: unscale_ then a fused step on DTensor grads (found_inf shape [1] vs [])):
   - step 1, the candidate raised: [rank 0] RuntimeError: output with shape [] doesn't match the broadcast shape [1]
 
@@ -138,7 +145,7 @@ def test_the_json_report_is_strict_json_with_a_versioned_schema():
     results = _results()
     text = json.dumps(report.to_json(results, RUN), allow_nan=False)
     data = json.loads(text)
-    assert (data["schema"], data["version"]) == ("shardscale.parity", 1)
+    assert (data["schema"], data["version"]) == ("shardscale.parity", 2)
     assert data["summary"] == {
         "total": 4,
         "pass": 1,
@@ -147,6 +154,7 @@ def test_the_json_report_is_strict_json_with_a_versioned_schema():
         "error": 0,
         "skip": 1,
         "expected_failures": 1,
+        "closeness": {"bitwise": 1},
     }
     assert [c["status"] for c in data["configs"]] == ["pass", "fail", "crash", "skip"]
     assert data["configs"][2]["config"]["faults"] == ["inf@r1s1"]

@@ -61,3 +61,12 @@ def test_one_process_with_uncoalesced_duplicates_detects_the_overflow(ranks, con
     for rank, skipped in enumerate(ranks.run(_single_process_run, config, world_size=2)):
         assert skipped[workloads.OVERFLOW_STEP] == [True], f"rank {rank}: {skipped}"
         assert sum(flag == [True] for flag in skipped) == 1, f"rank {rank}: {skipped}"
+
+
+@unaffected_by_expected_failures
+def test_every_rank_records_its_own_module_buffers_every_step(parity_config, outcome):
+    """The fixed projection is a buffer: each rank sends its own, so a rank whose buffers drift
+    (FSDP does not broadcast them, DDP does) shows as a buffer divergence on that rank."""
+    for run in (outcome.reference, outcome.candidate):
+        for step in run.steps:
+            assert [sorted(own) for own in step.buffers] == [["projection"]] * parity_config.world_size

@@ -1,0 +1,201 @@
+"""Plants in the parity engine (``harness/parity/``): verdicts that would lie.
+
+Why the engine too: a parity tool that passes a broken configuration is worse than none, and the
+checks it claims to make (ranks agreeing, the scaler state against the reference, every rank's
+loss, gradients, parameters, optimizer state, buffers, ``exact`` being bitwise) are code that a
+refactor can loosen without any scaler test noticing. Each plant removes or loosens one check,
+or misplaces what the report says, and names the hand-made-record tests that must catch it (they
+need no ranks, so most of these mutants cost seconds); the localization plants also run the
+planted-bug tests of ``suites/parity/test_localize.py``.
+"""
+
+from __future__ import annotations
+
+from ci.mutation.edits import Edit, Plant
+
+_PARITY = "harness/parity"
+_CHECKS = "suites/parity/test_checks.py"
+_COMPARE = "suites/parity/test_compare.py"
+_ULP = "suites/parity/test_ulp.py"
+_CAUSES = "suites/parity/test_causes.py"
+_REPORT = "suites/parity/test_report.py"
+_LOCALIZE = "suites/parity/test_localize.py"
+
+
+def _edit(file: str, old: str, new: str) -> Edit:
+    return Edit(file=file, old=old, new=new, package=_PARITY)
+
+
+ENGINE_PLANTS: tuple[Plant, ...] = (
+    Plant(
+        name="parity_ranks_not_checked_for_agreement",
+        bug="the candidate's ranks are never checked against each other (found_inf, skips, scale)",
+        edits=(
+            _edit(
+                "compare.py",
+                'found: list[tuple[str, str]] = [("agreement", text) for text in _same_on_every_rank(cand)]',
+                "found: list[tuple[str, str]] = []  # planted",
+            ),
+        ),
+        tests=(_CHECKS, _COMPARE),
+    ),
+    Plant(
+        name="parity_scaler_state_not_checked",
+        bug="skip decisions, found_inf, scale and tracker are not compared with the reference",
+        edits=(
+            _edit("compare.py", "        found += _scaler_state(ref, cand)\n", "        pass  # planted\n"),
+        ),
+        tests=(_CHECKS, _COMPARE),
+    ),
+    Plant(
+        name="parity_loss_of_rank_0_only",
+        bug="only rank 0's loss is compared",
+        edits=(
+            _edit(
+                "compare.py",
+                "    for rank, (want, got) in enumerate(zip(ref.losses, cand.losses, strict=True)):\n",
+                "    for rank, (want, got) in enumerate(zip(ref.losses[:1], cand.losses[:1], strict=True)):  # planted\n",
+            ),
+        ),
+        tests=(_CHECKS, _COMPARE),
+    ),
+    Plant(
+        name="parity_grads_not_compared",
+        bug="gradients are not compared",
+        edits=(
+            _edit(
+                "compare.py",
+                '_TENSOR_KINDS = ("grad", "param", "optim_state")',
+                '_TENSOR_KINDS = ("param", "optim_state")  # planted',
+            ),
+        ),
+        tests=(_CHECKS,),
+    ),
+    Plant(
+        name="parity_params_not_compared",
+        bug="parameters are not compared",
+        edits=(
+            _edit(
+                "compare.py",
+                '_TENSOR_KINDS = ("grad", "param", "optim_state")',
+                '_TENSOR_KINDS = ("grad", "optim_state")  # planted',
+            ),
+        ),
+        tests=(_CHECKS, _COMPARE),
+    ),
+    Plant(
+        name="parity_optim_state_not_compared",
+        bug="optimizer state is not compared",
+        edits=(
+            _edit(
+                "compare.py",
+                '_TENSOR_KINDS = ("grad", "param", "optim_state")',
+                '_TENSOR_KINDS = ("grad", "param")  # planted',
+            ),
+        ),
+        tests=(_CHECKS,),
+    ),
+    Plant(
+        name="parity_buffers_not_compared",
+        bug="module buffers are recorded but not compared",
+        edits=(
+            _edit(
+                "compare.py",
+                '        tensor_found, diffs = _tensor_problems(ref, cand, profile, (*kinds, "buffer"))\n',
+                "        tensor_found, diffs = _tensor_problems(ref, cand, profile, kinds)  # planted\n",
+            ),
+        ),
+        tests=(_CHECKS, _CAUSES),
+    ),
+    Plant(
+        name="parity_exact_not_bitwise",
+        bug="the exact profile compares in float16, so float32 values a few ulps apart pass as equal",
+        edits=(
+            _edit(
+                "compare.py",
+                "same = (ref == cand) | both_nan",
+                "same = (ref.half() == cand.half()) | both_nan  # planted",
+            ),
+        ),
+        tests=(_CHECKS, _ULP),
+    ),
+    Plant(
+        name="parity_tolerance_loosened",
+        bug="a toleranced profile allows ten times its rtol/atol",
+        edits=(
+            _edit(
+                "compare.py",
+                "close = (c - r).abs() <= profile.atol + profile.rtol * r.abs()",
+                "close = (c - r).abs() <= 10 * (profile.atol + profile.rtol * r.abs())  # planted",
+            ),
+        ),
+        tests=(_CHECKS,),
+    ),
+    Plant(
+        name="parity_one_ulp_labelled_bitwise",
+        bug="a configuration 1 ulp from its reference is labelled bitwise",
+        edits=(_edit("ulp.py", "    if max_ulp == 0:\n", "    if max_ulp <= 1:  # planted\n"),),
+        tests=(_ULP,),
+    ),
+    Plant(
+        name="parity_verdict_reads_step_0_only",
+        bug="a configuration whose first divergence comes after step 0 is reported as a pass",
+        edits=(
+            _edit(
+                "result.py",
+                '    status = "pass" if comparison.ok else ("crash" if candidate.error else "fail")\n',
+                '    status = "pass" if comparison.ok or comparison.first.step > 0 else "fail"  # planted\n',
+            ),
+        ),
+        tests=(_REPORT, _LOCALIZE),
+    ),
+    Plant(
+        name="parity_last_module_named",
+        bug="localization names the last diverging module instead of the first",
+        edits=(
+            _edit(
+                "pinpoint.py",
+                "    first = min(failing, key=lambda m: (PHASES.index(m.phase), m.order, m.rank), default=None)\n",
+                "    first = max(failing, key=lambda m: (PHASES.index(m.phase), m.order, m.rank), default=None)  # planted\n",
+            ),
+        ),
+        tests=(_LOCALIZE,),
+    ),
+    Plant(
+        name="parity_backward_localized_first",
+        bug="localization looks at gradients before forward outputs, blaming a module downstream",
+        edits=(
+            _edit(
+                "pinpoint.py",
+                'PHASES = ("forward", "backward")',
+                'PHASES = ("backward", "forward")  # planted',
+            ),
+        ),
+        tests=(_LOCALIZE,),
+    ),
+    Plant(
+        name="parity_op_never_diverges",
+        bug="inside the first diverging module, no op is ever found to differ",
+        edits=(
+            _edit(
+                "pinpoint.py",
+                "        if diff.mismatched:\n            return OpFinding(",
+                "        if diff.mismatched > diff.numel:  # planted\n            return OpFinding(",
+            ),
+        ),
+        tests=(_LOCALIZE,),
+    ),
+    Plant(
+        name="parity_causes_silent",
+        bug="no known cause is ever matched",
+        edits=(
+            _edit(
+                "causes.py",
+                "    found = (pattern(evidence) for _, pattern in CATALOGUE)\n",
+                "    found = ()  # planted\n",
+            ),
+        ),
+        tests=(_CAUSES, _LOCALIZE),
+    ),
+)
+"""The engine's plants, in the order ``make mutation`` runs them (after the scaler's)."""

@@ -1,0 +1,96 @@
+"""Known causes: each pattern is planted in hand-made records and its hint must appear; records
+without the pattern must not get it."""
+
+import torch
+
+from fixtures.parity_records import next_float, replace_step, run, step
+from harness.parity import causes, profiles
+from harness.parity.compare import compare_runs
+
+
+def _causes(reference_steps, candidate_steps, *, profile=profiles.EXACT, poisoned=frozenset()):
+    reference, candidate = run(*reference_steps), run(*candidate_steps)
+    comparison = compare_runs(reference, candidate, profile=profile, poisoned_steps=poisoned)
+    return causes.match(reference, candidate, comparison, poisoned_steps=poisoned)
+
+
+def _names(found):
+    return [cause.name for cause in found]
+
+
+def test_ranks_that_disagree_on_the_skip_decision_point_at_missing_agreement():
+    desync = replace_step(step(1, weight=2.0), found_inf=((0.0,), (1.0,)), skipped=((False,), (True,)))
+    (cause,) = _causes([step(0), step(1)], [step(0), desync])
+    assert cause.name == "skip_desync" and "fairscale#179" in cause.describe()
+    assert cause.evidence == "at step 1 the ranks disagree: rank 0 stepped, rank 1 skipped"
+
+
+def test_gradients_scaled_by_the_world_size_point_at_a_divide_factor_mismatch():
+    doubled = replace_step(
+        step(0), grads={"layer.weight": torch.full((2, 2), 0.5), "layer.bias": torch.zeros(2)}
+    )
+    (cause,) = _causes([step(0)], [doubled])
+    assert cause.name == "divide_factor" and "torchtitan#2318" in cause.describe()
+    assert "every gradient is 2x the reference's (the world size, 2" in cause.evidence
+
+
+def test_gradients_divided_by_the_world_size_once_more_are_named_too():
+    halved = replace_step(
+        step(0),
+        grads={"layer.weight": torch.tensor([[0.125, -0.25], [0.5, 1.0]]), "layer.bias": torch.zeros(2)},
+    )
+    reference = replace_step(
+        step(0),
+        grads={"layer.weight": torch.tensor([[0.25, -0.5], [1.0, 2.0]]), "layer.bias": torch.zeros(2)},
+    )
+    (cause,) = _causes([reference], [halved])
+    assert "0.5x the reference's (1 / the world size" in cause.evidence
+
+
+def test_gradients_that_differ_unevenly_are_no_divide_factor():
+    uneven = replace_step(
+        step(0),
+        grads={"layer.weight": torch.tensor([[0.25, 0.5], [0.25, 0.25]]), "layer.bias": torch.zeros(2)},
+    )
+    assert "divide_factor" not in _names(_causes([step(0)], [uneven]))
+
+
+def test_a_loss_that_differs_at_step_0_points_at_the_forward():
+    candidate = replace_step(step(0, weight=2.0), losses=(0.5, 0.75))
+    assert _names(_causes([step(0)], [candidate])) == ["forward_differs"]
+
+
+def test_a_loss_that_differs_only_later_is_not_blamed_on_the_forward():
+    later = replace_step(step(1), losses=(0.5, 0.75))
+    assert "forward_differs" not in _names(_causes([step(0), step(1)], [step(0), later]))
+
+
+def test_parameters_differing_while_gradients_match_point_at_the_optimizer():
+    (cause,) = _causes([step(0)], [step(0, weight=next_float(1.0), state=next_float(0.125))])
+    assert cause.name == "optimizer_only"
+    assert cause.evidence == "at step 0 the losses and gradients match, only optimizer state and param differ"
+
+
+def test_parameters_differing_at_a_poisoned_step_are_not_blamed_on_the_optimizer():
+    """Gradients of a step with a planted fault are not compared, so they cannot be said to match."""
+    found = _causes(
+        [step(0, grad=float("inf"))], [step(0, grad=float("inf"), weight=2.0)], poisoned=frozenset({0})
+    )
+    assert "optimizer_only" not in _names(found)
+
+
+def test_buffers_alone_differing_point_at_broadcast_buffers():
+    drifted = replace_step(
+        step(0), buffers=({"norm.running_mean": torch.zeros(2)}, {"norm.running_mean": torch.ones(2)})
+    )
+    (cause,) = _causes([step(0)], [drifted])
+    assert cause.name == "buffers_only" and "broadcast_buffers" in cause.describe()
+
+
+def test_a_run_that_matches_has_no_cause():
+    assert _causes([step(0)], [step(0)]) == ()
+
+
+def test_each_cause_in_the_catalogue_has_a_name_of_its_own():
+    names = [name for name, _ in causes.CATALOGUE]
+    assert len(names) == len(set(names)) == 5
