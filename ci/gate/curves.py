@@ -10,6 +10,12 @@ kernels may round the last bit differently, and in low precision one rounding th
 unit of bf16/fp16. A scaler bug moves these curves by far more. Non-finite values match only the
 same non-finite value (``inf`` an ``inf`` of the same sign, ``nan`` a ``nan``).
 
+fp16 curves get more room than the fp16 profile's rtol 1e-3 (:data:`FP16_CURVE`): a few training
+steps in fp16 compound a few units of fp16 on another CPU's kernels. Measured by ``make kernels``
+(the same run under ATen's scalar kernels against AVX-512 ones): the convnet's fp16 gradient norm at
+step 4 moved by 2.2e-3 relative (about 4 fp16 units), outside rtol 1e-3; fp32 moved at most 8.8e-7
+and bf16 2.8e-3, inside their profiles.
+
 A finding names the configuration, the metric, the first step that differs and the expected and
 actual values, the way ``pytest.approx`` reports a mismatch.
 """
@@ -86,9 +92,14 @@ class Finding:
         return data
 
 
+FP16_CURVE = profiles.ToleranceProfile(name="fp16-curve", rtol=1e-2, atol=1e-3)
+"""fp16 loss and grad-norm curves against a baseline from another machine: about 10 units of fp16
+(4.5x the largest drift measured across kernel families); a scaler bug moves them by far more."""
+
+
 def tolerance_for(precision: str) -> profiles.ToleranceProfile:
     """The tolerance of a baseline's loss and grad-norm curves (see the module docstring)."""
-    return {"fp32": profiles.FP32, "bf16": profiles.BF16, "fp16": profiles.FP16}[precision]
+    return {"fp32": profiles.FP32, "bf16": profiles.BF16, "fp16": FP16_CURVE}[precision]
 
 
 def within(expected: float, got: float, tolerance: profiles.ToleranceProfile | None) -> bool:

@@ -44,6 +44,15 @@ def test_bf16_curves_get_bf16s_tolerance():
     assert curves.compare(report(result(losses=nudged)), _baseline(result())).findings != ()
 
 
+def test_fp16_curves_allow_the_drift_measured_across_cpu_kernel_families():
+    """make kernels measured an fp16 grad norm 2.2e-3 apart under ATen's scalar and AVX-512 kernels."""
+    fp16 = SGD.with_(precision="fp16")
+    drifted = tuple(n * (1 + 2.2e-3) for n in NORMS)
+    assert curves.compare(report(result(fp16, norms=drifted)), _baseline(result(fp16))).findings == ()
+    broken = tuple(n * 1.05 for n in NORMS)  # 5%: what a scaler bug does, and more
+    assert curves.compare(report(result(fp16, norms=broken)), _baseline(result(fp16))).findings != ()
+
+
 def test_the_scale_is_compared_exactly():
     (finding,) = curves.compare(report(result(scales=SCALES[:3] + (131072.5,))), _baseline(result())).findings
     assert (finding.metric, finding.step, finding.tolerance) == ("scale", 3, "")
