@@ -197,5 +197,23 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         ),
         tests=(_CAUSES, _LOCALIZE),
     ),
+    Plant(
+        name="parity_reference_on_other_shapes",
+        bug="the single-process sparse reference multiplies every rank's rows at once: another kernel "
+        "path than a rank's own, bitwise on some CPUs only (a verdict that depends on the machine)",
+        edits=(
+            _edit(
+                "builtin/toys.py",
+                '        ((part.clone().float() @ projection) * batch["coefficient"]).sum()\n'
+                "        for part, batch in zip(parts, batches, strict=True)\n",
+                '        (part * batch["coefficient"]).sum()  # planted\n'
+                '        for part, batch in zip((rows.float() @ projection).split([len(b["indices"]) '
+                "for b in batches]), batches, strict=True)\n",
+            ),
+        ),
+        tests=(
+            "suites/ci/test_kernels.py::test_the_sparse_configurations_keep_their_verdicts_under_atens_scalar_kernels",
+        ),
+    ),
 )
 """The engine's plants, in the order ``make mutation`` runs them (after the scaler's)."""
