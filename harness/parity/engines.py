@@ -72,9 +72,9 @@ class Engine:
         return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
 
     def param_groups(self, optimizers: int) -> list[list[torch.Tensor]]:
-        """The parameters of each optimizer: all of them, or split into the first unit's (the first
-        module of a ``units`` class, in module order, that holds trainable parameters; the first
-        such child without units) and the rest."""
+        """The parameters of each optimizer: all of them, or split into the first unit's and the
+        rest. The first unit is the first module of a ``units`` class, in module order, that holds
+        trainable parameters (for a workload without units, the first such submodule)."""
         named = self.named_trainable()
         if optimizers == 1:
             return [[p for _, p in named]]
