@@ -47,9 +47,9 @@ def copy(tmp_path):
 
 def _sources(copy):
     return {
-        f"{package}/{path.name}": path.read_text()
+        f"{package}/{path.relative_to(copy / package).as_posix()}": path.read_text()
         for package in _PACKAGES
-        for path in (copy / package).glob("*.py")
+        for path in (copy / package).rglob("*.py")
     }
 
 
