@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import pickle
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -55,6 +56,24 @@ def headline(exc: BaseException) -> str:
         message = "<exception str() failed>"
     first = next((line.strip() for line in message.splitlines() if line.strip()), "")
     return f"{name}: {first}" if first else name
+
+
+_RANK_PREFIX = re.compile(r"^\[rank \d+\] ?")
+
+
+def headline_of_text(text: str) -> str:
+    """The exception line of a formatted traceback (each line maybe prefixed ``[rank N]``), prefix
+    kept: the first unindented line after the last ``Traceback (most recent call last):``, which is
+    ``Type: first line of the message`` however many lines the message has. For text recorded where
+    the exception object is gone (a parity run's error); without a traceback header, the last line."""
+    lines = text.strip().splitlines()
+    bare = [_RANK_PREFIX.sub("", line) for line in lines]
+    starts = [i for i, line in enumerate(bare) if line.startswith("Traceback (most recent call last)")]
+    if starts:
+        for line, stripped in zip(lines[starts[-1] + 1 :], bare[starts[-1] + 1 :], strict=True):
+            if stripped and not stripped[0].isspace():
+                return line
+    return lines[-1] if lines else ""
 
 
 def resolve(target: str) -> Callable[..., Any]:

@@ -28,6 +28,7 @@ import math
 
 import torch
 
+from harness.execute import headline_of_text
 from harness.parity import ulp
 from harness.parity.profiles import ToleranceProfile
 from harness.parity.record import RunRecord, StepRecord
@@ -358,7 +359,7 @@ def compare_runs(
         ]
     shorter = min(len(reference.steps), len(candidate.steps))
     if candidate.error:
-        first_line = candidate.error.strip().splitlines()[-1]
+        first_line = headline_of_text(candidate.error)
         divergences.append(
             Divergence(
                 step=shorter, what="crash", message=f"step {shorter}, the candidate raised: {first_line}"

@@ -11,6 +11,7 @@ import dataclasses
 import math
 from typing import Any
 
+from harness.execute import headline_of_text
 from harness.parity import causes, compare, gap, pinpoint, profiles, ulp, workloads
 from harness.parity.matrix import ParityConfig
 from harness.parity.record import RunRecord, merge_rank_runs
@@ -212,7 +213,7 @@ def judge(
         "reference": reference.description,
     }
     if reference.error or candidate is None:
-        text = (reference.error or "").strip().splitlines()[-1:] or ["reference failed"]
+        text = [headline_of_text(reference.error or "") or "reference failed"]
         return (
             ParityResult(
                 status="error",

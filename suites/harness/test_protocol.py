@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import harness
-from harness.execute import headline
+from harness.execute import headline, headline_of_text
 from harness.outcome import RankResult, describe_exit, judge
 from harness.protocol import (
     MESSAGE_TYPES,
@@ -131,6 +131,26 @@ def test_a_symptom_is_recognised_by_its_headline_when_its_message_spans_lines():
 )
 def test_the_headline_is_the_exception_type_and_the_first_line_of_its_message(exc, expected):
     assert headline(exc) == expected
+
+
+def test_the_headline_of_a_chained_traceback_text_is_its_last_exceptions_first_line():
+    text = "\n".join(
+        f"[rank 0] {line}"
+        for line in (
+            "Traceback (most recent call last):",
+            '  File "a.py", line 1, in f',
+            "KeyError: 'x'",
+            "",
+            "During handling of the above exception, another exception occurred:",
+            "",
+            "Traceback (most recent call last):",
+            '  File "a.py", line 3, in f',
+            "ValueError: first line",
+            "second line",
+        )
+    )
+    assert headline_of_text(text) == "[rank 0] ValueError: first line"
+    assert headline_of_text("[rank 0] no traceback here\n[rank 0] last") == "[rank 0] last"
 
 
 def test_peer_symptom_ranks_after_the_real_cause():

@@ -96,6 +96,26 @@ def test_a_candidate_that_raised_is_a_crash_after_its_last_step():
     assert comparison.first.message == "step 1, the candidate raised: [rank 0] RuntimeError: boom"
 
 
+def test_a_crash_whose_message_spans_lines_is_named_by_its_type_and_first_line():
+    traceback_text = "\n".join(
+        f"[rank 1] {line}"
+        for line in (
+            "Traceback (most recent call last):",
+            '  File "model.py", line 3, in forward',
+            "    return x == y",
+            "NotImplementedError: Could not run 'aten::eq.Tensor' with arguments from the 'SparseCPU' backend.",
+            "",
+            "PythonDispatcher: registered at PythonFallbackKernel.cpp:196 [backend fallback]",
+        )
+    )
+    candidate = run(step(0), role="candidate", error=traceback_text)
+    message = compare_runs(run(step(0), step(1)), candidate, profile=EXACT).first.message
+    assert message == (
+        "step 1, the candidate raised: [rank 1] NotImplementedError: Could not run 'aten::eq.Tensor' "
+        "with arguments from the 'SparseCPU' backend."
+    )
+
+
 def test_nan_matches_nan_and_an_infinity_the_same_infinity():
     values = torch.tensor([math.nan, math.inf, -math.inf, 1.0])
     assert tensor_diff(values, values.clone(), EXACT, step=0, kind="grad", name="g").mismatched == 0
