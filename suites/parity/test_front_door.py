@@ -1,6 +1,7 @@
 """The pytest front door as a user meets it: ``parity_test`` on their own workload, in a test file
 of their own, in a folder outside the checkout (one pytest session, read by several tests)."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -89,7 +90,9 @@ def test_a_model_that_trains_differently_when_sharded_fails_with_the_step_and_te
     outcome, properties = cases[f"test_weight_decay_outside_forward[{config_id}]"]
     assert outcome == "failed" and properties["parity.status"] == "FAIL"
     assert properties["parity.first_diverging_step"] == "0"
-    assert properties["parity.worst"].startswith("step 0, grad ")
+    # Which tensor differs most at step 0 is the CPU kernels' business (a gradient on AVX-512, a
+    # parameter 1 ulp off under ATEN_CPU_CAPABILITY=avx2): the property names one, with its step.
+    assert re.match(r"step 0, (grad|param|optim_state|buffer) [\w.]+", properties["parity.worst"]), properties
     assert f"{config_id}: fail (profile exact)" in output
 
 
