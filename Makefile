@@ -75,9 +75,10 @@ bench: setup ## scaler, harness and parity overhead, as ratios against PyTorch m
 demo: setup ## python -m scaler.demo: fp16 autocast on CPU, skipped steps and scale growth printed
 	$(PY) -m scaler.demo
 
-lint: setup ## ruff check and ruff format --check
+lint: setup ## ruff check, ruff format --check, and the import contracts (lint-imports: the layers and no cycles)
 	$(VENV)/bin/ruff check scaler harness suites fixtures ci
 	$(VENV)/bin/ruff format --check scaler harness suites fixtures ci
+	$(VENV)/bin/lint-imports
 
 clean: ## remove .venv, reports and caches
 	rm -rf $(VENV) reports .pytest_cache .ruff_cache build *.egg-info

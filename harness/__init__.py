@@ -10,22 +10,22 @@ Public API::
 
     harness.current()        # rank, world_size, backend, device, case store (inside a rank)
     harness.run_subtests(configs, body)
-    harness.faults.raise_on(1) / exit_on / signal_on / hang_on / delay_on / corrupt_grad
+    harness.rank.faults.raise_on(1) / exit_on / signal_on / hang_on / delay_on / corrupt_grad
 
     class TestX(harness.DistributedTestCase):                  # unittest style (MultiProcessTestCase)
         world_size = 2
         def test_y(self): ...                                   # runs on every rank: self.rank, ...
 
-This package imports neither pytest nor torch at import time; the plugin (``harness.plugin``) is
+This package imports neither pytest nor torch at import time; the plugin (``harness.frontends.plugin``) is
 loaded by pytest through the ``shardscale`` entry point.
 """
 
-from harness import faults
-from harness.context import RankContext, current, in_rank
+from harness.frontends.testcase import DistributedTestCase, skip_if_lt_x_gpu
 from harness.outcome import RankFailure
+from harness.rank import faults
+from harness.rank.context import RankContext, current, in_rank
+from harness.rank.subtests import SubtestFailures, run_subtests
 from harness.spec import DistConfig, distributed
-from harness.subtests import SubtestFailures, run_subtests
-from harness.testcase import DistributedTestCase, skip_if_lt_x_gpu
 
 __all__ = [
     "DistConfig",

@@ -1,10 +1,10 @@
 """Parity matrix speed: the whole CPU matrix on the warm pool against one spawn per configuration.
 
 ``make bench`` calls :func:`measure` and :func:`render`. The matrix runs as ``make parity`` runs it (a fresh
-:class:`harness.pool.RankPool`, batches of configurations, cached references), and its wall time
+:class:`harness.controller.pool.RankPool`, batches of configurations, cached references), and its wall time
 includes starting the pool. The alternative, what PyTorch's ``MultiProcessTestCase`` does for every
 test, spawns fresh ranks (``spawn``: a new interpreter importing torch) for each configuration,
-builds a process group and runs the same ``rank_side.run_batch([config])``; it is timed on a
+builds a process group and runs the same ``entry.run_batch([config])``; it is timed on a
 sample (``SAMPLE`` configurations spread over the matrix) and extrapolated to the matrix's size.
 
 The user-workload overhead: what the tool costs a user over training their model. The matrix of a
@@ -27,19 +27,21 @@ import tempfile
 import time
 import warnings
 
-from harness.parity import matrix, runner
+from harness.parity.doors import runner
+from harness.parity.plan import matrix
+from harness.parity.plan.config import ParityConfig, unsupported_reason
 
 SAMPLE = 6
 USER_WORKLOAD = "llama"
 """A built-in that looks like a user's model, resolved as a user's is."""
 
 
-def _spawned_rank(rank: int, world_size: int, store_path: str, config: matrix.ParityConfig) -> None:
+def _spawned_rank(rank: int, world_size: int, store_path: str, config: ParityConfig) -> None:
     import torch
     import torch.distributed as dist
 
-    from harness import context
-    from harness.parity import rank_side
+    from harness.parity.ranks import entry
+    from harness.rank import context
 
     warnings.simplefilter("ignore", FutureWarning)
     torch.set_num_threads(1)
@@ -55,13 +57,13 @@ def _spawned_rank(rank: int, world_size: int, store_path: str, config: matrix.Pa
             reset_group=lambda suffix: None,
         )
     )
-    (result,) = rank_side.run_batch([config])
+    (result,) = entry.run_batch([config])
     if result["candidate"] is None or result["candidate"]["error"]:
         raise RuntimeError(f"{config.id} failed on rank {rank}")
     dist.destroy_process_group()
 
 
-def spawn_one(config: matrix.ParityConfig) -> float:
+def spawn_one(config: ParityConfig) -> float:
     """Seconds to run ``config`` on freshly spawned ranks (start, rendezvous, run, exit)."""
     import torch.multiprocessing as mp
 
@@ -76,8 +78,8 @@ def spawn_one(config: matrix.ParityConfig) -> float:
         return time.perf_counter() - started
 
 
-def _on_pool(configs: list[matrix.ParityConfig]) -> tuple[float, list[runner.Outcome]]:
-    from harness.pool import RankPool
+def _on_pool(configs: list[ParityConfig]) -> tuple[float, list[runner.Outcome]]:
+    from harness.controller.pool import RankPool
 
     started = time.perf_counter()
     pool = RankPool(threads_per_rank=1)
@@ -89,7 +91,7 @@ def _on_pool(configs: list[matrix.ParityConfig]) -> tuple[float, list[runner.Out
 
 
 def _localization_on_a_pool() -> dict[str, object]:
-    from harness.pool import RankPool
+    from harness.controller.pool import RankPool
 
     pool = RankPool(threads_per_rank=1)
     try:
@@ -104,25 +106,25 @@ def plain_loop(workload_name: str, steps: int) -> float:
     """Seconds to train the workload's model for ``steps`` steps in a plain loop (fp32, SGD)."""
     import torch
 
-    from harness.parity import workloads
+    from harness.parity.workload import registry
 
-    workload = workloads.get(workload_name)
+    workload = registry.get(workload_name)
     torch.set_num_threads(1)
-    model = workloads.build_model(workload, 0)
+    model = registry.build_model(workload, 0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     started = time.perf_counter()
     for step in range(steps):
         optimizer.zero_grad(set_to_none=True)
-        workload.loss(model, workloads.make_batch(workload, 0, 0, step)).backward()
+        workload.loss(model, registry.make_batch(workload, 0, 0, step)).backward()
         optimizer.step()
     return time.perf_counter() - started
 
 
 def measure_user_workload(name: str = USER_WORKLOAD) -> dict[str, object]:
     """The tool's wall time on one workload's matrix against the same steps in a plain loop."""
-    from harness.parity import workload_matrix
+    from harness.parity.plan import workload_matrix
 
-    configs = [c for c in workload_matrix.for_workload(name) if matrix.unsupported_reason(c) is None]
+    configs = [c for c in workload_matrix.for_workload(name) if unsupported_reason(c) is None]
     wall, _ = _on_pool(configs)
     steps = 2 * sum(c.steps for c in configs)  # candidate and reference, per rank
     plain = plain_loop(name, steps)
@@ -138,7 +140,7 @@ def measure_user_workload(name: str = USER_WORKLOAD) -> dict[str, object]:
 
 def measure() -> dict[str, object]:
 
-    configs = [c for c in matrix.default_matrix() if matrix.unsupported_reason(c) is None]
+    configs = [c for c in matrix.default_matrix() if unsupported_reason(c) is None]
     wall, outcomes = _on_pool(configs)
     broken = [o.result.config.id for o in outcomes if o.result.broken]
     step = max(1, len(configs) // SAMPLE)
@@ -168,8 +170,8 @@ def measure() -> dict[str, object]:
 
 
 def _planted_executor(pool: object, plant: object) -> runner.Executor:
+    from harness.controller.pool import CaseSpec
     from harness.outcome import judge
-    from harness.pool import CaseSpec
     from harness.spec import DistConfig
 
     def execute(batch, backend, world_size, target=runner.RANK_TARGET):  # type: ignore[no-untyped-def]
@@ -194,12 +196,12 @@ def measure_localization(pool: object) -> dict[str, object]:
 
     fsdp2 = {"engine": "fsdp2", "reshard_after_forward": True, "optimizer": "sgd"}
     cases = [
-        (matrix.ParityConfig(**fsdp2), Plant(kind="output_ulp", module="inner.1.linear")),
+        (ParityConfig(**fsdp2), Plant(kind="output_ulp", module="inner.1.linear")),
         (
-            matrix.ParityConfig(workload="transformer", **fsdp2),
+            ParityConfig(workload="transformer", **fsdp2),
             Plant(kind="output_scale", module="blocks.1", amount=1e-2),
         ),
-        (matrix.ParityConfig(**fsdp2), Plant(kind="grad_factor", amount=2.0)),
+        (ParityConfig(**fsdp2), Plant(kind="grad_factor", amount=2.0)),
     ]
     started = time.perf_counter()
     plain = with_localization = ranks_s = 0.0

@@ -16,7 +16,7 @@ lr=0: there the scaler's share includes the kernel's own unscaling. The scale is
 stay the same across iterations. Rounds interleave all four measurements (reversing their order each round) and the
 fastest round of each is reported: on a shared machine the minimum is the least noisy estimate
 of the cost. The sharded comparison runs on 2 gloo ranks of the harness's rank pool
-(``harness.pool.RankPool``, used directly since this runs outside pytest); its ``allreduce``
+(``harness.controller.pool.RankPool``, used directly since this runs outside pytest); its ``allreduce``
 column is one bare all_reduce of a float32 scalar on the same group, which the sharded scalers
 add on top of the floor.
 """
@@ -211,8 +211,8 @@ def sharded_rows() -> list[tuple[str, str, dict[str, float]]]:
     """Rank 0's rows from ``_on_rank_sharded`` on a fresh pool; raises ``RankFailure`` with every
     bad rank's traceback (the harness's own verdict) if any rank did not pass."""
     from harness import DistConfig, RankFailure
+    from harness.controller.pool import CaseSpec, RankPool
     from harness.outcome import judge
-    from harness.pool import CaseSpec, RankPool
 
     pool = RankPool()
     try:

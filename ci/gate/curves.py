@@ -3,7 +3,7 @@
 What is compared, per configuration that ran, step by step: the candidate's ``scale`` exactly (it
 is discrete state: every backoff and growth), and its ``loss`` on every rank and ``grad_norm``
 (the 2-norm of the unscaled gradients) within the tolerance of the configuration's *precision*
-(``harness.parity.profiles``: ``fp32``, ``bf16`` or ``fp16``). Not the configuration's own parity
+(``harness.parity.plan.profiles``: ``fp32``, ``bf16`` or ``fp16``). Not the configuration's own parity
 profile: that one says how a sharded run may differ from its reference *on the same machine*,
 where gloo at world size 2 is bit-exact; a baseline was recorded on another machine, whose CPU
 kernels may round the last bit differently, and in low precision one rounding that flips is one
@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ci.gate.baselines import Curves, StepPoint
-from harness.parity import profiles
+from harness.parity.plan import profiles
 
 KINDS = ("regression", "drift", "missing", "not_run", "unused")
 """``regression``: a curve differs from this torch version's baseline; ``drift``: it differs from

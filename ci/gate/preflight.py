@@ -32,8 +32,8 @@ def check_ranks(backend: str, world_size: int, *, deadline_s: float = 120.0) -> 
     """Start ``world_size`` ranks on ``backend`` and run one collective; the reason when that
     fails, ``None`` when it works."""
     from harness import DistConfig
+    from harness.controller.pool import CaseSpec, PoolError, RankPool
     from harness.outcome import judge
-    from harness.pool import CaseSpec, PoolError, RankPool
 
     pool = RankPool(threads_per_rank=1)
     try:

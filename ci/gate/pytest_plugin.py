@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
-from harness.parity import report
-from harness.parity import result as results
-from harness.parity.matrix import ParityConfig, unsupported_reason
-from harness.parity.result import ParityResult
+from harness.parity.judge import result as results
+from harness.parity.judge.result import ParityResult
+from harness.parity.plan.config import ParityConfig, unsupported_reason
+from harness.parity.report import render
 
 _FIXTURE = "parity_outcomes"
 _PARAM = "parity_config"
@@ -138,11 +138,11 @@ class ParityReportWriter:
             return
         run = self.run_metadata(session.config, rows)
         self.folder.mkdir(parents=True, exist_ok=True)
-        (self.folder / "parity.json").write_text(json.dumps(report.to_json(rows, run), indent=1) + "\n")
-        (self.folder / "parity.md").write_text(report.render_markdown(rows, run))
+        (self.folder / "parity.json").write_text(json.dumps(render.to_json(rows, run), indent=1) + "\n")
+        (self.folder / "parity.md").write_text(render.render_markdown(rows, run))
         if self.plot:
             try:
-                from harness.parity.plot import render_png
+                from harness.parity.report.plot import render_png
             except ImportError:  # pragma: no cover - depends on the environment
                 return
             render_png(rows, self.folder / "parity.png")

@@ -32,7 +32,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="the candidate's ranks are never checked against each other (found_inf, skips, scale)",
         edits=(
             _edit(
-                "compare.py",
+                "judge/compare.py",
                 'found: list[tuple[str, str]] = [("agreement", text) for text in _same_on_every_rank(cand)]',
                 "found: list[tuple[str, str]] = []  # planted",
             ),
@@ -43,7 +43,9 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         name="parity_scaler_state_not_checked",
         bug="skip decisions, found_inf, scale and tracker are not compared with the reference",
         edits=(
-            _edit("compare.py", "        found += _scaler_state(ref, cand)\n", "        pass  # planted\n"),
+            _edit(
+                "judge/compare.py", "        found += _scaler_state(ref, cand)\n", "        pass  # planted\n"
+            ),
         ),
         tests=(_CHECKS, _COMPARE),
     ),
@@ -52,7 +54,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="only rank 0's loss is compared",
         edits=(
             _edit(
-                "compare.py",
+                "judge/compare.py",
                 "    for rank, (want, got) in enumerate(zip(ref.losses, cand.losses, strict=True)):\n",
                 "    for rank, (want, got) in enumerate(zip(ref.losses[:1], cand.losses[:1], strict=True)):  # planted\n",
             ),
@@ -64,7 +66,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="gradients are not compared",
         edits=(
             _edit(
-                "compare.py",
+                "judge/compare.py",
                 '_TENSOR_KINDS = ("grad", "param", "optim_state")',
                 '_TENSOR_KINDS = ("param", "optim_state")  # planted',
             ),
@@ -76,7 +78,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="parameters are not compared",
         edits=(
             _edit(
-                "compare.py",
+                "judge/compare.py",
                 '_TENSOR_KINDS = ("grad", "param", "optim_state")',
                 '_TENSOR_KINDS = ("grad", "optim_state")  # planted',
             ),
@@ -88,7 +90,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="optimizer state is not compared",
         edits=(
             _edit(
-                "compare.py",
+                "judge/compare.py",
                 '_TENSOR_KINDS = ("grad", "param", "optim_state")',
                 '_TENSOR_KINDS = ("grad", "param")  # planted',
             ),
@@ -100,7 +102,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="module buffers are recorded but not compared",
         edits=(
             _edit(
-                "compare.py",
+                "judge/compare.py",
                 '        tensor_found, diffs = _tensor_problems(ref, cand, profile, (*kinds, "buffer"))\n',
                 "        tensor_found, diffs = _tensor_problems(ref, cand, profile, kinds)  # planted\n",
             ),
@@ -112,7 +114,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="the exact profile compares in float16, so float32 values a few ulps apart pass as equal",
         edits=(
             _edit(
-                "compare.py",
+                "ranks/distance.py",
                 "same = (ref == cand) | both_nan",
                 "same = (ref.half() == cand.half()) | both_nan  # planted",
             ),
@@ -124,7 +126,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="a toleranced profile allows ten times its rtol/atol",
         edits=(
             _edit(
-                "compare.py",
+                "ranks/distance.py",
                 "close = (c - r).abs() <= profile.atol + profile.rtol * r.abs()",
                 "close = (c - r).abs() <= 10 * (profile.atol + profile.rtol * r.abs())  # planted",
             ),
@@ -134,7 +136,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
     Plant(
         name="parity_one_ulp_labelled_bitwise",
         bug="a configuration 1 ulp from its reference is labelled bitwise",
-        edits=(_edit("ulp.py", "    if max_ulp == 0:\n", "    if max_ulp <= 1:  # planted\n"),),
+        edits=(_edit("ranks/ulp.py", "    if max_ulp == 0:\n", "    if max_ulp <= 1:  # planted\n"),),
         tests=(_ULP,),
     ),
     Plant(
@@ -142,7 +144,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="a configuration whose first divergence comes after step 0 is reported as a pass",
         edits=(
             _edit(
-                "result.py",
+                "judge/result.py",
                 '    status = "pass" if comparison.ok else ("crash" if candidate.error else "fail")\n',
                 '    status = "pass" if comparison.ok or comparison.first.step > 0 else "fail"  # planted\n',
             ),
@@ -154,7 +156,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="localization names the last diverging module instead of the first",
         edits=(
             _edit(
-                "pinpoint.py",
+                "judge/pinpoint.py",
                 "    first = min(failing, key=lambda m: (PHASES.index(m.phase), m.order, m.rank), default=None)\n",
                 "    first = max(failing, key=lambda m: (PHASES.index(m.phase), m.order, m.rank), default=None)  # planted\n",
             ),
@@ -166,7 +168,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="localization looks at gradients before forward outputs, blaming a module downstream",
         edits=(
             _edit(
-                "pinpoint.py",
+                "judge/pinpoint.py",
                 'PHASES = ("forward", "backward")',
                 'PHASES = ("backward", "forward")  # planted',
             ),
@@ -178,7 +180,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="inside the first diverging module, no op is ever found to differ",
         edits=(
             _edit(
-                "pinpoint.py",
+                "judge/pinpoint.py",
                 "        if diff.mismatched:\n            return OpFinding(",
                 "        if diff.mismatched > diff.numel:  # planted\n            return OpFinding(",
             ),
@@ -190,7 +192,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="no known cause is ever matched",
         edits=(
             _edit(
-                "causes.py",
+                "judge/causes.py",
                 "    found = (pattern(evidence) for _, pattern in CATALOGUE)\n",
                 "    found = ()  # planted\n",
             ),
@@ -203,7 +205,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "path than a rank's own, bitwise on some CPUs only (a verdict that depends on the machine)",
         edits=(
             _edit(
-                "builtin/toys.py",
+                "workload/builtin/toys.py",
                 '        ((part.clone().float() @ projection) * batch["coefficient"]).sum()\n'
                 "        for part, batch in zip(parts, batches, strict=True)\n",
                 '        (part * batch["coefficient"]).sum()  # planted\n'

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ci.mutation.edits import Edit, Plant, PlantError, apply
 from ci.mutation.engine_plants import ENGINE_PLANTS
-from harness.parity import matrix
+from harness.parity.plan import matrix
 
 __all__ = ["PLANTS", "Edit", "Plant", "PlantError", "apply"]
 

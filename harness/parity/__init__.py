@@ -2,7 +2,7 @@
 
 Data flow (one module per stage; ``docs/architecture.md`` draws it)::
 
-    matrix.ParityConfig --(runner, controller)--> rank_side.run_batch (ranks: engines, train, gather)
+    matrix.ParityConfig --(runner, controller)--> entry.run_batch (ranks: engines, train, gather)
         --> record.RunRecord (reference, candidate) --> compare.compare_runs (ulp) --> result.ParityResult
             (causes; the expected gap from gap) --> failed? localize (ranks) --> pinpoint, ops
         --> report (parity.json, parity.md), plot (parity.png)
@@ -16,10 +16,11 @@ lists, and ``parity_test`` (``testing.py``) turns a user's workload into tests. 
 package imports neither torch nor the rank side.
 """
 
-from harness.parity.matrix import Fault, ParityConfig, default_matrix, unsupported_reason
-from harness.parity.select import select
-from harness.parity.testing import parity_test
-from harness.parity.workload import Workload, WorkloadError
+from harness.parity.doors.testing import parity_test
+from harness.parity.plan.config import Fault, ParityConfig, unsupported_reason
+from harness.parity.plan.matrix import default_matrix
+from harness.parity.plan.select import select
+from harness.parity.workload.spec import Workload, WorkloadError
 
 __all__ = [
     "Fault",

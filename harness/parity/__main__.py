@@ -19,10 +19,14 @@ import sys
 import time
 from pathlib import Path
 
-from harness.parity import launched, matrix, report, runner, workload_matrix, workloads
-from harness.parity.result import ParityResult
-from harness.parity.select import ExpressionError, select
-from harness.parity.workload import WorkloadError
+from harness.parity.doors import launched, runner
+from harness.parity.judge.result import ParityResult
+from harness.parity.plan import matrix, workload_matrix
+from harness.parity.plan.config import BACKENDS, SCALERS, ParityConfig, unique, unsupported_reason
+from harness.parity.plan.select import ExpressionError, select
+from harness.parity.report import render
+from harness.parity.workload import registry
+from harness.parity.workload.spec import WorkloadError
 
 
 class BadWorkload(Exception):
@@ -35,7 +39,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Does FSDP train exactly like DDP under loss scaling, and does every rank skip the same steps?",
     )
     parser.add_argument(
-        "--backend", choices=matrix.BACKENDS, default="gloo", help="gloo (CPU) or nccl (a GPU per rank)"
+        "--backend", choices=BACKENDS, default="gloo", help="gloo (CPU) or nccl (a GPU per rank)"
     )
     parser.add_argument(
         "--world-size",
@@ -45,7 +49,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--scaler",
-        choices=matrix.SCALERS,
+        choices=SCALERS,
         default="ours",
         help="the candidate's scaler: ours or torch's ShardedGradScaler",
     )
@@ -96,7 +100,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return options
 
 
-def _matrix(options: argparse.Namespace) -> list[matrix.ParityConfig]:
+def _matrix(options: argparse.Namespace) -> list[ParityConfig]:
     """The embedded matrix, or every ``--workload``'s (each checked first: :class:`BadWorkload`)."""
     kwargs = {"world_size": options.world_size, "backend": options.backend, "scaler": options.scaler}
     if not options.workload:
@@ -105,19 +109,19 @@ def _matrix(options: argparse.Namespace) -> list[matrix.ParityConfig]:
     for name in options.workload:
         try:
             if not options.list:
-                from harness.parity.checks import check
+                from harness.parity.workload.checks import check
 
-                check(workloads.get(name))
+                check(registry.get(name))
             configs += workload_matrix.for_workload(name, **kwargs)
         except WorkloadError as error:
             raise BadWorkload(str(error)) from None
-    return matrix.unique(configs)
+    return unique(configs)
 
 
 def list_workloads() -> list[str]:
     """The lines ``--list`` ends with: every registered workload and where it comes from."""
     lines = ["", "workloads (--workload NAME, or --workload module:function for your own):"]
-    for name, (spec, source) in sorted(workloads.available().items()):
+    for name, (spec, source) in sorted(registry.available().items()):
         lines.append(f"  {name:<14} {spec}  ({source})")
     return lines
 
@@ -134,7 +138,7 @@ def _progress(update: runner.Progress) -> None:
     result = update.outcome.result
     width = len(str(update.total))
     print(
-        f"[{update.done:>{width}}/{update.total}] {report.label(result):<5} {result.config.id:<60} "
+        f"[{update.done:>{width}}/{update.total}] {render.label(result):<5} {result.config.id:<60} "
         f"{result.time_s:5.2f}s  elapsed {update.elapsed_s:5.1f}s, ETA {update.eta_s:5.1f}s",
         flush=True,
     )
@@ -153,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     if options.list:
         if not quiet:
             for config in options.configs:
-                reason = matrix.unsupported_reason(config, gpus=gpus)
+                reason = unsupported_reason(config, gpus=gpus)
                 print(config.id + (f"  (not here: {reason})" if reason else ""))
             print("\n".join(list_workloads()))
         return 0
@@ -183,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             on_progress=_progress,
             finish=finish,
         )
-    from harness.pool import PoolError, RankPool
+    from harness.controller.pool import PoolError, RankPool
 
     pool = RankPool(threads_per_rank=1)
     try:
@@ -220,12 +224,12 @@ def _finish(options: argparse.Namespace, results: list[ParityResult], wall: floa
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "wall_s": round(wall, 2),
     }
-    (out / "parity.json").write_text(json.dumps(report.to_json(results, run), indent=1) + "\n")
-    (out / "parity.md").write_text(report.render_markdown(results, run))
+    (out / "parity.json").write_text(json.dumps(render.to_json(results, run), indent=1) + "\n")
+    (out / "parity.md").write_text(render.render_markdown(results, run))
     written = [out / "parity.json", out / "parity.md"]
     if not options.no_plot:
         try:
-            from harness.parity.plot import render_png
+            from harness.parity.report.plot import render_png
         except ImportError:  # pragma: no cover - depends on the environment
             print(
                 "parity: matplotlib is not installed, so parity.png is not written (pip install shardscale[report])"
@@ -234,7 +238,7 @@ def _finish(options: argparse.Namespace, results: list[ParityResult], wall: floa
             if render_png(results, out / "parity.png"):
                 written.append(out / "parity.png")
     print()
-    print(report.render_summary(results))
+    print(render.render_summary(results))
     print(f"\nparity: {wall:.1f}s wall; wrote {', '.join(str(p) for p in written)}")
     broken = [r for r in results if r.broken]
     if broken:

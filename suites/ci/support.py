@@ -1,5 +1,5 @@
 """Fabricated parity results and reports for the gate's tests: the real renderers
-(``harness.parity.report.to_json``) on made-up curves, so no rank has to run."""
+(``harness.parity.report.render.to_json``) on made-up curves, so no rank has to run."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ci.gate import baselines, curves
-from harness.parity.matrix import ParityConfig
-from harness.parity.result import Curves, ParityResult
+from harness.parity.judge.result import Curves, ParityResult
+from harness.parity.plan.config import ParityConfig
 
 SGD = ParityConfig(engine="fsdp1", sharding="full_shard", use_orig_params=False)
 ADAM_BF16 = ParityConfig(engine="fsdp2", reshard_after_forward=True, precision="bf16", optimizer="adam")
@@ -39,7 +39,7 @@ def result(
 
 def report(*results: ParityResult, torch: str = "2.13.0") -> dict[str, Any]:
     """A parity.json document holding ``results``."""
-    from harness.parity import report as renderer
+    from harness.parity.report import render as renderer
 
     run = {"backend": "gloo", "world_size": 2, "scaler": "ours", "filter": "", "torch": torch, "wall_s": 1.0}
     return json.loads(json.dumps(renderer.to_json(list(results), run)))

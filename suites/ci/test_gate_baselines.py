@@ -9,7 +9,7 @@ import pytest
 from ci.gate import baselines
 from ci.gate.baselines import StepPoint
 from ci.gate.cli import DEFAULT_BASELINES
-from harness.parity import matrix
+from harness.parity.plan.config import unsupported_reason
 
 
 def test_a_written_file_reads_back_exactly_including_non_finite_values(tmp_path):
@@ -111,7 +111,7 @@ def _cpu_tier_configs():
         test_side_by_side,
         test_showcase,
     )
-    return {c.id for module in modules for c in module.CONFIGS if matrix.unsupported_reason(c) is None}
+    return {c.id for module in modules for c in module.CONFIGS if unsupported_reason(c) is None}
 
 
 def test_every_committed_baseline_is_a_configuration_the_cpu_tier_runs():

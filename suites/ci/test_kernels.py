@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ci.kernels import settings, verdicts
-from harness.parity.matrix import ParityConfig
+from harness.parity.plan.config import ParityConfig
 from suites.ci.support import SGD, report, result
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import harness
-from harness import faults
+from harness.rank import faults
 
 
 def _record_pid(label: str) -> None:

@@ -26,7 +26,7 @@ def test_warms_the_ranks_up(rank):
 @harness.distributed(world_size=2)
 @pytest.mark.timeout(2)
 def test_times_out_by_signal(rank):
-    harness.faults.hang_on(1)
+    harness.rank.faults.hang_on(1)
 
 
 @harness.distributed(world_size=2)
@@ -40,11 +40,11 @@ def test_after_the_timeout_passes(rank, world_size):
 @pytest.mark.timeout(2, method="thread")
 def test_times_out_by_thread(rank):
     _mark_started(rank)
-    harness.faults.hang_on(1)
+    harness.rank.faults.hang_on(1)
 
 
 @harness.distributed(world_size=2, deadline=600)
 def test_hangs_until_interrupted(rank):
     _mark_started(rank)
-    harness.faults.hang_on(1, hold_gil=True)
+    harness.rank.faults.hang_on(1, hold_gil=True)
     dist.barrier()

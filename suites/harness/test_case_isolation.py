@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from harness.controller.pool import CaseSpec, RankPool
 from harness.outcome import judge
-from harness.pool import CaseSpec, RankPool
 from harness.spec import DistConfig
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import harness
+from harness.controller.pool import CaseSpec, RankPool
 from harness.outcome import judge
-from harness.pool import CaseSpec, RankPool
 from harness.spec import DistConfig
 
 
@@ -16,7 +16,7 @@ def hang_on_rank_1_then_all_reduce():
     import torch.distributed as dist
 
     print(f"rank {harness.current().rank} before the collective", flush=True)
-    harness.faults.hang_on(1)
+    harness.rank.faults.hang_on(1)
     dist.all_reduce(torch.ones(1))
 
 

@@ -64,7 +64,7 @@ def test_nan_grad_injected_on_one_rank_only(rank):
     """corrupt_grad poisons rank 1's grad alone; a MAX all_reduce makes every rank see it."""
     model = torch.nn.Linear(4, 2)
     model(torch.ones(1, 4)).sum().backward()
-    harness.faults.corrupt_grad(1, model, value=float("nan"))
+    harness.rank.faults.corrupt_grad(1, model, value=float("nan"))
     local_bad = not all(torch.isfinite(p.grad).all() for p in model.parameters())
     assert local_bad == (rank == 1)
     found = torch.tensor([float(local_bad)])

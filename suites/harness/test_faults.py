@@ -171,7 +171,7 @@ import os, pathlib, harness
 @harness.distributed(world_size=2, deadline=600)
 def test_hangs_forever(rank):
     pathlib.Path(os.environ["SHARDSCALE_SELFTEST_DIR"], f"started{rank}").write_text("")
-    harness.faults.hang_on(rank, hold_gil=(rank == 1))
+    harness.rank.faults.hang_on(rank, hold_gil=(rank == 1))
 """
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import harness
+from harness.controller.pool import CaseSpec, RankPool
 from harness.outcome import judge
-from harness.pool import CaseSpec, RankPool
 from harness.spec import DistConfig
 from suites.harness.selftest import alive, inner_env, tagged_pids
 
@@ -30,7 +30,7 @@ def hang_on_rank_1_after_a_collective():
     import torch.distributed as dist
 
     dist.all_reduce(torch.ones(1))
-    harness.faults.hang_on(1)
+    harness.rank.faults.hang_on(1)
 
 
 def rank_pid():

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import harness
-from harness.session import gpu_skip_reason
+from harness.frontends.session import gpu_skip_reason
 from suites.harness.selftest import inner_env
 
 BAD_MARKER = """

@@ -11,9 +11,9 @@ import uuid
 import pytest
 
 import harness
-from harness import reaper
+from harness.controller import reaper
+from harness.controller.pool import CaseSpec, RankPool
 from harness.outcome import judge
-from harness.pool import CaseSpec, RankPool
 from harness.spec import DistConfig
 from suites.harness.selftest import alive
 

@@ -10,7 +10,6 @@ import sys
 import pytest
 
 import harness
-from harness.execute import headline, headline_of_text
 from harness.outcome import RankResult, describe_exit, judge
 from harness.protocol import (
     MESSAGE_TYPES,
@@ -25,6 +24,7 @@ from harness.protocol import (
     Shutdown,
     from_wire,
 )
+from harness.rank.execute import headline, headline_of_text
 from harness.spec import DistConfig, expand, from_marker
 
 EXAMPLES = [

@@ -1,4 +1,4 @@
-"""harness.reaper on its own: what counts as a root's family, and which processes carry a tag."""
+"""harness.controller.reaper on its own: what counts as a root's family, and which processes carry a tag."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import os
 import subprocess
 import uuid
 
-from harness import reaper
-from harness.reaper import Proc
+from harness.controller import reaper
+from harness.controller.reaper import Proc
 
 
 def test_family_is_roots_their_groups_and_their_descendants():

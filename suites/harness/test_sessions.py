@@ -202,7 +202,7 @@ import subprocess
 
 import pytest
 
-from harness import plugin
+from harness.frontends import plugin
 
 
 class LeakyPool:

@@ -15,10 +15,11 @@ import torch.distributed as dist
 from parameterized import parameterized_class
 
 import harness
+from harness.controller.pool import CaseSpec, RankPool
+from harness.frontends import testcase_config
+from harness.frontends.testcase_controller import TARGET, case_arguments, store_file
 from harness.outcome import judge
-from harness.pool import CaseSpec, RankPool
 from harness.spec import DistConfig
-from harness.testcase_controller import TARGET, case_arguments, store_file
 
 
 class TestWhatARankFinds(harness.DistributedTestCase):
@@ -164,7 +165,7 @@ def test_a_bad_class_attribute_is_a_value_error_naming_it(attribute):
     bad = {"world_size": 0, "backend": "mpi", "deadline": -1}[attribute]
     cls = type("TestBad", (harness.DistributedTestCase,), {attribute: bad, "test_x": lambda self: None})
     with pytest.raises(ValueError, match=rf"invalid TestBad \(a harness.DistributedTestCase\): .*{bad!r}.*"):
-        harness.testcase.case_config(cls("test_x"))
+        testcase_config.case_config(cls("test_x"))
 
 
 def test_skip_if_lt_x_gpu_refuses_a_count_that_is_not_a_positive_int():

@@ -13,7 +13,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from harness import torchrun
+from harness.frontends import torchrun
 
 HERE = Path(__file__).parent
 
@@ -29,7 +29,7 @@ def test_torchrun_runs_the_same_bodies_and_reports_failures(tmp_path):
             "--nproc-per-node",
             "2",
             "-m",
-            "harness.torchrun",
+            "harness.frontends.torchrun",
             "--deadline",
             "60",
             str(HERE / "test_distributed.py"),
@@ -51,7 +51,7 @@ def test_torchrun_runs_the_same_bodies_and_reports_failures(tmp_path):
     assert "inner_faults.py::test_rank_raises[gloo-2] FAILED" in out
     assert "root cause: rank 1 failed: ValueError: boom from the test body" in out
     assert "[rank 1] ValueError: boom from the test body" in out
-    assert "harness.torchrun: 4 passed, 1 failed, 2 skipped (world size 2, gloo)" in out
+    assert "harness.frontends.torchrun: 4 passed, 1 failed, 2 skipped (world size 2, gloo)" in out
 
 
 def torchrun_env(monkeypatch, rank, world_size):
@@ -80,14 +80,17 @@ def test_outside_torchrun_says_how_to_run_it(monkeypatch, capsys, tmp_path):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert torchrun.main([str(write_test_file(tmp_path, TWO_RANKS_ONLY))]) == 4
     err = capsys.readouterr().err
-    assert "harness.torchrun runs inside torchrun" in err
-    assert "torchrun --standalone --nproc-per-node 2 -m harness.torchrun" in err
+    assert "harness.frontends.torchrun runs inside torchrun" in err
+    assert "torchrun --standalone --nproc-per-node 2 -m harness.frontends.torchrun" in err
 
 
 def test_missing_file_is_named_once_by_rank_0(monkeypatch, capsys, tmp_path):
     torchrun_env(monkeypatch, 0, 2)
     assert torchrun.main([str(tmp_path / "test_nowhere.py")]) == 4
-    assert capsys.readouterr().err == f"harness.torchrun: no such file: {tmp_path / 'test_nowhere.py'}\n"
+    assert (
+        capsys.readouterr().err
+        == f"harness.frontends.torchrun: no such file: {tmp_path / 'test_nowhere.py'}\n"
+    )
     torchrun_env(monkeypatch, 1, 2)
     assert torchrun.main([str(tmp_path / "test_nowhere.py")]) == 4
     assert capsys.readouterr().err == ""
@@ -105,7 +108,7 @@ def test_no_test_for_this_world_size_exits_5_naming_what_the_tests_declare(monke
     torchrun_env(monkeypatch, 0, 3)
     assert torchrun.main([str(path)]) == 5
     out = capsys.readouterr().out
-    assert "harness.torchrun: no tests ran: no distributed test for gloo with world size 3" in out
+    assert "harness.frontends.torchrun: no tests ran: no distributed test for gloo with world size 3" in out
     assert "declared: gloo-2" in out
 
 
@@ -114,7 +117,7 @@ import harness
 
 @harness.distributed(world_size=1, deadline=3)
 def test_hangs(rank):
-    harness.faults.hang_on(0)
+    harness.rank.faults.hang_on(0)
 """
 
 
@@ -123,7 +126,7 @@ def test_marker_deadline_overrides_the_default(tmp_path):
     path = write_test_file(tmp_path, HANGS_WITH_A_SHORT_DEADLINE)
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
-        + ["-m", "harness.torchrun", "--deadline", "600", str(path)],
+        + ["-m", "harness.frontends.torchrun", "--deadline", "600", str(path)],
         capture_output=True,
         text=True,
         timeout=300,

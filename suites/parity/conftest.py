@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.parity import runner
-from harness.parity.matrix import ParityConfig, unsupported_reason
-from harness.parity.result import expected_failure
+from harness.parity.doors import runner
+from harness.parity.judge.result import expected_failure
+from harness.parity.plan.config import ParityConfig, unsupported_reason
 from suites.parity.support import junit_properties, ranks_executor
 
 _BATCH = 16

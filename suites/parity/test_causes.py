@@ -4,8 +4,9 @@ without the pattern must not get it."""
 import torch
 
 from fixtures.parity_records import next_float, replace_step, run, step
-from harness.parity import causes, profiles
-from harness.parity.compare import compare_runs
+from harness.parity.judge import causes
+from harness.parity.judge.compare import compare_runs
+from harness.parity.plan import profiles
 
 
 def _causes(reference_steps, candidate_steps, *, profile=profiles.EXACT, poisoned=frozenset()):

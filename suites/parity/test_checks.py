@@ -10,8 +10,8 @@ import dataclasses
 import torch
 
 from fixtures.parity_records import next_float, replace_step, run, step
-from harness.parity import profiles
-from harness.parity.compare import compare_runs
+from harness.parity.judge.compare import compare_runs
+from harness.parity.plan import profiles
 
 EXACT, FP32 = profiles.EXACT, profiles.FP32
 

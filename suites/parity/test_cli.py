@@ -174,7 +174,7 @@ def test_list_shows_the_builtin_workloads_and_those_installed_packages_name(tmp_
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert "  llama          harness.parity.builtin.llama:llama  (built-in)" in lines
+    assert "  llama          harness.parity.workload.builtin.llama:llama  (built-in)" in lines
     assert "  resmlp         resmlp_parity:resmlp  (entry point of resmlp-models)" in lines
 
 

@@ -5,8 +5,8 @@ import math
 import torch
 
 from fixtures.parity_records import replace_step, run, step
-from harness.parity import profiles
-from harness.parity.compare import compare_runs, tensor_diff
+from harness.parity.judge.compare import compare_runs, tensor_diff
+from harness.parity.plan import profiles
 
 EXACT, FP32 = profiles.EXACT, profiles.FP32
 
@@ -133,7 +133,7 @@ def test_sparse_tensors_are_compared_as_their_dense_sums():
 
 
 def test_the_gap_between_two_runs_is_their_largest_loss_and_parameter_difference():
-    from harness.parity.gap import gap
+    from harness.parity.ranks.gap import gap
 
     other = run(step(0), step(1))
     mine = run(step(0, loss=0.625), step(1, weight=1.5))
@@ -144,7 +144,7 @@ def test_the_gap_between_two_runs_is_their_largest_loss_and_parameter_difference
 
 
 def test_the_gap_measured_on_each_rank_and_merged_is_the_gap_of_the_merged_records():
-    from harness.parity.gap import gap, merge, of_rank_runs
+    from harness.parity.ranks.gap import gap, merge, of_rank_runs
 
     def rank_run(steps, rank):
         return {

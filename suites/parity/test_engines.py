@@ -4,8 +4,8 @@ a rank that skipped the first step has no optimizer state while its peer does.""
 import pytest
 
 import harness
-from harness.parity import engines, train
-from harness.parity.matrix import ParityConfig
+from harness.parity.plan.config import ParityConfig
+from harness.parity.ranks import engines, optimizers
 
 CANDIDATES = [
     ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam"),
@@ -19,7 +19,7 @@ def _gather_after_only_rank_0_stepped(config):
     ctx = harness.current()
     engine = engines.build(config, "candidate", ctx.device)
     (group,) = engine.param_groups(1)
-    optimizer = train.make_optimizer(config.optimizer, group)
+    optimizer = optimizers.make_optimizer(config.optimizer, group)
     loss, _ = engine.losses(0, 1.0)
     loss.backward()
     if ctx.rank == 0:

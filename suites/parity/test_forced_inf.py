@@ -7,7 +7,7 @@ path, with a fused optimizer, with ``unscale_`` then ``clip_grad_norm_``, and wi
 import pytest
 import torch
 
-from harness.parity import matrix
+from harness.parity.plan import matrix
 from suites.parity.support import describe
 
 CONFIGS = matrix.forced_inf(world_size=2)

@@ -3,10 +3,10 @@ parameters) and FSDP2, in fp32, fp16 and bf16, with SGD-momentum, Adam (foreach)
 the nested MLP, the tied-weight transformer and the frozen model with an empty shard.
 
 fp32 at world size 2 is held bit-exact (``exact``); fused optimizers and world size 4
-(HYBRID_SHARD as a 2x2 mesh) hold the documented profiles (``harness.parity.profiles``).
+(HYBRID_SHARD as a 2x2 mesh) hold the documented profiles (``harness.parity.plan.profiles``).
 """
 
-from harness.parity import matrix
+from harness.parity.plan import matrix
 from suites.parity.support import describe
 
 CONFIGS = [c for c in matrix.fsdp_vs_ddp(world_size=2) if c.sharding != "hybrid_shard"] + [

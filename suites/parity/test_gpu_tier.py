@@ -2,10 +2,11 @@
 2 and 1. With fewer GPUs than ranks a configuration is skipped at collection, starting no process;
 at world size 1 the faults planted on rank 1 cannot happen and those configurations are skipped."""
 
-from harness.parity import matrix
+from harness.parity.plan import matrix
+from harness.parity.plan.config import unique
 from suites.parity.support import describe
 
-CONFIGS = matrix.unique(
+CONFIGS = unique(
     [
         *matrix.default_matrix(world_size=2, backend="nccl"),
         *matrix.default_matrix(world_size=1, backend="nccl"),

@@ -8,8 +8,9 @@ import pytest
 
 from fixtures.parity_plants import Plant, localize_batch, run_batch
 from harness import RankFailure
-from harness.parity import report, runner
-from harness.parity.matrix import Fault, ParityConfig
+from harness.parity.doors import runner
+from harness.parity.plan.config import Fault, ParityConfig
+from harness.parity.report import render
 
 _FSDP2 = {"engine": "fsdp2", "reshard_after_forward": True, "optimizer": "sgd", "steps": 3}
 CASES = {
@@ -148,7 +149,7 @@ def test_gradients_off_by_the_world_size_are_named_as_a_divide_factor_mismatch(p
 
 
 def test_the_markdown_report_carries_the_module_and_the_cause_in_the_row_and_divergences(planted):
-    text = report.render_markdown([planted["block_fp32"]], {"backend": "gloo", "world_size": 2})
+    text = render.render_markdown([planted["block_fp32"]], {"backend": "gloo", "world_size": 2})
     row = next(line for line in text.splitlines() if line.startswith("| `fsdp2"))
     assert "| 0 (blocks.1, forward, rank 0) |" in row
     assert "  - first diverging module: blocks.1, forward output, step 0, rank 0: abs " in text
@@ -156,7 +157,7 @@ def test_the_markdown_report_carries_the_module_and_the_cause_in_the_row_and_div
 
 
 def test_the_json_report_holds_every_module_compared(planted):
-    data = report.result_to_json(planted["one_ulp"])
+    data = render.result_to_json(planted["one_ulp"])
     located = data["localization"]
     assert located["first"]["module"] == "inner.1.linear"
     modules = {(m["phase"], m["module"]) for m in located["modules"]}
@@ -164,7 +165,7 @@ def test_the_json_report_holds_every_module_compared(planted):
 
 
 def test_the_figure_draws_the_failing_configurations_in_detail(planted, tmp_path):
-    from harness.parity.plot import render_png
+    from harness.parity.report.plot import render_png
 
     assert render_png(list(planted.values()), tmp_path / "parity.png")
     assert (tmp_path / "parity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

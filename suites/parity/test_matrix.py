@@ -4,12 +4,12 @@ import pickle
 
 import pytest
 
-from harness.parity import matrix, profiles
-from harness.parity.matrix import Fault, ParityConfig
+from harness.parity.plan import matrix, profiles
+from harness.parity.plan.config import Fault, ParityConfig, unsupported_reason
 
 
 def test_the_cpu_matrix_runs_at_least_100_configurations_at_world_size_2():
-    runnable = [c for c in matrix.default_matrix() if matrix.unsupported_reason(c) is None]
+    runnable = [c for c in matrix.default_matrix() if unsupported_reason(c) is None]
     assert len(runnable) >= 100
 
 
@@ -87,14 +87,12 @@ def test_configurations_that_differ_only_in_the_candidate_share_a_reference():
 
 def test_what_cannot_run_on_gloo_says_why_and_where_it_runs():
     hybrid = ParityConfig(engine="fsdp1", sharding="hybrid_shard", use_orig_params=False)
-    assert "even world size >= 4, not 2 (run with --world-size 4)" in matrix.unsupported_reason(hybrid)
-    assert matrix.unsupported_reason(hybrid.with_(world_size=4)) is None
+    assert "even world size >= 4, not 2 (run with --world-size 4)" in unsupported_reason(hybrid)
+    assert unsupported_reason(hybrid.with_(world_size=4)) is None
     offload = ParityConfig(engine="fsdp1", sharding="full_shard", use_orig_params=True, offload=True)
-    assert "the GPU tier runs it" in matrix.unsupported_reason(offload)
+    assert "the GPU tier runs it" in unsupported_reason(offload)
     nccl = ParityConfig(engine="ddp", backend="nccl")
-    assert (
-        matrix.unsupported_reason(nccl, gpus=1) == "nccl world size 2 needs 2 CUDA GPUs, this machine has 1"
-    )
+    assert unsupported_reason(nccl, gpus=1) == "nccl world size 2 needs 2 CUDA GPUs, this machine has 1"
 
 
 @pytest.mark.parametrize(

@@ -9,15 +9,15 @@ import math
 import expecttest
 
 from fixtures.parity_records import replace_step, step
-from harness.parity import report
-from harness.parity.matrix import Fault, ParityConfig
-from harness.parity.result import judge, skipped
+from harness.parity.judge.result import judge, skipped
+from harness.parity.plan.config import Fault, ParityConfig
+from harness.parity.report import render
 
 RUN = {"backend": "gloo", "world_size": 2, "scaler": "ours", "filter": "", "torch": "2.13.0+cpu"}
 
 
 def _part(rank, reference_steps, candidate_steps, error=None):
-    """What rank ``rank`` of ``rank_side.run_one`` sends for hand-made steps (tensors on rank 0)."""
+    """What rank ``rank`` of ``entry.run_one`` sends for hand-made steps (tensors on rank 0)."""
 
     def rank_run(steps, error):
         sent = []
@@ -81,7 +81,7 @@ def _ascii(text):
 class TestRendering(expecttest.TestCase):
     def test_markdown_has_one_row_per_configuration_then_divergences_and_skip_reasons(self):
         self.assertExpectedInline(
-            _ascii(report.render_markdown(_results(), RUN)),
+            _ascii(render.render_markdown(_results(), RUN)),
             """\
 # Parity report
 
@@ -130,7 +130,7 @@ Profiles: `exact` bitwise; `fp32` rtol 1.3e-06, atol 1e-05; `bf16` rtol 0.016, a
 
     def test_the_terminal_summary_counts_by_suite_and_names_what_broke(self):
         self.assertExpectedInline(
-            report.render_summary(_results()),
+            render.render_summary(_results()),
             """\
 suite        total  pass  fail crash error  skip xfail
 ------------------------------------------------------
@@ -143,7 +143,7 @@ xfail fsdp2-reshard-fp32-adam_fused-unscale_clip-inf@r1s1-torch_scaler-w2 [expec
 
 def test_the_json_report_is_strict_json_with_a_versioned_schema():
     results = _results()
-    text = json.dumps(report.to_json(results, RUN), allow_nan=False)
+    text = json.dumps(render.to_json(results, RUN), allow_nan=False)
     data = json.loads(text)
     assert (data["schema"], data["version"]) == ("shardscale.parity", 2)
     assert data["summary"] == {
@@ -163,11 +163,11 @@ def test_the_json_report_is_strict_json_with_a_versioned_schema():
 
 
 def test_non_finite_numbers_are_written_as_strings():
-    assert report._numbers([1.0, math.inf, -math.inf, [math.nan]]) == [1.0, "inf", "-inf", ["nan"]]
+    assert render._numbers([1.0, math.inf, -math.inf, [math.nan]]) == [1.0, "inf", "-inf", ["nan"]]
 
 
 def test_the_figure_is_written_when_something_ran(tmp_path):
-    from harness.parity.plot import render_png
+    from harness.parity.report.plot import render_png
 
     assert render_png(_results(), tmp_path / "parity.png")
     assert (tmp_path / "parity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

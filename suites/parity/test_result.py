@@ -2,8 +2,8 @@
 
 import pytest
 
-from harness.parity.matrix import Fault, ParityConfig
-from harness.parity.result import expected_failure, failed_batch
+from harness.parity.judge.result import expected_failure, failed_batch
+from harness.parity.plan.config import Fault, ParityConfig
 
 
 @pytest.mark.parametrize(
@@ -66,9 +66,9 @@ def test_a_batch_that_failed_on_the_ranks_is_an_error_naming_the_harness_verdict
 
 
 def test_gradients_are_not_compared_at_planted_faults_nor_at_the_sparse_overflow_step():
-    from harness.parity import workloads
-    from harness.parity.result import poisoned_steps
+    from harness.parity.judge.result import poisoned_steps
+    from harness.parity.workload import registry
 
     assert poisoned_steps(ParityConfig(engine="ddp", faults=(Fault(step=1), Fault(step=4)))) == {1, 4}
     sparse = ParityConfig(suite="sparse", engine="ddp", reference="single", workload="embedding")
-    assert poisoned_steps(sparse) == {workloads.OVERFLOW_STEP}
+    assert poisoned_steps(sparse) == {registry.OVERFLOW_STEP}

@@ -2,8 +2,8 @@
 
 import pytest
 
-from harness.parity import runner
-from harness.parity.matrix import ParityConfig
+from harness.parity.doors import runner
+from harness.parity.plan.config import ParityConfig
 
 
 def _never_called(batch, backend, world_size):

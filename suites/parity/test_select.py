@@ -2,8 +2,8 @@
 
 import pytest
 
-from harness.parity import matrix
-from harness.parity.select import ExpressionError, select
+from harness.parity.plan import matrix
+from harness.parity.plan.select import ExpressionError, select
 
 CONFIGS = matrix.default_matrix()
 

@@ -7,8 +7,7 @@ found_inf inside DTensor dispatch.
 
 import pytest
 
-from harness.parity import matrix
-from harness.parity.matrix import Fault, ParityConfig
+from harness.parity.plan.config import SCALERS, Fault, ParityConfig
 from suites.parity.support import describe, unaffected_by_expected_failures
 
 SCALER_PINNED = True
@@ -41,7 +40,7 @@ _SHOWCASE = [
     ),
     ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam_fused", path="unscale_clip"),
 ]
-CONFIGS = [config.with_(scaler=scaler) for config in _SHOWCASE for scaler in matrix.SCALERS]
+CONFIGS = [config.with_(scaler=scaler) for config in _SHOWCASE for scaler in SCALERS]
 
 
 def test_the_scaler_trains_like_the_reference(parity_config, outcome):

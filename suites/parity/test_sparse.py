@@ -7,8 +7,10 @@ import pytest
 import torch
 
 import harness
-from harness.parity import matrix, train, workloads
-from harness.parity.builtin.toys import SparseEmbedding
+from harness.parity.plan import matrix
+from harness.parity.ranks import train
+from harness.parity.workload import registry
+from harness.parity.workload.builtin.toys import SparseEmbedding
 from suites.parity.support import describe, unaffected_by_expected_failures
 
 CONFIGS = matrix.sparse(world_size=2)
@@ -19,7 +21,7 @@ def test_ddp_with_a_sparse_embedding_matches_one_process(parity_config, outcome)
 
 
 def test_duplicates_that_overflow_only_when_summed_skip_the_step_everywhere(parity_config, outcome):
-    step = workloads.OVERFLOW_STEP
+    step = registry.OVERFLOW_STEP
     for run in (outcome.reference, outcome.candidate):
         flags = run.steps[step].skipped
         assert all(f == (True,) for f in flags), f"{run.role} at step {step}: {flags}"
@@ -33,7 +35,7 @@ def _expected_embedding_grad(config, step):
     model = SparseEmbedding()
     expected = torch.zeros(model.vocab, model.width, dtype=torch.float64)
     for rank in range(config.world_size):
-        batch = workloads.make_batch(workloads.get("embedding"), config.seed, rank, step)
+        batch = registry.make_batch(registry.get("embedding"), config.seed, rank, step)
         for index in batch["indices"].tolist():
             expected[index] += batch["coefficient"] * model.projection.double() / config.world_size
     return expected
@@ -42,7 +44,7 @@ def _expected_embedding_grad(config, step):
 @unaffected_by_expected_failures  # torch's scaler unscales clean steps exactly too
 def test_unscaled_sparse_gradients_are_exact(parity_config, outcome):
     for record in outcome.candidate.steps:
-        if record.step == workloads.OVERFLOW_STEP:
+        if record.step == registry.OVERFLOW_STEP:
             continue
         got = record.grads["embed.weight"].double()
         assert torch.equal(got, _expected_embedding_grad(parity_config, record.step)), f"step {record.step}"
@@ -59,7 +61,7 @@ def test_one_process_with_uncoalesced_duplicates_detects_the_overflow(ranks, con
     """The single-process path alone (no DDP: gloo cannot all-reduce fp16 sparse gradients), so
     every dtype, fp16 included, is checked on the CPU."""
     for rank, skipped in enumerate(ranks.run(_single_process_run, config, world_size=2)):
-        assert skipped[workloads.OVERFLOW_STEP] == [True], f"rank {rank}: {skipped}"
+        assert skipped[registry.OVERFLOW_STEP] == [True], f"rank {rank}: {skipped}"
         assert sum(flag == [True] for flag in skipped) == 1, f"rank {rank}: {skipped}"
 
 

@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from fixtures.parity_records import next_float, run, step
-from harness.parity import profiles, ulp
-from harness.parity.compare import compare_runs, tensor_diff
+from harness.parity.judge.compare import compare_runs
+from harness.parity.plan import profiles
+from harness.parity.ranks import ulp
+from harness.parity.ranks.distance import tensor_diff
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])

@@ -7,26 +7,28 @@ import pytest
 import torch
 
 from fixtures import user_workloads
-from harness.parity import ParityConfig, Workload, WorkloadError, workload_matrix, workloads
-from harness.parity.checks import check
+from harness.parity import ParityConfig, Workload, WorkloadError
+from harness.parity.plan import workload_matrix
+from harness.parity.workload import registry
+from harness.parity.workload.checks import check
 
 SPEC = "fixtures.user_workloads:resmlp"
 
 
-@pytest.mark.parametrize("name", sorted(workloads.BUILTIN))
+@pytest.mark.parametrize("name", sorted(registry.BUILTIN))
 def test_every_builtin_is_a_workload_made_by_its_registered_factory(name):
-    workload = workloads.get(name)
+    workload = registry.get(name)
     assert isinstance(workload, Workload) and workload.name == name
     check(workload)
 
 
 def test_a_spec_resolves_to_the_factorys_workload_once_per_process():
-    assert workloads.get(SPEC) is workloads.get(SPEC)
-    assert workloads.get(SPEC).units == (user_workloads.ResBlock,)
+    assert registry.get(SPEC) is registry.get(SPEC)
+    assert registry.get(SPEC).units == (user_workloads.ResBlock,)
 
 
 def test_a_module_level_factory_is_named_by_its_spec():
-    assert workloads.spec_of(user_workloads.resmlp) == SPEC
+    assert registry.spec_of(user_workloads.resmlp) == SPEC
 
 
 def test_a_closure_cannot_be_a_factory_because_ranks_import_by_name():
@@ -34,7 +36,7 @@ def test_a_closure_cannot_be_a_factory_because_ranks_import_by_name():
         return user_workloads.resmlp()
 
     with pytest.raises(WorkloadError, match="not a module-level function"):
-        workloads.spec_of(local)
+        registry.spec_of(local)
 
 
 def test_the_configuration_id_carries_the_workload_name_and_pickles_as_the_spec():
@@ -44,18 +46,18 @@ def test_the_configuration_id_carries_the_workload_name_and_pickles_as_the_spec(
 
 
 def test_a_batch_is_drawn_from_torchs_rng_seeded_per_seed_rank_and_step():
-    workload = workloads.get(SPEC)
-    first = workloads.make_batch(workload, 0, 1, 2)
-    assert torch.equal(first[0], workloads.make_batch(workload, 0, 1, 2)[0])
-    assert not torch.equal(first[0], workloads.make_batch(workload, 0, 0, 2)[0])
-    assert not torch.equal(first[0], workloads.make_batch(workload, 0, 1, 3)[0])
+    workload = registry.get(SPEC)
+    first = registry.make_batch(workload, 0, 1, 2)
+    assert torch.equal(first[0], registry.make_batch(workload, 0, 1, 2)[0])
+    assert not torch.equal(first[0], registry.make_batch(workload, 0, 0, 2)[0])
+    assert not torch.equal(first[0], registry.make_batch(workload, 0, 1, 3)[0])
 
 
 def test_drawing_a_batch_leaves_the_callers_rng_where_it_was():
     torch.manual_seed(7)
     expected = torch.rand(3)
     torch.manual_seed(7)
-    workloads.make_batch(workloads.get(SPEC), 0, 0, 0)
+    registry.make_batch(registry.get(SPEC), 0, 0, 0)
     assert torch.equal(torch.rand(3), expected)
 
 
@@ -96,7 +98,7 @@ def test_the_workload_matrix_covers_both_fsdp_engines_three_precisions_and_plant
 )
 def test_a_workload_that_cannot_be_resolved_says_why(spec, complaint):
     with pytest.raises(WorkloadError) as raised:
-        workloads.get(spec)
+        registry.get(spec)
     assert complaint in str(raised.value)
 
 
@@ -104,7 +106,7 @@ def test_an_import_error_inside_the_users_module_is_shown_with_its_line(tmp_path
     (tmp_path / "broken_module.py").write_text("import not_installed_anywhere\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(WorkloadError) as raised:
-        workloads.get("broken_module:f")
+        registry.get("broken_module:f")
     message = str(raised.value)
     assert "importing 'broken_module' failed" in message
     assert 'broken_module.py", line 1' in message
@@ -127,5 +129,5 @@ def test_a_name_that_is_not_one_word_is_refused():
 )
 def test_a_workload_that_cannot_give_meaningful_runs_is_rejected_before_training(factory, complaint):
     with pytest.raises(WorkloadError) as raised:
-        check(workloads.get(f"fixtures.user_workloads:{factory}"))
+        check(registry.get(f"fixtures.user_workloads:{factory}"))
     assert complaint in str(raised.value)

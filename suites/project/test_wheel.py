@@ -41,14 +41,17 @@ def test_the_wheel_holds_exactly_the_library_and_the_harness(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     top_level = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert top_level == {"scaler", "harness"}
-    assert "harness/parity/workloads.py" in names and "harness/parity/__main__.py" in names
-    assert "harness/parity/builtin/llama.py" in names and "harness/parity/builtin/convnet.py" in names
+    assert "harness/parity/workload/registry.py" in names and "harness/parity/__main__.py" in names
+    assert (
+        "harness/parity/workload/builtin/llama.py" in names
+        and "harness/parity/workload/builtin/convnet.py" in names
+    )
 
 
 def test_the_wheel_registers_the_pytest_plugin(wheel):
     archive = zipfile.ZipFile(wheel)
     (entry_points,) = [n for n in archive.namelist() if n.endswith(".dist-info/entry_points.txt")]
-    assert "[pytest11]\nshardscale = harness.plugin" in archive.read(entry_points).decode()
+    assert "[pytest11]\nshardscale = harness.frontends.plugin" in archive.read(entry_points).decode()
 
 
 def test_the_parity_engine_runs_from_the_unpacked_wheel_alone(wheel, tmp_path):
@@ -59,7 +62,7 @@ def test_the_parity_engine_runs_from_the_unpacked_wheel_alone(wheel, tmp_path):
         [
             sys.executable,
             "-c",
-            "import harness.parity.workloads as w, scaler; print(w.__file__, scaler.__file__)",
+            "import harness.parity.workload.registry as w, scaler; print(w.__file__, scaler.__file__)",
         ],
         cwd=tmp_path,
         env=env,

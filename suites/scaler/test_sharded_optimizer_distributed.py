@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.distributed.tensor import Partial
 
-from harness.plugin import Ranks
+from harness.frontends.plugin import Ranks
 from suites.scaler import optimizer_ranks as bodies
 
 SAVED_STEPS = 3

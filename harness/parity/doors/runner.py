@@ -1,0 +1,207 @@
+"""Run a list of configurations on ranks and judge each (controller side).
+
+Why it does not own processes: the CLI runs it on a :class:`harness.controller.pool.RankPool` of its own,
+the pytest suites on the session's warm pool (the ``module_ranks`` fixture), so the caller passes
+an *executor*: ``execute(batch, backend, world_size)`` runs ``entry.run_batch(batch)`` on
+``world_size`` ranks and returns every rank's list of results (rank order), or raises
+:class:`BatchFailed` with the harness's report when a rank failed, died or missed its deadline.
+Configurations that cannot run here become ``skip`` results with their reason and cost nothing.
+Configurations that fail are then localized (``localize.py``, ``pinpoint.py``): one more rank call
+per batch, ``execute(requests, backend, world_size, target=LOCALIZE_TARGET)`` with ``(config,
+step)`` requests, so a passing matrix costs nothing more.
+A failed batch turns each of its configurations into an ``error`` result; the next batch runs on
+fresh ranks (the pool replaces them), so one broken configuration never hides the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from harness.parity.judge import pinpoint
+from harness.parity.judge import result as results
+from harness.parity.judge.result import ParityResult
+from harness.parity.plan import profiles
+from harness.parity.plan.config import ParityConfig, by_world, unsupported_reason
+from harness.parity.ranks.record import RunRecord
+
+Executor = Callable[..., list[list[dict[str, Any]]]]
+"""``execute(batch, backend, world_size, target=RANK_TARGET)``: every rank's list of results."""
+RANK_TARGET = "harness.parity.ranks.entry:run_batch"
+LOCALIZE_TARGET = "harness.parity.ranks.localize:run_batch"
+
+
+class BatchFailed(RuntimeError):
+    """A batch did not come back from every rank; the message is the harness's verdict."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Outcome:
+    """One configuration's verdict, with the records it was judged on (``None`` when not run)."""
+
+    result: ParityResult
+    reference: RunRecord | None = None
+    candidate: RunRecord | None = None
+
+    @property
+    def passed(self) -> bool:
+        """The configuration held its tolerance."""
+        return self.result.status == "pass"
+
+    @property
+    def explanation(self) -> str:
+        """The verdict, its first divergences and the candidate's error, one per line."""
+        return describe(self)
+
+
+def describe(outcome: Outcome) -> str:
+    """A failure message: the verdict and its first divergences, one per line."""
+    result = outcome.result
+    lines = [f"{result.config.id}: {result.status} (profile {result.profile})"]
+    lines += [d.message for d in result.divergences[:8]]
+    if result.worst is not None:
+        lines.append(f"worst tensor: step {result.worst.step}, {result.worst.describe()}")
+    if outcome.candidate is not None and outcome.candidate.error:
+        lines.append(outcome.candidate.error)
+    return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Progress:
+    """What a progress callback is told after each configuration."""
+
+    done: int
+    total: int
+    elapsed_s: float
+    outcome: Outcome
+    ran: int = 0
+    """Configurations that ran so far (skips cost nothing and do not count)."""
+    to_run: int = 0
+    """Configurations that run in all."""
+
+    @property
+    def eta_s(self) -> float:
+        """Time left, at the pace of the configurations that ran so far."""
+        return self.elapsed_s / self.ran * (self.to_run - self.ran) if self.ran else 0.0
+
+
+def _chunks(items: list[ParityConfig], size: int) -> Iterator[list[ParityConfig]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def run(
+    configs: Iterable[ParityConfig],
+    execute: Executor,
+    *,
+    gpus: int = 0,
+    batch_size: int = 8,
+    keep_records: bool = True,
+    on_progress: Callable[[Progress], None] | None = None,
+    localize: bool = True,
+) -> list[Outcome]:
+    """Judge every configuration (in the given order), localizing each failure unless
+    ``localize`` is False; see the module docstring."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    configs = list(configs)
+    outcomes: dict[str, Outcome] = {}
+    started = time.monotonic()
+
+    runnable = [config for config in configs if unsupported_reason(config, gpus=gpus) is None]
+    ran = 0
+
+    def finish(outcome: Outcome) -> None:
+        nonlocal ran
+        outcomes[outcome.result.config.id] = outcome
+        ran += outcome.result.status != "skip"
+        if on_progress is not None:
+            on_progress(
+                Progress(
+                    done=len(outcomes),
+                    total=len(configs),
+                    elapsed_s=time.monotonic() - started,
+                    outcome=outcome,
+                    ran=ran,
+                    to_run=len(runnable),
+                )
+            )
+
+    for config in configs:
+        reason = unsupported_reason(config, gpus=gpus)
+        if reason is not None:
+            finish(Outcome(result=results.skipped(config, reason)))
+    for (backend, world_size), group in by_world(runnable):
+        for batch in _chunks(group, batch_size):
+            try:
+                per_rank = execute(batch, backend, world_size)
+            except BatchFailed as failure:
+                for config in batch:
+                    finish(Outcome(result=results.failed_batch(config, str(failure))))
+                continue
+            judged = [
+                results.judge(config, [rank[index] for rank in per_rank])
+                for index, config in enumerate(batch)
+            ]
+            if localize:
+                judged = _localized(judged, execute, backend, world_size)
+            for verdict, reference, candidate in judged:
+                if keep_records:
+                    finish(Outcome(result=verdict, reference=reference, candidate=candidate))
+                else:
+                    finish(Outcome(result=verdict))
+    return [outcomes[config.id] for config in configs]
+
+
+Judged = tuple[ParityResult, RunRecord, "RunRecord | None"]
+
+
+def _localized(judged: list[Judged], execute: Executor, backend: str, world_size: int) -> list[Judged]:
+    """``judged`` with a localization on each failed verdict (one rank call for all of them)."""
+    requests = [
+        (verdict.config, step)
+        for verdict, _, _ in judged
+        if (step := results.localizable(verdict)) is not None
+    ]
+    if not requests:
+        return judged
+    try:
+        per_rank = execute(requests, backend, world_size, target=LOCALIZE_TARGET)  # type: ignore[call-arg]
+        found = {
+            config.id: pinpoint.locate(step, [rank[index] for rank in per_rank], profiles.profile_for(config))
+            for index, (config, step) in enumerate(requests)
+        }
+    except BatchFailed as failure:
+        found = {config.id: pinpoint.Localization(step=step, error=str(failure)) for config, step in requests}
+    return [
+        (dataclasses.replace(v, localization=found[v.config.id]) if v.config.id in found else v, r, c)
+        for v, r, c in judged
+    ]
+
+
+def pool_executor(pool: Any, *, deadline_per_config_s: float = 60.0) -> Executor:
+    """An executor on a :class:`harness.controller.pool.RankPool` (the CLI's)."""
+    from harness.controller.pool import CaseSpec
+    from harness.outcome import judge
+    from harness.spec import DistConfig
+
+    def execute(
+        batch: list[Any], backend: str, world_size: int, target: str = RANK_TARGET
+    ) -> list[list[dict[str, Any]]]:
+        deadline = 30.0 + deadline_per_config_s * len(batch)
+        config = DistConfig(
+            world_size=world_size,
+            backend=backend,
+            deadline_s=deadline,
+            collective_timeout_s=min(deadline_per_config_s, deadline / 2),
+        )
+        spec = CaseSpec.of(target, config, args=(batch,), default_deadline_s=deadline)
+        rank_results = pool.run(spec)
+        verdict = judge(rank_results, world_size=world_size)
+        if verdict.outcome != "passed":
+            raise BatchFailed(verdict.message or verdict.summary)
+        return verdict.values
+
+    return execute

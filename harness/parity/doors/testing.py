@@ -1,0 +1,115 @@
+"""The pytest front door: one test per configuration of a user's workload, on the warm rank pool.
+
+Usage (any test file of the user's; the plugin is loaded with the project)::
+
+    from harness.parity import parity_test
+    from my_workloads import resmlp
+
+    @parity_test(resmlp, k="not hybrid_shard")       # the workload's matrix, pytest -k style
+    def test_resmlp_trains_like_ddp(parity):
+        assert parity.passed, parity.explanation     # parity: runner.Outcome (result, records)
+
+Why a decorator on the test and a ``parity`` fixture: the decorator marks the test with the
+workload's spec (``parity_workload`` marker); ``pytest_generate_tests`` expands it into one test
+per configuration (ids are the configuration ids, so ``pytest -k fsdp2`` selects as ``make parity
+-k`` does; configurations that cannot run here are skipped with the reason); the configurations
+of a module's selected tests run once, in a few rank calls on the session's pool, and each test
+reads its own outcome. Each test carries the parity metrics as JUnit properties
+(``parity.status``, ``parity.first_diverging_step``, ``parity.worst``, ...). A workload that
+cannot be used fails collection with the checks' message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+MARKER = "parity_workload"
+_SECONDS_PER_CONFIG = 60.0
+_BATCH = 16
+
+
+def parity_test(
+    workload: str | Callable[..., Any],
+    *,
+    k: str = "",
+    world_size: int = 2,
+    backend: str = "gloo",
+    scaler: str = "ours",
+) -> Callable[[Any], Any]:
+    """Expand the decorated test (which takes the ``parity`` fixture) over ``workload``'s matrix.
+
+    ``workload``: a module-level factory, a ``module:function`` spec or a registered name; ``k``
+    narrows the configurations (``-k`` grammar); the other arguments are the CLI's."""
+    import pytest
+
+    from harness.parity.workload import registry
+
+    spec = registry.spec_of(workload)
+    mark = pytest.mark.parity_workload(spec, k=k, world_size=world_size, backend=backend, scaler=scaler)
+    return mark
+
+
+# -- what a test reads --------------------------------------------------------------------------------
+def junit_properties(result: Any) -> list[tuple[str, str]]:
+    """A configuration's metrics as JUnit properties (``parity.status``, ``parity.profile``, ...):
+    what CI dashboards show next to each parity test without opening parity.json."""
+    from harness.parity.report import render
+
+    worst = "-"
+    if result.worst is not None:
+        worst = f"step {result.worst.step}, {result.worst.describe()}"
+    candidate = result.curves.get("candidate")
+    properties = [
+        ("parity.configuration", result.config.id),
+        ("parity.status", render.label(result)),
+        ("parity.profile", result.profile),
+        ("parity.max_loss_diff", repr(result.max_loss_diff)),
+        (
+            "parity.first_diverging_step",
+            "-" if result.first_diverging_step is None else str(result.first_diverging_step),
+        ),
+        ("parity.worst", worst),
+        ("parity.skipped_steps", ",".join(map(str, result.skipped_steps)) or "-"),
+        ("parity.measured", result.closeness or "-"),
+        ("parity.localized", result.localization.describe() if result.localization is not None else "-"),
+        ("parity.causes", ",".join(cause.name for cause in result.causes) or "-"),
+        ("parity.time_s", f"{result.time_s:.3f}"),
+    ]
+    if candidate is not None and candidate.scale:
+        properties += [
+            ("parity.final_loss", repr(candidate.loss[-1][0])),
+            ("parity.final_scale", repr(candidate.scale[-1])),
+        ]
+    return properties
+
+
+def ranks_executor(ranks: Any) -> Any:
+    """A runner executor on the session's warm pool (the ``ranks``/``module_ranks`` fixtures)."""
+    from harness.outcome import RankFailure
+    from harness.parity.doors import runner
+    from harness.parity.ranks import entry, localize
+
+    def execute(
+        batch: list[Any], backend: str, world_size: int, target: str = runner.RANK_TARGET
+    ) -> list[list[dict[str, Any]]]:
+        deadline = 30.0 + _SECONDS_PER_CONFIG * len(batch)
+        try:
+            return ranks.run(
+                localize.run_batch if target == runner.LOCALIZE_TARGET else entry.run_batch,
+                batch,
+                world_size=world_size,
+                backend=backend,
+                deadline=deadline,
+                collective_timeout=_SECONDS_PER_CONFIG,
+            )
+        except RankFailure as failure:
+            raise runner.BatchFailed(str(failure)) from failure
+
+    return execute
+
+
+def gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -1,0 +1,217 @@
+"""Known causes: patterns over the recorded data that turn a divergence into a likely explanation.
+
+Why a catalogue: the same few mistakes account for most sharded runs that drift from DDP, and
+each leaves a recognisable trace in what the engine records anyway (per-rank skip decisions, the
+losses, gradients, parameters, optimizer state and buffers of the first diverging step). Each
+entry is a pure function of the two records and the comparison, a sentence saying what the
+pattern usually means, and a reference to read further. It says *likely*: the evidence is quoted
+so a reader can judge. Pure, controller side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+from harness.parity.judge.compare import Comparison
+from harness.parity.ranks.record import RunRecord, StepRecord
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Cause:
+    """A known cause that matches a divergence."""
+
+    name: str
+    """``skip_desync``, ``divide_factor``, ``forward_differs``, ``optimizer_only`` or ``buffers_only``."""
+    evidence: str
+    """What in the records matched, with numbers."""
+    explanation: str
+    """What the pattern usually means."""
+    reference: str
+    """Where to read more (an issue, a document)."""
+
+    def describe(self) -> str:
+        return f"known cause ({self.name}): {self.evidence}. {self.explanation} ({self.reference})"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Evidence:
+    """What a pattern sees: both runs at the first diverging step, and what failed there."""
+
+    reference: StepRecord
+    candidate: StepRecord
+    failed: frozenset[str]
+    """The ``what`` of every divergence at that step."""
+    world_size: int
+    grads_compared: bool
+    """False at a step with a planted fault (its gradients hold the planted value)."""
+
+
+_Pattern = Callable[[Evidence], "Cause | None"]
+
+
+def _skip_desync(e: Evidence) -> Cause | None:
+    step = e.candidate
+    flags = [tuple(bool(f) for f in per_rank) for per_rank in step.found_inf]
+    decisions = {}
+    for index in range(len(step.skipped[0]) if step.skipped else 0):
+        decided = {rank: f[index] for rank, f in enumerate(step.skipped) if f[index] is not None}
+        if len(set(decided.values())) > 1:
+            decisions = decided
+            break
+    if len(set(flags)) <= 1 and not decisions:
+        return None
+    if decisions:
+        said = ", ".join(f"rank {r} {'skipped' if d else 'stepped'}" for r, d in decisions.items())
+    else:
+        said = ", ".join(f"rank {r} found_inf {list(f)}" for r, f in enumerate(step.found_inf))
+    return Cause(
+        name="skip_desync",
+        evidence=f"at step {step.step} the ranks disagree: {said}",
+        explanation=(
+            "The scaler did not agree found_inf across ranks before deciding: each rank checked "
+            "only its own gradient shard. A scaler without cross-rank agreement does this, and so "
+            "do fused optimizers under torch's ShardedGradScaler (their found_inf is never "
+            "all-reduced); one MAX all-reduce of found_inf per optimizer step fixes it"
+        ),
+        reference="fairscale#179",
+    )
+
+
+def _constant_factor(reference: torch.Tensor, candidate: torch.Tensor) -> float | None:
+    """``k`` when ``candidate == k * reference`` elementwise (to 1e-3), ``None`` otherwise."""
+    ref, cand = reference.double().flatten(), candidate.double().flatten()
+    if not (ref.isfinite().all() and cand.isfinite().all()):
+        return None
+    if ((ref == 0) != (cand == 0)).any():
+        return None
+    nonzero = ref != 0
+    if not nonzero.any():
+        return None
+    ratios = cand[nonzero] / ref[nonzero]
+    k = float(ratios.median())
+    if k == 0 or not bool(((ratios / k - 1).abs() <= 1e-3).all()):
+        return None
+    return k
+
+
+def _divide_factor(e: Evidence) -> Cause | None:
+    if not e.grads_compared or "grad" not in e.failed:
+        return None
+    factors = []
+    for name, want in e.reference.grads.items():
+        got = e.candidate.grads.get(name)
+        if got is None or got.shape != want.shape:
+            return None
+        k = _constant_factor(want, got)
+        if k is not None:
+            factors.append(k)
+        elif not torch.equal(want, got):
+            return None
+    if not factors:
+        return None
+    k = factors[0]
+    if abs(k - 1) < 1e-3 or any(abs(f / k - 1) > 1e-3 for f in factors):
+        return None
+    world = e.world_size
+    note = ""
+    if abs(k / world - 1) < 1e-3:
+        note = f" (the world size, {world}: summed where the reference averages)"
+    elif abs(k * world - 1) < 1e-3:
+        note = f" (1 / the world size, {world}: divided once more than the reference)"
+    return Cause(
+        name="divide_factor",
+        evidence=f"at step {e.candidate.step} every gradient is {k:.4g}x the reference's{note}",
+        explanation=(
+            "A reduce/divide-factor mismatch: gradients summed instead of averaged, divided "
+            "twice, or a loss divided by the world size by hand on one side only (FSDP's "
+            "gradient_divide_factor, a custom reduce hook)"
+        ),
+        reference="torchtitan#2318",
+    )
+
+
+def _forward_differs(e: Evidence) -> Cause | None:
+    if e.candidate.step != 0 or "loss" not in e.failed:
+        return None
+    ranks = [
+        str(rank)
+        for rank, (want, got) in enumerate(zip(e.reference.losses, e.candidate.losses, strict=True))
+        if want != got
+    ]
+    return Cause(
+        name="forward_differs",
+        evidence=f"the loss differs already at step 0 on rank(s) {', '.join(ranks)}, before any optimizer step",
+        explanation=(
+            "The forward pass itself differs: how the model is wrapped, the input dtype or its "
+            "casting, or a module that behaves differently when sharded; the first diverging "
+            "module says where"
+        ),
+        reference="torchtitan#734",
+    )
+
+
+def _optimizer_only(e: Evidence) -> Cause | None:
+    moved = e.failed & {"param", "optim_state"}
+    if not moved or not e.grads_compared or e.failed - {"param", "optim_state"}:
+        return None
+    which = " and ".join(sorted(kind.replace("optim_state", "optimizer state") for kind in moved))
+    return Cause(
+        name="optimizer_only",
+        evidence=(f"at step {e.candidate.step} the losses and gradients match, only {which} differ"),
+        explanation=(
+            "The optimizer step itself differs: its kernel rounds differently (a fused optimizer "
+            "updates one flat parameter in another element order than per-parameter tensors; "
+            "foreach against for-loop kernels), or its state was not sharded like its parameters"
+        ),
+        reference="harness/parity/plan/profiles.py (fused optimizers)",
+    )
+
+
+def _buffers_only(e: Evidence) -> Cause | None:
+    if e.failed != {"buffer"}:
+        return None
+    return Cause(
+        name="buffers_only",
+        evidence=f"at step {e.candidate.step} only module buffers differ",
+        explanation=(
+            "DDP broadcasts rank 0's buffers before every forward (broadcast_buffers=True), FSDP "
+            "does not, so buffers such as normalization running statistics drift apart on the "
+            "other ranks"
+        ),
+        reference="torch.nn.parallel.DistributedDataParallel(broadcast_buffers=...)",
+    )
+
+
+CATALOGUE: tuple[tuple[str, _Pattern], ...] = (
+    ("skip_desync", _skip_desync),
+    ("divide_factor", _divide_factor),
+    ("forward_differs", _forward_differs),
+    ("optimizer_only", _optimizer_only),
+    ("buffers_only", _buffers_only),
+)
+"""Every known cause, in the order the report lists matches."""
+
+
+def match(
+    reference: RunRecord,
+    candidate: RunRecord,
+    comparison: Comparison,
+    *,
+    poisoned_steps: frozenset[int] = frozenset(),
+) -> tuple[Cause, ...]:
+    """The known causes that match the first diverging step (none when nothing diverged)."""
+    first = comparison.first
+    if first is None or first.step >= min(len(reference.steps), len(candidate.steps)):
+        return ()
+    evidence = Evidence(
+        reference=reference.steps[first.step],
+        candidate=candidate.steps[first.step],
+        failed=frozenset(d.what for d in comparison.divergences if d.step == first.step),
+        world_size=len(candidate.steps[first.step].losses),
+        grads_compared=first.step not in poisoned_steps,
+    )
+    found = (pattern(evidence) for _, pattern in CATALOGUE)
+    return tuple(cause for cause in found if cause is not None)

@@ -1,0 +1,261 @@
+"""One verdict per configuration: merge what the ranks sent, compare, and say what it means.
+
+Why apart from ``compare.py``: the comparison is about two runs; a result also knows the
+configuration (its tolerance profile, whether it could run here, whether it is *expected* to fail,
+as torch's scaler is on some paths) and keeps the curves the report plots. Pure: no processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from harness.parity.judge import causes, compare, pinpoint
+from harness.parity.plan import profiles
+from harness.parity.plan.config import ParityConfig
+from harness.parity.ranks import gap, ulp
+from harness.parity.ranks.distance import TensorDiff
+from harness.parity.ranks.record import RunRecord, merge_rank_runs
+from harness.parity.workload import registry
+from harness.rank.execute import headline_of_text
+
+STATUSES = ("pass", "fail", "crash", "error", "skip")
+"""``pass``: within the profile at every step; ``fail``: diverged; ``crash``: the candidate raised;
+``error``: the reference (the harness's side) could not run; ``skip``: cannot run here (``reason``)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Curves:
+    """Per-step series of one run, for the report and the CI gate (rank 0's view unless named)."""
+
+    loss: tuple[tuple[float, ...], ...] = ()
+    """By step, by rank."""
+    scale: tuple[float, ...] = ()
+    grad_norm: tuple[float, ...] = ()
+    """The 2-norm of all unscaled gradients (float64), ``inf``/``nan`` when they are."""
+    skipped: tuple[bool, ...] = ()
+
+    @classmethod
+    def of(cls, run: RunRecord) -> Curves:
+        norms = []
+        for step in run.steps:
+            total = 0.0
+            for grad in step.grads.values():
+                total += float(grad.double().pow(2).sum())
+            norms.append(math.sqrt(total) if math.isfinite(total) else total)
+        return cls(
+            loss=tuple(step.losses for step in run.steps),
+            scale=tuple(step.scales[0] for step in run.steps),
+            grad_norm=tuple(norms),
+            skipped=tuple(step.skipped_anywhere() for step in run.steps),
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ParityResult:
+    """The verdict on one configuration."""
+
+    config: ParityConfig
+    status: str
+    profile: str
+    reason: str = ""
+    """Why it was skipped, or the first divergence / crash / error in one line."""
+    expected_failure: str = ""
+    """Non-empty when this row is expected to fail (torch's scaler on a path where it is wrong)."""
+    detail: str = ""
+    """The full text behind an ``error`` or ``crash``: the harness's report of a failed batch (every
+    rank's traceback or exit, stacks at a deadline), or the candidate's traceback."""
+    divergences: tuple[compare.Divergence, ...] = ()
+    worst: TensorDiff | None = None
+    max_loss_diff: float = 0.0
+    skipped_steps: tuple[int, ...] = ()
+    """Steps the candidate skipped (any optimizer, any rank)."""
+    reference_skipped_steps: tuple[int, ...] = ()
+    counters: tuple[dict[str, int], ...] = ()
+    """The candidate scaler's counters, by rank (ours only)."""
+    time_s: float = 0.0
+    """Wall time of the candidate run, plus the reference's when it was not shared with an earlier one."""
+    reference: str = ""
+    """What the reference was, in words."""
+    candidate: str = ""
+    curves: dict[str, Curves] = dataclasses.field(default_factory=dict)
+    """``reference`` and ``candidate`` curves."""
+    max_ulp: float = 0.0
+    """The largest distance in ULPs of any loss or tensor compared (0: bitwise everywhere)."""
+    distances: tuple[compare.StepDistance, ...] = ()
+    """Per step, the largest distances (ULP and relative) and whether a check failed."""
+    at_first: tuple[TensorDiff, ...] = ()
+    """Every loss and tensor compared at the first diverging step."""
+    causes: tuple[causes.Cause, ...] = ()
+    """Known causes whose pattern matches the first divergence (``causes.py``)."""
+    expected_gap: gap.Gap | None = None
+    """Mixed precision only: how far the reference itself is from a plain float32 run of the same
+    workload (the gap the precision is expected to cost), next to the candidate's distance."""
+    localization: pinpoint.Localization | None = None
+    """The first diverging module at the first diverging step (failed configurations only)."""
+
+    def __post_init__(self) -> None:
+        assert self.status in STATUSES, self.status
+
+    @property
+    def first_diverging_step(self) -> int | None:
+        return self.divergences[0].step if self.divergences else None
+
+    @property
+    def closeness(self) -> str:
+        """``bitwise``, ``≤ N ulp`` or ``toleranced`` for a pass (what was measured), else empty."""
+        return ulp.label(self.max_ulp, passed=self.status == "pass")
+
+    @property
+    def broken(self) -> bool:
+        """Breaks its tolerance (or crashed, or could not be judged)."""
+        return self.status in ("fail", "crash", "error")
+
+    @property
+    def as_expected(self) -> bool:
+        """Passed, was skipped, or failed where a failure is expected."""
+        return not self.broken or bool(self.expected_failure)
+
+
+def expected_failure(config: ParityConfig) -> str:
+    """Why ``config`` must fail (empty: it must pass): torch's ShardedGradScaler where it is wrong.
+
+    Its fused-optimizer path never agrees found_inf across ranks, so any overflow that some ranks
+    see and others do not makes them diverge: a planted inf on one rank, or, in fp16 starting at
+    scale 2**20, the first steps' natural overflows, which a sharded FSDP1 strategy leaves in some
+    ranks' gradient shards only (NO_SHARD gives every rank the whole reduced gradient). FSDP2
+    escapes: the unscale kernel on its DTensor gradients all-reduces found_inf inside DTensor
+    dispatch, but ``unscale_`` followed by a fused step crashes there. And it coalesces only fp16
+    sparse gradients before its check.
+    """
+    if config.scaler != "torch":
+        return ""
+    if registry.get(config.workload).sparse and config.precision != "fp16":
+        return (
+            "torch's scaler coalesces only fp16 sparse gradients: fp32/bf16 duplicates that overflow "
+            "only once summed go unnoticed"
+        )
+    if not config.fused:
+        return ""
+    if config.engine == "fsdp2":
+        if config.path == "unscale_clip":
+            return "torch's scaler crashes: unscale_ then a fused step on DTensor grads (found_inf shape [1] vs [])"
+        return ""
+    if any(f.rank is not None for f in config.faults):
+        return "torch's scaler never agrees found_inf on the fused path: ranks without the inf step anyway"
+    if (
+        config.precision == "fp16"
+        and config.init_scale >= 2.0**20
+        and config.sharding not in (None, "no_shard")
+    ):
+        return (
+            "torch's scaler never agrees found_inf on the fused path: early fp16 overflows land in "
+            "some ranks' gradient shards only"
+        )
+    return ""
+
+
+def poisoned_steps(config: ParityConfig) -> frozenset[int]:
+    """Steps whose gradients hold a planted non-finite value: the faults', and the sparse workload's
+    overflow step (one process unscales each finite duplicate before summing, DDP sums them scaled,
+    so the overflow shows in one run's gradient only; both must skip)."""
+    steps = {fault.step for fault in config.faults}
+    if registry.get(config.workload).sparse:
+        steps.add(registry.OVERFLOW_STEP)
+    return frozenset(steps)
+
+
+def localizable(result: ParityResult) -> int | None:
+    """The step to probe module by module when ``result`` failed, else ``None``: the first
+    diverging step, for configurations whose two sides run the same model per rank (not the
+    single-process sparse reference, which runs every rank's batch at once)."""
+    if result.status != "fail" or result.first_diverging_step is None:
+        return None
+    if result.config.reference != "ddp":
+        return None
+    return result.first_diverging_step
+
+
+def skipped(config: ParityConfig, reason: str) -> ParityResult:
+    return ParityResult(
+        config=config, status="skip", profile=profiles.profile_for(config).name, reason=reason
+    )
+
+
+def failed_batch(config: ParityConfig, report: str) -> ParityResult:
+    """``config`` was in a batch that did not come back from every rank (the harness's report)."""
+    first = report.strip().splitlines()[0] if report.strip() else "the ranks failed"
+    return ParityResult(
+        config=config,
+        status="error",
+        profile=profiles.profile_for(config).name,
+        reason=f"the batch failed on the ranks: {first}",
+        expected_failure=expected_failure(config),
+        detail=report,
+    )
+
+
+def judge(
+    config: ParityConfig, parts: list[dict[str, Any]]
+) -> tuple[ParityResult, RunRecord, RunRecord | None]:
+    """The verdict on ``config`` from every rank's ``entry.run_one`` dict (ordered by rank),
+    with the merged reference and candidate records."""
+    profile = profiles.profile_for(config)
+    reference = merge_rank_runs(
+        "reference", parts[0]["reference_description"], [p["reference"] for p in parts]
+    )
+    candidate = (
+        None
+        if any(p["candidate"] is None for p in parts)
+        else merge_rank_runs("candidate", parts[0]["candidate_description"], [p["candidate"] for p in parts])
+    )
+    common = {
+        "config": config,
+        "profile": profile.name,
+        "expected_failure": expected_failure(config),
+        "reference": reference.description,
+    }
+    if reference.error or candidate is None:
+        text = [headline_of_text(reference.error or "") or "reference failed"]
+        return (
+            ParityResult(
+                status="error",
+                reason=f"the reference failed: {text[0]}",
+                detail=reference.error or "",
+                time_s=reference.duration_s,
+                **common,
+            ),
+            reference,
+            candidate,
+        )
+    comparison = compare.compare_runs(
+        reference, candidate, profile=profile, poisoned_steps=poisoned_steps(config)
+    )
+    status = "pass" if comparison.ok else ("crash" if candidate.error else "fail")
+    poisoned = poisoned_steps(config)
+    gaps = [p.get("fp32_gap") for p in parts]
+    expected_gap = gap.merge(gaps) if gaps and all(g is not None for g in gaps) else None  # type: ignore[arg-type]
+    matched = causes.match(reference, candidate, comparison, poisoned_steps=poisoned)
+    first = comparison.first
+    result = ParityResult(
+        status=status,
+        reason=first.message if first else "",
+        divergences=comparison.divergences,
+        worst=comparison.worst,
+        max_loss_diff=comparison.max_loss_diff,
+        skipped_steps=tuple(s.step for s in candidate.steps if s.skipped_anywhere()),
+        reference_skipped_steps=tuple(s.step for s in reference.steps if s.skipped_anywhere()),
+        counters=candidate.counters,
+        detail=candidate.error or "",
+        time_s=candidate.duration_s + (0.0 if parts[0].get("reference_reused") else reference.duration_s),
+        candidate=candidate.description,
+        curves={"reference": Curves.of(reference), "candidate": Curves.of(candidate)},
+        max_ulp=comparison.max_ulp,
+        distances=comparison.steps,
+        at_first=comparison.at_first,
+        causes=matched,
+        expected_gap=expected_gap,
+        **common,
+    )
+    return result, reference, candidate

@@ -1,0 +1,185 @@
+"""What the parity engine runs by default: the embedded matrix, one list per suite.
+
+Why data: the CLI (``python -m harness.parity``), the pytest suites under ``suites/parity`` and the
+CI gate all expand the *same* lists below, so a configuration has one id everywhere (the pytest
+id, the report row, the ``-k`` filter). The configuration type and its axes are in ``config.py``;
+a user workload's own matrix is in ``workload_matrix.py``.
+"""
+
+from __future__ import annotations
+
+from harness.parity.plan import workload_matrix
+from harness.parity.plan.config import (
+    FAULT_VALUES,
+    FSDP1_SHARDING,
+    MATRIX_OPTIMIZERS,
+    PRECISIONS,
+    Fault,
+    ParityConfig,
+    unique,
+)
+
+
+# -- the matrices -----------------------------------------------------------------------------------
+def _init_scale(precision: str, world_size: int, backend: str) -> float:
+    """fp16 starts high enough that its gradients overflow in the first steps, as real fp16 runs do:
+    the scale backs off until they fit, then grows, and every rank must make the same decisions on
+    the way, with overflows that may show up in one rank's shard only. Only where FSDP reduces
+    exactly as DDP does (gloo, world size <= 2): with more ranks the low-precision partial sums
+    differ (HYBRID_SHARD pre-divides by 2 and adds pairs; DDP divides by 4), so a gradient at fp16's
+    edge overflows in one and not the other, which is FSDP's arithmetic and not the scaler's; there
+    the matrix starts at 2**16, away from the edge."""
+    exact_reduction = backend == "gloo" and world_size <= 2
+    return 2.0**20 if precision == "fp16" and exact_reduction else 2.0**16
+
+
+def fsdp_vs_ddp(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
+    """FSDP1 (4 strategies x use_orig_params x precision x optimizer) and FSDP2 (reshard x precision
+    x offload x optimizer) against DDP, plus the tied-weight transformer and the frozen model with
+    an empty shard on every engine."""
+    common = {"world_size": world_size, "backend": backend}
+    configs = [
+        ParityConfig(
+            engine="fsdp1",
+            sharding=s,
+            use_orig_params=o,
+            precision=p,
+            optimizer=opt,
+            init_scale=_init_scale(p, world_size, backend),
+            **common,
+        )
+        for s in FSDP1_SHARDING
+        for o in (False, True)
+        for p in PRECISIONS
+        for opt in MATRIX_OPTIMIZERS
+    ]
+    configs += [
+        ParityConfig(
+            engine="fsdp2",
+            reshard_after_forward=r,
+            precision=p,
+            offload=off,
+            optimizer=opt,
+            init_scale=_init_scale(p, world_size, backend),
+            **common,
+        )
+        for r in (True, False)
+        for p in PRECISIONS
+        for off in (False, True)
+        for opt in MATRIX_OPTIMIZERS
+    ]
+    for workload in ("transformer", "frozen"):
+        for precision in PRECISIONS:
+            configs += [
+                ParityConfig(
+                    engine="fsdp1",
+                    sharding="full_shard",
+                    use_orig_params=orig,
+                    precision=precision,
+                    workload=workload,
+                    **common,
+                )
+                for orig in ((True,) if workload == "frozen" else (False, True))
+            ]
+            configs.append(
+                ParityConfig(
+                    engine="fsdp2",
+                    reshard_after_forward=True,
+                    precision=precision,
+                    workload=workload,
+                    **common,
+                )
+            )
+    return configs
+
+
+def forced_inf(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
+    """inf and NaN on one rank only and on every rank at once, for DDP, FSDP1 and FSDP2 on every
+    scaler path. Steps 2 and 6 (of 7) are poisoned; with ``growth_interval=3`` the scale backs off
+    at step 2, grows back after the three clean steps 3-5 and backs off again at step 6."""
+    engines = [
+        {"engine": "ddp"},
+        {"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": False},
+        {"engine": "fsdp2", "reshard_after_forward": True},
+    ]
+    paths = [("plain", "sgd"), ("plain", "adam_fused"), ("unscale_clip", "sgd"), ("two_optimizers", "sgd")]
+    configs = []
+    for engine in engines:
+        for path, optimizer in paths:
+            for rank in (1, None):
+                for value in FAULT_VALUES:
+                    faults = (Fault(step=2, rank=rank, value=value), Fault(step=6, rank=rank, value=value))
+                    configs.append(
+                        ParityConfig(
+                            suite="forced_inf",
+                            path=path,
+                            optimizer=optimizer,
+                            faults=faults,
+                            steps=7,
+                            init_scale=1024.0,
+                            world_size=world_size,
+                            backend=backend,
+                            **engine,  # type: ignore[arg-type]
+                        )
+                    )
+    return configs
+
+
+def sparse(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
+    """DDP with a sparse embedding against one process training on every rank's batch, in each
+    precision; step ``registry.OVERFLOW_STEP`` overflows only once duplicates are summed."""
+    return [
+        ParityConfig(
+            suite="sparse",
+            engine="ddp",
+            reference="single",
+            workload="embedding",
+            precision=precision,
+            optimizer="sgd_plain" if precision == "fp16" else "sgd",  # torch's Adam refuses sparse gradients
+            init_scale=1024.0 if precision == "fp16" else 2.0**16,
+            world_size=world_size,
+            backend=backend,
+        )
+        for precision in PRECISIONS
+    ]
+
+
+def cpu_offload(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
+    """Parameters and gradients offloaded to the CPU: FSDP2 ``CPUOffloadPolicy`` (any backend) and
+    FSDP1 ``CPUOffload`` (an accelerator is needed), with a forced inf on one rank and without."""
+    engines = [
+        {"engine": "fsdp2", "reshard_after_forward": True},
+        {"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": True},
+    ]
+    return [
+        ParityConfig(
+            suite="cpu_offload",
+            offload=True,
+            precision=precision,
+            optimizer=optimizer,
+            faults=faults,
+            world_size=world_size,
+            backend=backend,
+            **engine,  # type: ignore[arg-type]
+        )
+        for precision in PRECISIONS
+        for faults in ((), (Fault(step=2, rank=1),))
+        for optimizer in ("sgd", "adam_fused")
+        for engine in engines
+    ]
+
+
+def default_matrix(*, world_size: int = 2, backend: str = "gloo", scaler: str = "ours") -> list[ParityConfig]:
+    """Every suite's configurations, and a few rows of each showcase workload (the Llama-style
+    decoder and the conv net): what ``python -m harness.parity`` runs by default."""
+
+    configs = [
+        *fsdp_vs_ddp(world_size=world_size, backend=backend),
+        *forced_inf(world_size=world_size, backend=backend),
+        *sparse(world_size=world_size, backend=backend),
+        *cpu_offload(world_size=world_size, backend=backend),
+        *workload_matrix.showcase(world_size=world_size, backend=backend),
+    ]
+    if scaler != "ours":
+        configs = [c.with_(scaler=scaler) for c in configs]
+    return unique(configs)

@@ -1,0 +1,78 @@
+"""Named tolerance profiles: how close a candidate must stay to its reference.
+
+Why named: a report row says ``fp16`` and the reader can look up exactly what that allows. A value
+``c`` of the candidate matches the reference value ``r`` when ``|c - r| <= atol + rtol * |r|``,
+computed in float64, with NaN matching NaN and an infinity matching the same infinity. ``exact``
+asks every element to be equal (NaN at the same places; ``-0.0`` equals ``0.0``).
+
+| profile | rtol | atol | used for |
+|---|---|---|---|
+| ``exact`` | 0 | 0 | gloo at world size <= 2: measured bit-exact (every precision) |
+| ``fp32`` | 1.3e-6 | 1e-5 | float32 where the reduction order differs (world size > 2, NCCL), and fused optimizers |
+| ``bf16`` | 1.6e-2 | 1e-3 | bfloat16 mixed precision elsewhere |
+| ``fp16`` | 1e-3 | 1e-3 | float16 mixed precision elsewhere |
+
+The ``rtol`` values are torch.testing's defaults for each dtype. The low-precision ``atol`` is
+larger because low-precision gradients reduced in another order (4 ranks: HYBRID_SHARD's
+reduce-scatter then all-reduce, against DDP's one all-reduce) differ by a few units in the last
+place, and Adam divides every gradient by its own running RMS, so a few ulps on a tiny gradient
+move that parameter by a visible fraction of the learning rate (measured on gloo at world size 4:
+at most 4.1e-4 in fp16 and 8.3e-5 in bf16, with ``lr=1e-2``). A scaler bug moves parameters by
+about a learning rate or more, and discrete state (the scale, the growth tracker, found_inf and
+every skip decision) must match exactly whatever the profile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from harness.parity.plan.config import ParityConfig
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ToleranceProfile:
+    """``|candidate - reference| <= atol + rtol * |reference|``, elementwise in float64."""
+
+    name: str
+    rtol: float
+    """Relative tolerance, >= 0."""
+    atol: float
+    """Absolute tolerance, >= 0."""
+
+    def __post_init__(self) -> None:
+        if not self.rtol >= 0:
+            raise ValueError(f"rtol must be >= 0, got {self.rtol}")
+        if not self.atol >= 0:
+            raise ValueError(f"atol must be >= 0, got {self.atol}")
+
+    @property
+    def bitwise(self) -> bool:
+        return self.rtol == 0 and self.atol == 0
+
+    def describe(self) -> str:
+        return "bitwise" if self.bitwise else f"rtol {self.rtol:g}, atol {self.atol:g}"
+
+
+EXACT = ToleranceProfile(name="exact", rtol=0.0, atol=0.0)
+FP32 = ToleranceProfile(name="fp32", rtol=1.3e-6, atol=1e-5)
+BF16 = ToleranceProfile(name="bf16", rtol=1.6e-2, atol=1e-3)
+FP16 = ToleranceProfile(name="fp16", rtol=1e-3, atol=1e-3)
+PROFILES = {profile.name: profile for profile in (EXACT, FP32, BF16, FP16)}
+
+
+def get(name: str) -> ToleranceProfile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"tolerance profile must be one of {sorted(PROFILES)}, got {name!r}") from None
+
+
+def profile_for(config: ParityConfig) -> ToleranceProfile:
+    """``exact`` on gloo at world size <= 2 (the sum of two addends does not depend on the order, and
+    FSDP's pre/post division by powers of two is exact), except with a fused optimizer: its CPU
+    kernel vectorises over each tensor, so one flat FSDP1 parameter and DDP's per-parameter tensors
+    round some elements differently (last bit, relative 1e-7), and ``fp32`` applies (the master
+    weights are float32 in every precision). Elsewhere, the profile of the precision."""
+    if config.backend == "gloo" and config.world_size <= 2:
+        return FP32 if config.fused else EXACT
+    return {"fp32": FP32, "bf16": BF16, "fp16": FP16}[config.precision]

@@ -1,0 +1,109 @@
+"""The configurations that check one workload: what ``python -m harness.parity --workload X`` runs.
+
+Why a matrix per workload: a user asks "does *my* model train the same under FSDP as under DDP,
+and does every rank skip the same steps?". The answer is the same grid the embedded matrix runs on
+the toys, on their model: FSDP1 (every sharding strategy, flat and original parameters) and FSDP2
+(``reshard_after_forward``, ``CPUOffloadPolicy``) in fp32, fp16 and bf16 against DDP, plus inf and
+NaN planted into the user's own gradients on one rank and on every rank, for DDP, FSDP1 and FSDP2.
+The optimizer is the workload's own when it has one, else SGD with momentum and fused Adam.
+"""
+
+from __future__ import annotations
+
+from harness.parity.plan.config import FAULT_VALUES, FSDP1_SHARDING, PRECISIONS, Fault, ParityConfig, unique
+from harness.parity.workload import registry
+
+DEFAULT_STEPS = 6
+
+
+def optimizers_of(workload: str) -> tuple[str, ...]:
+    """``("own",)`` for a workload with its own optimizer, else SGD-momentum and fused Adam."""
+    return ("own",) if registry.get(workload).optimizer is not None else ("sgd", "adam_fused")
+
+
+def fault_steps(steps: int) -> tuple[int, ...]:
+    """Where faults go in a run of ``steps``: step 2 (after the scale settled) and the last step,
+    as far as the run is long enough (the scale then backs off twice)."""
+    first = min(2, steps - 1)
+    return (first,) if steps - 1 <= first + 1 else (first, steps - 1)
+
+
+def for_workload(
+    workload: str, *, world_size: int = 2, backend: str = "gloo", scaler: str = "ours"
+) -> list[ParityConfig]:
+    """Every configuration that checks ``workload`` (a registered name or ``module:function``)."""
+    steps = registry.get(workload).steps or DEFAULT_STEPS
+    common = {
+        "workload": workload,
+        "world_size": world_size,
+        "backend": backend,
+        "steps": steps,
+        "scaler": scaler,
+    }
+    optimizers = optimizers_of(workload)
+    configs = [
+        ParityConfig(engine="fsdp1", sharding=s, use_orig_params=o, precision=p, optimizer=opt, **common)
+        for opt in optimizers
+        for s in FSDP1_SHARDING
+        for o in (False, True)
+        for p in PRECISIONS
+    ]
+    configs += [
+        ParityConfig(
+            engine="fsdp2", reshard_after_forward=r, precision=p, offload=off, optimizer=opt, **common
+        )
+        for opt in optimizers
+        for r in (True, False)
+        for p in PRECISIONS
+        for off in (False, True)
+    ]
+    engines = [
+        {"engine": "ddp"},
+        {"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": True},
+        {"engine": "fsdp2", "reshard_after_forward": True},
+    ]
+    for engine in engines:
+        for opt in optimizers:
+            for rank in (1, None):
+                for value in FAULT_VALUES:
+                    faults = tuple(Fault(step=s, rank=rank, value=value) for s in fault_steps(steps))
+                    configs.append(
+                        ParityConfig(
+                            suite="forced_inf",
+                            optimizer=opt,
+                            faults=faults,
+                            **engine,  # type: ignore[arg-type]
+                            **common,  # type: ignore[arg-type]
+                        )
+                    )
+    return unique(configs)
+
+
+SHOWCASE = ("llama", "convnet")
+"""Built-in workloads that look like what users train; the default matrix runs a few rows of each."""
+
+
+def _showcase_row(config: ParityConfig) -> bool:
+    """The rows of a showcase workload in the default matrix (six, to keep ``make parity`` under a
+    minute): FSDP1 FULL_SHARD with original parameters in fp32 and fp16, FSDP2 with resharding in
+    fp32 and bf16; an inf on one rank under FSDP2 with SGD, and a NaN on every rank under FSDP1 with
+    fused Adam. ``--workload llama`` runs the whole grid."""
+    if config.suite == "forced_inf":
+        where = "one" if all(f.rank == 1 for f in config.faults) else "every"
+        row = (config.engine, where, config.faults[0].value, config.optimizer)
+        return row in {("fsdp2", "one", "inf", "sgd"), ("fsdp1", "every", "nan", "adam_fused")}
+    if config.optimizer != "sgd" or config.offload:
+        return False
+    if config.engine == "fsdp1":
+        return config.sharding == "full_shard" and bool(config.use_orig_params) and config.precision != "bf16"
+    return bool(config.reshard_after_forward) and config.precision != "fp16"
+
+
+def showcase(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
+    """The default matrix's rows of the Llama-style decoder and the conv net."""
+    return [
+        config
+        for name in SHOWCASE
+        for config in for_workload(name, world_size=world_size, backend=backend)
+        if _showcase_row(config)
+    ]

@@ -1,0 +1,380 @@
+"""Build the model a run trains (rank side): DDP, DDP in low precision, FSDP1, FSDP2 or one process.
+
+Why an engine object: the training loop (``train.py``) is the same for the reference and the
+candidate; what differs is how the model is wrapped, what a rank's loss is, what happens after
+``backward`` (the low-precision DDP reference copies gradients into float32 master weights), how
+gradients are clipped, and how full tensors are gathered for the record. Each engine answers those
+questions and nothing else. Every engine builds its model from the configuration's seed, so the
+reference and the candidate start from the same weights on every rank.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from harness.parity.plan.config import ParityConfig
+from harness.parity.ranks import flat, gather
+from harness.parity.ranks.optimizers import make_optimizer
+from harness.parity.workload import registry
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def cast_floats(batch: Any, dtype: torch.dtype) -> Any:
+    """``batch`` with its floating-point tensors cast to ``dtype`` (FSDP casts forward inputs alike)."""
+    return _tree_map(batch, lambda t: t.to(dtype) if t.is_floating_point() else t)
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    return _tree_map(batch, lambda t: t.to(device))
+
+
+def _tree_map(batch: Any, func: Any) -> Any:
+    """``func`` applied to every tensor of ``batch`` (through dicts, lists and tuples)."""
+    if isinstance(batch, torch.Tensor):
+        return func(batch)
+    if isinstance(batch, dict):
+        return {key: _tree_map(value, func) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+        return type(batch)(_tree_map(value, func) for value in batch)
+    return batch
+
+
+class Engine:
+    """A wrapped model and the questions the training loop asks of it (the DDP behaviour here)."""
+
+    description = "DDP"
+
+    def __init__(self, config: ParityConfig, device: torch.device) -> None:
+        self.config = config
+        self.device = device
+        self.workload = registry.get(config.workload)
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        model = registry.build_model(self.workload, config.seed)
+        if self.workload.sparse:  # sparse workloads train in their precision throughout
+            model = model.to(DTYPES[config.precision])
+        self.module = model.to(device)
+        self.first_unit = self._first_unit_prefix()  # before wrapping: FSDP1 renames submodules
+        self.wrapped = self.wrap(self.module)
+
+    # -- building ---------------------------------------------------------------------------------
+    def wrap(self, module: nn.Module) -> nn.Module:
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return DDP(module, device_ids=device_ids)
+
+    def named_trainable(self) -> list[tuple[str, torch.Tensor]]:
+        """``(name, parameter)`` the optimizers own, names as in the unwrapped model."""
+        return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+
+    def param_groups(self, optimizers: int) -> list[list[torch.Tensor]]:
+        """The parameters of each optimizer: all of them, or split into the first unit's and the
+        rest. The first unit is the first module of a ``units`` class, in module order, that holds
+        trainable parameters (for a workload without units, the first such submodule)."""
+        named = self.named_trainable()
+        if optimizers == 1:
+            return [[p for _, p in named]]
+        prefix = self.first_unit or "\0"  # no unit: nothing is inside it, refused below
+        first = [p for n, p in named if n.startswith(prefix)]
+        rest = [p for n, p in named if not n.startswith(prefix)]
+        if not first or not rest:
+            raise ValueError(
+                f"two optimizers need trainable parameters inside and outside the first unit {prefix!r} "
+                f"of workload {self.workload.name!r}"
+            )
+        return [first, rest]
+
+    def _first_unit_prefix(self) -> str | None:
+        units = self.workload.units or (nn.Module,)
+        for name, module in self.module.named_modules():
+            if name and isinstance(module, units) and any(p.requires_grad for p in module.parameters()):
+                return name + "."
+        return None
+
+    def make_optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+        """The configuration's optimizer over ``params`` (``own``: the workload's)."""
+        if self.config.optimizer == "own":
+            if self.workload.optimizer is None:
+                raise ValueError(f"optimizer='own' but workload {self.workload.name!r} defines none")
+            return self.workload.optimizer(params)
+        return make_optimizer(self.config.optimizer, params)
+
+    # -- one step ---------------------------------------------------------------------------------
+    def batch(self, step: int, rank: int) -> Any:
+        return registry.make_batch(self.workload, self.config.seed, rank, step)
+
+    def forward_rng(self, step: int) -> Any:
+        """torch's RNG seeded for this rank's forward of ``step`` (dropout masks match the
+        reference's: no engine draws from it between here and the model's own draws)."""
+        return registry.seeded(registry.forward_seed(self.config.seed, self.rank, step), self.device)
+
+    def finish(self, batch: Any, scale: float) -> Any:
+        if self.workload.finish_batch is None:
+            return batch
+        return self.workload.finish_batch(batch, DTYPES[self.config.precision], scale)
+
+    def losses(self, step: int, scale: float) -> tuple[torch.Tensor, float]:
+        """``(loss to back-propagate, this rank's loss as recorded)``."""
+        batch = to_device(self.finish(self.batch(step, self.rank), scale), self.device)
+        with self.forward_rng(step):
+            loss = self.workload.loss(self.wrapped, batch)
+        return loss, loss.item()
+
+    unscales_first = False
+    """Whether the loop must call ``unscale_`` itself so that :meth:`before_step` sees unscaled grads."""
+
+    def after_backward(self) -> None:
+        """Called between ``backward`` and the scaler (gradients are final afterwards)."""
+
+    def before_step(self) -> None:
+        """Called after ``unscale_`` (when the loop unscales first), before ``step``."""
+
+    def clip_grad_norm_(self, max_norm: float) -> None:
+        torch.nn.utils.clip_grad_norm_([p for _, p in self.named_trainable()], max_norm)
+
+    # -- tensors ------------------------------------------------------------------------------------
+    @staticmethod
+    def local(tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's elements of ``tensor`` (the local shard of a DTensor)."""
+        return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        return {n: gather.to_cpu(p.grad) for n, p in self.named_trainable() if p.grad is not None}
+
+    def trained_module(self) -> nn.Module:
+        """The module whose forward runs (the low-precision reference runs a working copy)."""
+        return self.module
+
+    def own_buffers(self) -> dict[str, torch.Tensor]:
+        """This rank's module buffers by name as in the unwrapped model (never sharded, so local;
+        not collective)."""
+        return {gather.clean_name(n): gather.to_cpu(b) for n, b in self.trained_module().named_buffers()}
+
+    def full_after_step(
+        self, optimizers: list[torch.optim.Optimizer]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+        """``(full parameters, full optimizer state by name then key)``; collective for sharded
+        engines, which gather both in one go."""
+        params = {n: gather.to_cpu(p) for n, p in self.module.named_parameters()}
+        names = {id(p): n for n, p in self.named_trainable()}
+        state = {
+            names[id(p)]: {key: gather.to_cpu(value) for key, value in values.items()}
+            for opt in optimizers
+            for p, values in opt.state.items()
+            if values
+        }
+        return params, state
+
+
+class LowPrecisionDDP(Engine):
+    """The mixed-precision reference: DDP over a copy in fp16/bf16, float32 master weights.
+
+    Why not DDP's own ``mixed_precision``: it needs device events, which the CPU backend lacks.
+    This does what FSDP's ``MixedPrecision(param_dtype=d, reduce_dtype=d)`` does: run forward and
+    backward with parameters cast to ``d`` (inputs too), all-reduce the gradients in ``d``, and hand
+    float32 gradients to an optimizer over float32 parameters.
+    """
+
+    def __init__(self, config: ParityConfig, device: torch.device) -> None:
+        self.dtype = DTYPES[config.precision]
+        super().__init__(config, device)
+        self.description = f"DDP, {config.precision} working copy with float32 master weights"
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        self.working = copy.deepcopy(module).to(self.dtype)
+        self.working.register_forward_pre_hook(self._cast_inputs, with_kwargs=True)
+        return super().wrap(self.working)
+
+    def _cast_inputs(self, module: nn.Module, args: Any, kwargs: Any) -> tuple[Any, Any]:
+        """The root's forward inputs in the low dtype, as FSDP casts them (a loss that uses float
+        data outside the model, a regression target, sees it uncast in both runs)."""
+        return cast_floats(args, self.dtype), cast_floats(kwargs, self.dtype)
+
+    def trained_module(self) -> nn.Module:
+        return self.working
+
+    def losses(self, step: int, scale: float) -> tuple[torch.Tensor, float]:
+        with torch.no_grad():
+            for low, master in zip(self.working.parameters(), self.module.parameters(), strict=True):
+                low.copy_(master)
+        batch = to_device(self.batch(step, self.rank), self.device)
+        with self.forward_rng(step):
+            loss = self.workload.loss(self.wrapped, batch)
+        return loss, loss.item()
+
+    def after_backward(self) -> None:
+        for low, master in zip(self.working.parameters(), self.module.parameters(), strict=True):
+            if low.grad is not None:
+                master.grad = low.grad.float()
+                low.grad = None
+
+
+class SingleProcess(Engine):
+    """The sparse reference: one unwrapped model trained on every rank's batch at once.
+
+    Every rank computes the same thing (so the scaler's agreement is trivially consistent). The
+    loss is the mean over ranks of each rank's loss, whose gradient is what DDP's averaging gives;
+    the recorded loss of rank ``r`` is its own batch's part, comparable with the candidate's.
+    """
+
+    description = "one process, every rank's batch"
+    unscales_first = True
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        return module
+
+    def before_step(self) -> None:
+        """Coalesce sparse gradients once the scaler has checked them as they came (duplicates
+        and all): DDP's sparse all-reduce hands its optimizer coalesced gradients, and the same
+        update applied per duplicate would round differently."""
+        for _, param in self.named_trainable():
+            if param.grad is not None and param.grad.is_sparse:
+                param.grad = param.grad.coalesce()
+
+    def losses(self, step: int, scale: float) -> tuple[torch.Tensor, float]:
+        batches = [
+            to_device(self.finish(self.batch(step, rank), scale), self.device)
+            for rank in range(self.world_size)
+        ]
+        with self.forward_rng(step):
+            parts = self.workload.losses(self.module, batches)
+        return torch.stack(parts).mean(), parts[self.rank].item()
+
+
+class FSDP1(Engine):
+    """``FullyShardedDataParallel`` with the configuration's strategy, units, precision and offload."""
+
+    def __init__(self, config: ParityConfig, device: torch.device) -> None:
+        super().__init__(config, device)
+        self.description = (
+            f"FSDP1 {config.sharding}, use_orig_params={config.use_orig_params}, {config.precision}"
+            + (", CPUOffload" if config.offload else "")
+        )
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        config = self.config
+        kwargs: dict[str, Any] = {
+            "device_id": self.device,
+            "sharding_strategy": ShardingStrategy[config.sharding.upper()],  # type: ignore[union-attr]
+            "use_orig_params": config.use_orig_params,
+        }
+        if self.workload.units:
+            kwargs["auto_wrap_policy"] = ModuleWrapPolicy(set(self.workload.units))
+        if config.precision != "fp32":
+            dtype = DTYPES[config.precision]
+            kwargs["mixed_precision"] = MixedPrecision(
+                param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype
+            )
+        if config.offload:
+            kwargs["cpu_offload"] = CPUOffload(offload_params=True)
+        if config.sharding == "hybrid_shard":
+            kwargs["device_mesh"] = gather.mesh(
+                self.device.type, (self.world_size // 2, 2), ("replicate", "shard")
+            )
+        return FSDP(module, **kwargs)
+
+    def named_trainable(self) -> list[tuple[str, torch.Tensor]]:
+        return [(gather.clean_name(n), p) for n, p in self.wrapped.named_parameters() if p.requires_grad]
+
+    def clip_grad_norm_(self, max_norm: float) -> None:
+        self.wrapped.clip_grad_norm_(max_norm)  # type: ignore[operator]
+
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        return flat.full_grads(self.wrapped, self.device)
+
+    def full_after_step(
+        self, optimizers: list[torch.optim.Optimizer]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+        return flat.full_params_and_state(self.wrapped, optimizers, self.device)
+
+
+class FSDP2(Engine):
+    """``fully_shard`` on every unit and the root, with the configuration's precision and offload."""
+
+    def __init__(self, config: ParityConfig, device: torch.device) -> None:
+        super().__init__(config, device)
+        self.description = (
+            f"FSDP2 fully_shard, reshard_after_forward={config.reshard_after_forward}, {config.precision}"
+            + (", CPUOffloadPolicy" if config.offload else "")
+        )
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+        config = self.config
+        kwargs: dict[str, Any] = {
+            "mesh": gather.mesh(self.device.type, (self.world_size,), None),
+            "reshard_after_forward": config.reshard_after_forward,
+        }
+        if config.precision != "fp32":
+            dtype = DTYPES[config.precision]
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
+        if config.offload:
+            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
+        units = [m for m in module.modules() if isinstance(m, self.workload.units) and m is not module]
+        for unit in reversed(units):  # innermost first
+            fully_shard(unit, **kwargs)
+        fully_shard(module, **kwargs)
+        return module
+
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        grads = {n: p.grad for n, p in self.named_trainable() if p.grad is not None}
+        return gather.full_tensors(grads, self.device)
+
+    def full_after_step(
+        self, optimizers: list[torch.optim.Optimizer]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+        """Parameters and optimizer state in one batched gather. Every rank sends the same entries
+        even when the ranks' states differ (a rank that skipped the step the others took has no
+        state yet): a missing per-element entry travels as zeros shaped like the parameter's
+        shard, and one all-reduce says which parameters have state on any rank."""
+        from torch.distributed.tensor import DTensor
+
+        element_keys, scalar_keys = gather.state_keys(optimizers)
+        state = {id(p): values for opt in optimizers for p, values in opt.state.items()}
+        trainable = self.named_trainable()
+        wanted: dict[tuple[str, ...], Any] = {("param", n): p for n, p in self.module.named_parameters()}
+        for name, param in trainable:
+            values = state.get(id(param), {})
+            for key in element_keys:
+                value = values.get(key)
+                if value is None and isinstance(param, DTensor):
+                    local = torch.zeros_like(param.to_local())
+                    value = DTensor.from_local(local, param.device_mesh, param.placements, run_check=False)
+                wanted[("state", name, key)] = value if value is not None else torch.zeros_like(param)
+            for key in scalar_keys:
+                wanted[("state", name, key)] = values.get(key, torch.zeros(()))
+        present = torch.tensor([float(bool(state.get(id(p)))) for _, p in trainable], device=self.device)
+        dist.all_reduce(present, op=dist.ReduceOp.MAX)
+        with_state = {name for (name, _), flag in zip(trainable, present.tolist(), strict=True) if flag}
+        params: dict[str, torch.Tensor] = {}
+        full: dict[str, dict[str, torch.Tensor]] = {}
+        for key, value in gather.full_tensors(wanted, self.device).items():
+            if key[0] == "param":
+                params[key[1]] = value
+            elif key[1] in with_state:
+                full.setdefault(key[1], {})[key[2]] = value
+        return params, full
+
+
+def build(config: ParityConfig, role: str, device: torch.device) -> Engine:
+    """The engine of ``role`` (``reference`` or ``candidate``) for ``config``."""
+    if role == "candidate":
+        cls = {"ddp": Engine, "fsdp1": FSDP1, "fsdp2": FSDP2}[config.engine]
+    elif config.reference == "single":
+        cls = SingleProcess
+    elif config.precision != "fp32" and not registry.get(config.workload).sparse:
+        cls = LowPrecisionDDP
+    else:
+        cls = Engine
+    return cls(config, device)

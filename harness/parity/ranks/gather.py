@@ -1,0 +1,159 @@
+"""Full (unsharded) tensors of a sharded model, for the record (rank side; collective calls).
+
+Why a module: FSDP1 and FSDP2 each hide the full tensors differently. FSDP2 parameters, gradients
+and optimizer state are DTensors (``full_tensor()``). FSDP1 gives full parameters inside
+``summon_full_params``; its gradients and optimizer state live on each unit's flat parameter (or
+on views into it), so they are laid out like the flat parameter's local shard, all-gathered over
+the unit's shard group and cut into the original parameters by the flat parameter's own layout
+(``_fqns``, ``_shapes``, ``_numels_with_padding``, ``_is_padding_mask``, ``_shard_param_infos``). Every function here is collective: every rank
+calls it, and every rank gets the full tensors back (rank 0 keeps them for the record).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+_FSDP_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+_meshes: dict[tuple[Any, ...], Any] = {}
+
+
+def clean_name(name: str) -> str:
+    """A parameter name as in the unwrapped model (FSDP1 inserts ``_fsdp_wrapped_module.``)."""
+    for prefix in _FSDP_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def to_cpu(value: Any) -> torch.Tensor:
+    """A detached CPU copy; sparse tensors become dense (duplicates summed), numbers become tensors."""
+    if not isinstance(value, torch.Tensor):
+        return torch.tensor(value)
+    tensor = value.detach()
+    if tensor.is_sparse:
+        tensor = tensor.to_dense()
+    return tensor.to("cpu", copy=True)
+
+
+def full_tensor(value: Any, device: torch.device) -> torch.Tensor:
+    """The full tensor of a DTensor (moved to the collective's device first), else a CPU copy."""
+    if not hasattr(value, "full_tensor"):
+        return to_cpu(value)
+    if value.device.type != device.type:  # CPU-offloaded state gathered over a GPU backend
+        value = value.to(device)
+    return to_cpu(value.full_tensor())
+
+
+def mesh(device_type: str, shape: tuple[int, ...], names: tuple[str, ...] | None) -> Any:
+    """A device mesh over the default group, made once per default group (each makes sub-groups)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    key = (id(dist.distributed_c10d._get_default_group()), device_type, shape, names)
+    if key not in _meshes:
+        _meshes.clear()  # meshes of an earlier (destroyed) default group are of no use
+        _meshes[key] = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    return _meshes[key]
+
+
+def forget_meshes() -> None:
+    """Drop cached meshes (after the default group was re-created)."""
+    _meshes.clear()
+
+
+def _rows_of_rank(dim0: int, world: int, rank: int) -> int:
+    """Rows of a ``Shard(0)`` tensor on ``rank``: DTensor chunks dim 0 like ``torch.chunk``."""
+    chunk = -(-dim0 // world)
+    return max(0, min(chunk, dim0 - rank * chunk))
+
+
+def full_tensors(values: dict[Any, Any], device: torch.device) -> dict[Any, torch.Tensor]:
+    """Full CPU copies of many tensors at once: DTensors sharded on dim 0 of a 1-D mesh travel in
+    *one* all-gather (each padded to its largest shard, in float64, which holds every fp32/bf16/
+    fp16 value exactly); other DTensors through ``full_tensor()``; plain tensors are copied."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    batched = {
+        name: value
+        for name, value in values.items()
+        if isinstance(value, DTensor)
+        and value.device_mesh.ndim == 1
+        and tuple(value.placements) == (Shard(0),)
+    }
+    out = {name: full_tensor(value, device) for name, value in values.items() if name not in batched}
+    if not batched:
+        return out
+    mesh = next(iter(batched.values())).device_mesh
+    group = mesh.get_group()
+    world = dist.get_world_size(group)
+    layout = []
+    pieces = []
+    for name, value in batched.items():
+        shape = tuple(value.shape)
+        row = int(torch.tensor(shape[1:]).prod().item()) if len(shape) > 1 else 1
+        width = _rows_of_rank(shape[0], world, 0) * row
+        local = value.to_local().detach().reshape(-1).to(device, torch.float64)
+        pieces.append(torch.nn.functional.pad(local, (0, width - local.numel())))
+        layout.append((name, shape, row, width, value.dtype))
+    local = torch.cat(pieces)
+    gathered = local.new_empty(world * local.numel())
+    dist.all_gather_into_tensor(gathered, local, group=group)
+    per_rank = gathered.view(world, -1)
+    offset = 0
+    for name, shape, row, width, dtype in layout:
+        parts = [per_rank[r, offset : offset + _rows_of_rank(shape[0], world, r) * row] for r in range(world)]
+        out[name] = to_cpu(torch.cat(parts).view(shape).to(dtype))
+        offset += width
+    return out
+
+
+_STATE_KEYS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    torch.optim.SGD: (("momentum_buffer",), ()),
+    torch.optim.Adam: (("exp_avg", "exp_avg_sq"), ("step",)),
+    torch.optim.AdamW: (("exp_avg", "exp_avg_sq"), ("step",)),
+}
+
+
+def state_keys(optimizers: list[torch.optim.Optimizer]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(per-element keys, scalar keys) of the optimizers' state, the same on every rank.
+
+    Known optimizers answer from their class (no collective); any other costs one object
+    all-gather. Ranks must agree even when their states differ (one rank skipped a step the
+    others took: the very bug the engine exists to show), or the gathers that follow mismatch."""
+    kinds = {type(opt) for opt in optimizers}
+    if all(kind in _STATE_KEYS for kind in kinds) and not any(
+        group.get("amsgrad") for opt in optimizers for group in opt.param_groups
+    ):
+        element = sorted({k for kind in kinds for k in _STATE_KEYS[kind][0]})
+        scalar = sorted({k for kind in kinds for k in _STATE_KEYS[kind][1]})
+        momentum = any(group.get("momentum", 1) for opt in optimizers for group in opt.param_groups)
+        return tuple(k for k in element if k != "momentum_buffer" or momentum), tuple(scalar)
+    local = {
+        (key, isinstance(value, torch.Tensor) and value.dim() > 0)
+        for opt in optimizers
+        for values in opt.state.values()
+        for key, value in values.items()
+    }
+    everywhere: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everywhere, sorted(local))
+    keys = {tuple(entry) for entries in everywhere for entry in entries}
+    return tuple(sorted(k for k, per_element in keys if per_element)), tuple(
+        sorted(k for k, e in keys if not e)
+    )
+
+
+_WRAPPERS = ("FullyShardedDataParallel", "DistributedDataParallel")
+
+
+def module_names(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name as in the user's model, module)`` for every module below any wrapper; the model
+    itself is ``""``."""
+    named = []
+    for name, module in model.named_modules():
+        if type(module).__name__ in _WRAPPERS:
+            continue
+        clean = clean_name(name + ".").removesuffix(".") if name else ""
+        named.append((clean, module))
+    return named

@@ -1,0 +1,185 @@
+"""Localization, rank side: re-run both sides of a failed configuration up to its first diverging
+step with hooks on every module, and send each module's forward output and output gradient back.
+
+Why a re-run: recording every activation of every step would cost every passing configuration
+memory and time, while a failed one is cheap to replay (the runs are deterministic, and these
+models train for a few steps). So the runner calls :func:`run_batch` only for configurations that
+failed, after judging them, with the step to look at.
+
+What is recorded, at that step only, on every rank (each rank's own activations: the batch is
+per rank, never sharded):
+
+* ``forward``: each module's output, in the order the modules *finish* their forward (a child
+  before its parent, so the first entry that differs is the innermost module that made the
+  difference);
+* ``backward``: the gradient of the loss with respect to each module's output, in the order
+  backward produces them (tensor hooks on the outputs: no full backward hooks, which wrap a
+  module's inputs and interfere with FSDP's own).
+
+When a module's forward output diverged on some rank, both sides are replayed once more with
+``ops.OpProbe`` inside that rank's first diverging module, recording its ATen ops, so the report
+can go one level deeper and name the first op (``pinpoint.locate_op``).
+
+Modules are named as in the user's model: wrappers (FSDP1's ``FullyShardedDataParallel``, DDP)
+are skipped, and their prefixes (``_fsdp_wrapped_module.``, ``module.``) never appear, because the
+hooks go on the model the engine built (``Engine.trained_module``), below any wrapper. A module
+called more than once per step gets ``#1``, ``#2`` ... after its name; a module with several
+tensor outputs, ``[i]`` per output. Tensors travel to the controller as CPU copies.
+
+Import target for the pool: ``harness.parity.ranks.localize:run_batch``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import traceback
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from harness.parity.plan import profiles
+from harness.parity.plan.config import ParityConfig
+from harness.parity.ranks import engines, entry, ops, train
+from harness.parity.ranks.gather import module_names
+from harness.rank import context
+from harness.rank.execute import prefix_lines
+from harness.rank.subtests import agree, leave_group
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The floating-point tensors in a module's output (nested tuples, lists and dicts)."""
+    if isinstance(value, torch.Tensor):
+        return [value] if value.is_floating_point() else []
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in _tensors(item)]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in _tensors(item)]
+    return []
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of this rank's values (a DTensor output becomes its full tensor)."""
+    if hasattr(tensor, "full_tensor"):
+        tensor = tensor.full_tensor()
+    return tensor.detach().to("cpu", copy=True)
+
+
+class Probe:
+    """Hooks on every module of one run, active during the forward and backward of one step."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.forward: list[tuple[str, torch.Tensor]] = []
+        self.backward: list[tuple[str, torch.Tensor]] = []
+        self._calls: dict[str, int] = {}
+
+    def _key(self, name: str) -> str:
+        calls = self._calls.get(name, 0)
+        self._calls[name] = calls + 1
+        return name if calls == 0 else f"{name}#{calls}"
+
+    def _forward_hook(self, name: str) -> Any:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            key = self._key(name)
+            tensors = _tensors(output)
+            for index, tensor in enumerate(tensors):
+                label = key if len(tensors) == 1 else f"{key}[{index}]"
+                self.forward.append((label, _local(tensor)))
+                if tensor.requires_grad:
+                    tensor.register_hook(self._backward_hook(label))
+
+        return hook
+
+    def _backward_hook(self, label: str) -> Any:
+        def hook(grad: torch.Tensor) -> None:
+            self.backward.append((label, _local(grad)))
+
+        return hook
+
+    @contextlib.contextmanager
+    def observe(self, engine: engines.Engine, step: int) -> Iterator[None]:
+        if step != self.step:
+            yield
+            return
+        handles = [
+            module.register_forward_hook(self._forward_hook(name))
+            for name, module in module_names(engine.trained_module())
+        ]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"forward": self.forward, "backward": self.backward}
+
+
+def _replay(config: ParityConfig, step: int, probes: dict[str, Any], part: dict[str, Any]) -> None:
+    """Both sides through ``step`` with ``probes[role].observe``; the first error into ``part``."""
+    device = context.current().device
+    for role in ("reference", "candidate"):
+        try:
+            run, _ = train.run(config, role, device, observe=probes[role].observe, last_step=step)
+        except Exception:  # noqa: BLE001 - train.run records its own errors; this is the probe's
+            run = {"error": prefix_lines(traceback.format_exc(), context.current().rank)}
+        if run["error"] and part["error"] is None:
+            part["error"] = f"the {role} raised while being probed:\n{run['error']}"
+
+
+def _any_rank(flag: bool) -> bool:
+    """Whether ``flag`` holds on any rank (every rank must replay, or none: the runs are collective)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return flag
+    value = torch.tensor([1.0 if flag else 0.0], device=context.current().device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def run_one(config: ParityConfig, step: int) -> dict[str, Any]:
+    """Both sides of ``config`` through ``step``, probed at ``step`` module by module, then, when
+    a forward output diverged on any rank, once more op by op inside this rank's first diverging
+    module (``ops.py``). Never raises."""
+    started = time.perf_counter()
+    part: dict[str, Any] = {"id": config.id, "step": step, "error": None, "ops_module": None, "ops": None}
+    probes = {role: Probe(step) for role in ("reference", "candidate")}
+    _replay(config, step, probes, part)
+    for role, probe in probes.items():
+        part[role] = probe.to_wire()
+    if part["error"] is None:
+        target = ops.first_forward_divergence(
+            probes["reference"].forward, probes["candidate"].forward, profiles.profile_for(config)
+        )
+        if _any_rank(target is not None):
+            op_probes = {role: ops.OpProbe(step, target or "") for role in ("reference", "candidate")}
+            if target is None:  # replay for the collectives' sake, recording nothing
+                op_probes = {role: Probe(-1) for role in ("reference", "candidate")}  # type: ignore[misc]
+            _replay(config, step, op_probes, part)
+            if target is not None:
+                part["ops_module"] = target
+                part["ops"] = {role: probe.ops for role, probe in op_probes.items()}
+    part["duration_s"] = time.perf_counter() - started
+    return part
+
+
+def run_batch(requests: list[tuple[ParityConfig, int]]) -> list[dict[str, Any]]:
+    """Probe each ``(configuration, step)`` in order, isolated as ``entry.run_batch`` isolates
+    configurations (a rank that failed leaves the group; every rank re-creates it)."""
+    ctx = context.current()
+    results = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        for index, (config, step) in enumerate(requests):
+            result = run_one(config, step)
+            failed = result["error"] is not None
+            if failed and ctx.world_size > 1:
+                leave_group()
+            if ctx.world_size > 1 and not agree(ctx, f"localize{index}", ok=not failed):
+                entry.forget()
+            results.append(result)
+    return results

@@ -1,0 +1,164 @@
+"""One recorded training run on this rank (rank side): the loop every engine shares.
+
+Each step::
+
+    zero_grad -> loss -> scaler.scale(loss).backward() -> engine.after_backward()
+    -> planned faults -> [unscale_ each optimizer, engine.before_step(), clip_grad_norm_]
+                                          (path "unscale_clip"; the first two for some engines)
+    -> record unscaled gradients -> scaler.step(each optimizer) -> scaler.update()
+    -> record loss, scale, tracker, found_inf, skip decisions, full parameters and optimizer state
+
+A run never raises: a failure is recorded as the run's ``error`` (prefixed ``[rank N]``) with the
+steps before it, so a candidate that crashes (torch's scaler on some paths) still gets a row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import traceback
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.parity.plan.config import Fault, ParityConfig
+from harness.parity.ranks import engines, record
+from harness.rank.execute import prefix_lines
+
+_CLIP_NORM = 1.0
+
+
+def make_scaler(config: ParityConfig, role: str, device: torch.device) -> Any:
+    """The candidate's scaler (``config.scaler``); a DDP reference's is ``torch.amp.GradScaler``."""
+    kwargs = {"init_scale": config.init_scale, "growth_interval": config.growth_interval}
+    if role == "reference" and config.reference == "ddp":
+        return torch.amp.GradScaler(device.type, **kwargs)
+    if config.scaler == "torch":
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchShardedGradScaler
+
+        # Its default ``process_group=dist.group.WORLD`` is evaluated when torch imports the module:
+        # on a warm rank whose default group was re-created since, it would reduce over the
+        # destroyed group and hang. Pass the current one, as a user re-creating groups must.
+        return TorchShardedGradScaler(device=device.type, process_group=dist.group.WORLD, **kwargs)
+    from scaler import ShardedGradScaler
+
+    return ShardedGradScaler(device.type, **kwargs)
+
+
+def _counters(scaler: Any) -> dict[str, int]:
+    if not hasattr(scaler, "skipped_steps"):
+        return {}
+    return {
+        "steps": scaler.steps,
+        "skipped_steps": scaler.skipped_steps,
+        "growths": scaler.growths,
+        "backoffs": scaler.backoffs,
+    }
+
+
+def _poison(engine: engines.Engine, params: list[torch.Tensor], fault: Fault) -> None:
+    """Write the fault's value into element 0 of this rank's largest local gradient of ``params``."""
+    local = [engine.local(p.grad) for p in params if p.grad is not None]
+    local = [g._values() if g.is_sparse else g for g in local]
+    target = max(local, key=lambda g: g.numel(), default=None)
+    if target is None or target.numel() == 0:
+        raise RuntimeError(f"fault {fault.id}: rank {engine.rank} holds no gradient element to poison")
+    with torch.no_grad():
+        target.view(-1)[0] = float(fault.value)
+
+
+def _faults_now(config: ParityConfig, role: str, step: int, rank: int) -> list[Fault]:
+    """The reference takes every fault on every rank: what all candidate ranks must then do."""
+    return [f for f in config.faults if f.step == step and (role == "reference" or f.rank in (None, rank))]
+
+
+def _unscaled(grads: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
+    """Still-scaled gradients divided by the scale (a power of two: exact), in their own dtype."""
+    return {name: (g.double() / scale).to(g.dtype) for name, g in grads.items()}
+
+
+def _skipped(before: list[torch.Tensor], params: list[torch.Tensor], engine: engines.Engine) -> bool | None:
+    after = [engine.local(p).detach() for p in params]
+    if sum(t.numel() for t in after) == 0:
+        return None
+    return all(torch.equal(b, a) for b, a in zip(before, after, strict=True))
+
+
+Observer = Callable[[engines.Engine, int], AbstractContextManager[Any]]
+"""``observe(engine, step)``: a context around one step's forward and backward (``localize.py``
+puts hooks on every module inside it)."""
+
+
+def run(
+    config: ParityConfig,
+    role: str,
+    device: torch.device,
+    *,
+    observe: Observer | None = None,
+    last_step: int | None = None,
+) -> tuple[dict[str, Any], str]:
+    """Train ``config``'s ``role`` for ``config.steps`` steps (through ``last_step`` only, when
+    given); ``(rank_run dict, description)``. ``observe`` wraps each step's forward and backward."""
+    started = time.perf_counter()
+    steps: list[dict[str, Any]] = []
+    error = None
+    description = role
+    scaler = None
+    rank = dist.get_rank()
+    try:
+        engine = engines.build(config, role, device)
+        description = engine.description
+        groups = engine.param_groups(2 if config.path == "two_optimizers" else 1)
+        optimizers = [engine.make_optimizer(group) for group in groups]
+        scaler = make_scaler(config, role, device)
+        for step in range(config.steps if last_step is None else min(config.steps, last_step + 1)):
+            for opt in optimizers:
+                opt.zero_grad(set_to_none=True)
+            scale = scaler.get_scale()
+            with observe(engine, step) if observe is not None else contextlib.nullcontext():
+                loss, recorded_loss = engine.losses(step, scale)
+                scaler.scale(loss).backward()
+            engine.after_backward()
+            for fault in _faults_now(config, role, step, rank):
+                _poison(engine, groups[fault.optimizer], fault)
+            if config.path == "unscale_clip" or engine.unscales_first:
+                for opt in optimizers:
+                    scaler.unscale_(opt)
+                engine.before_step()
+                if config.path == "unscale_clip":
+                    engine.clip_grad_norm_(_CLIP_NORM)
+                grads = engine.full_grads()
+            else:
+                grads = _unscaled(engine.full_grads(), scale)
+            before = [[engine.local(p).detach().clone() for p in group] for group in groups]
+            found_inf = []
+            for opt in optimizers:
+                scaler.step(opt)
+                found_inf.append(sum(float(v.sum()) for v in scaler._found_inf_per_device(opt).values()))
+            scaler.update()
+            skipped = [_skipped(b, g, engine) for b, g in zip(before, groups, strict=True)]
+            tensors = None
+            params, state = engine.full_after_step(optimizers)
+            if rank == 0:
+                tensors = {"params": params, "grads": grads, "optim_state": state}
+            steps.append(
+                record.rank_step(
+                    loss=recorded_loss,
+                    scale=scaler.get_scale(),
+                    tracker=int(scaler._get_growth_tracker()),
+                    found_inf=found_inf,
+                    skipped=skipped,
+                    tensors=tensors,
+                    buffers=engine.own_buffers(),
+                )
+            )
+    except Exception:  # noqa: BLE001 - recorded; the caller decides what it means
+        error = prefix_lines(traceback.format_exc(), rank)
+    counters = _counters(scaler) if scaler is not None and error is None else {}
+    part = record.rank_run(
+        rank=rank, steps=steps, counters=counters, error=error, duration_s=time.perf_counter() - started
+    )
+    return part, description

@@ -1,0 +1,129 @@
+"""``llama``: a small Llama-style decoder, the first worked example of writing a workload.
+
+What it exercises that the toys do not: RMSNorm computed in float32 inside a low-precision model,
+rotary position embeddings (computed in forward from positions, so no buffer whose dtype FSDP1's
+``buffer_dtype`` and FSDP2 would treat differently), grouped heads through
+``scaled_dot_product_attention``, a SwiGLU feed-forward, and an output head tied to the token
+embedding that lives in the root unit while the decoder layers are units of their own.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from harness.parity.workload.spec import Workload
+
+VOCAB = 64
+WIDTH = 32
+HEADS = 2
+LAYERS = 2
+SEQUENCE = 16
+
+
+class RMSNorm(nn.Module):
+    """``x / rms(x) * weight``, the division in float32 whatever the model's dtype (as Llama does)."""
+
+    def __init__(self, width: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def rotate(x: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of ``x`` (batch, heads, positions, head width): each pair of
+    features turned by an angle that grows with the position."""
+    half = x.shape[-1] // 2
+    frequencies = 10_000.0 ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    angles = torch.arange(x.shape[-2], device=x.device, dtype=torch.float32)[:, None] * frequencies
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    first, second = x[..., :half], x[..., half:]
+    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(WIDTH, WIDTH, bias=False)
+        self.k = nn.Linear(WIDTH, WIDTH, bias=False)
+        self.v = nn.Linear(WIDTH, WIDTH, bias=False)
+        self.o = nn.Linear(WIDTH, WIDTH, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, positions, _ = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(batch, positions, HEADS, WIDTH // HEADS).transpose(1, 2)
+
+        q, k, v = rotate(heads(self.q(x))), rotate(heads(self.k(x))), heads(self.v(x))
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(attended.transpose(1, 2).reshape(batch, positions, WIDTH))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden: int = 64) -> None:
+        super().__init__()
+        self.gate = nn.Linear(WIDTH, hidden, bias=False)
+        self.up = nn.Linear(WIDTH, hidden, bias=False)
+        self.down = nn.Linear(hidden, WIDTH, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention and feed-forward, each added to the residual stream: the FSDP unit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(WIDTH)
+        self.attention = Attention()
+        self.ffn_norm = RMSNorm(WIDTH)
+        self.ffn = SwiGLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class Decoder(nn.Module):
+    """Token embedding, decoder layers, a final RMSNorm and an output head tied to the embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, WIDTH)
+        self.layers = nn.ModuleList(DecoderLayer() for _ in range(LAYERS))
+        self.norm = RMSNorm(WIDTH)
+        self.output = nn.Linear(WIDTH, VOCAB, bias=False)
+        self.output.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.output(self.norm(x))
+
+
+def token_batch(rank: int, step: int) -> torch.Tensor:
+    """Four sequences of ``SEQUENCE + 1`` tokens (inputs and next-token targets)."""
+    return torch.randint(0, VOCAB, (4, SEQUENCE + 1))
+
+
+def next_token_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    logits = model(tokens[:, :-1]).float()
+    return F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+
+
+def llama() -> Workload:
+    return Workload(
+        name="llama",
+        model=Decoder,
+        batch=token_batch,
+        loss=next_token_loss,
+        units=(DecoderLayer,),
+    )

@@ -1,0 +1,111 @@
+"""What the parity engine trains: a :class:`Workload` (model, data, loss, FSDP units).
+
+Why a value built by a factory: the ranks import the factory by name (``module:function``) and
+call it themselves, so a Workload may hold lambdas and closures and never crosses a process
+boundary; only the factory's name travels in a :class:`harness.parity.ParityConfig`. The built-in
+workloads (``mlp``, ``transformer``, ``frozen``, ``embedding``, ``llama``, ``convnet``) are
+Workloads made by factories too, resolved by the same code (``harness.parity.workload.registry.get``).
+
+This module imports no torch, so ``from harness.parity import Workload`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover - annotations only
+    import torch
+    from torch import nn
+
+NAME = re.compile(r"^[A-Za-z0-9_.]+$")
+"""A workload name is one word of a configuration id (ids join their parts with ``-``)."""
+
+
+class WorkloadError(ValueError):
+    """A workload that cannot be used; the message names what is wrong and the fix."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Workload:
+    """A model, its data and loss, and which of its modules FSDP wraps as units.
+
+    The engine owns everything else: wrapping (DDP, FSDP1, FSDP2), mixed precision and its DDP
+    reference, the scaler, planted faults, recording and comparison. Example::
+
+        def resmlp() -> Workload:          # a module-level factory without arguments
+            return Workload(
+                name="resmlp",
+                model=MyNet,
+                batch=lambda rank, step: (torch.randn(8, 16), torch.randint(0, 4, (8,))),
+                loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]),
+                units=(MyBlock,),
+            )
+    """
+
+    name: str
+    """One word (letters, digits, ``_``, ``.``): it appears in every configuration id."""
+    model: Callable[[], nn.Module]
+    """``() -> nn.Module`` in float32; called under one fixed seed, so every rank gets the same
+    weights (the engine casts and moves it)."""
+    batch: Callable[[int, int], Any]
+    """``(rank, step) -> batch`` on the CPU (tensors, or tuples, lists and dicts of them). torch's
+    global RNG is seeded per ``(seed, rank, step)`` around the call, so ``torch.randn`` here is
+    deterministic; the batch must be the same every time it is asked for."""
+    loss: Callable[[nn.Module, Any], torch.Tensor]
+    """``(model, batch) -> scalar loss``. ``model`` is the wrapped model (DDP or FSDP): call it,
+    do not reach into it. In mixed precision its inputs are cast to the low dtype, as FSDP does;
+    torch's RNG is seeded per ``(seed, rank, step)`` around the call, so dropout draws the same
+    masks under DDP and under FSDP."""
+    units: tuple[type[nn.Module], ...] = ()
+    """Module classes whose instances become FSDP units (FSDP1 ``ModuleWrapPolicy``; FSDP2
+    ``fully_shard`` on each, innermost first); the root is always wrapped too."""
+    optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None = None
+    """``params -> optimizer``; ``None``: the matrix's optimizers (SGD with momentum, fused Adam)."""
+    steps: int | None = None
+    """Training steps per run; ``None``: the matrix's default (6)."""
+    sparse: bool = False
+    """Sparse gradients (built-in ``embedding``): trained in the run's precision throughout, against
+    one process training on every rank's batch (FSDP does not shard sparse gradients)."""
+    finish_batch: Callable[[Any, torch.dtype, float], Any] | None = None
+    """``(batch, dtype, current scale) -> batch``, for data that depends on the loss scale."""
+    joint_losses: Callable[[nn.Module, list[Any]], list[torch.Tensor]] | None = None
+    """``(model, batches) -> one loss per batch`` from a single forward pass (for the sparse
+    single-process reference, whose gradient must come out of one backward call)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not NAME.match(self.name):
+            raise WorkloadError(
+                f"Workload.name must be one word of letters, digits, '_' or '.', got {self.name!r} "
+                "(it becomes part of every configuration id); use e.g. name='resmlp'"
+            )
+        for field in ("model", "batch", "loss"):
+            if not callable(getattr(self, field)):
+                raise WorkloadError(
+                    f"Workload {self.name!r}: {field} must be callable, got {type(getattr(self, field)).__name__}"
+                )
+        if isinstance(self.units, (list, set, frozenset)):
+            object.__setattr__(self, "units", tuple(self.units))  # frozen: the one normalisation
+        if not isinstance(self.units, tuple) or not all(isinstance(u, type) for u in self.units):
+            raise WorkloadError(
+                f"Workload {self.name!r}: units must be a tuple of module classes, got {self.units!r}; "
+                "use e.g. units=(MyBlock,)"
+            )
+        if self.optimizer is not None and not callable(self.optimizer):
+            raise WorkloadError(
+                f"Workload {self.name!r}: optimizer must be a callable params -> torch.optim.Optimizer "
+                f"or None, got {self.optimizer!r}"
+            )
+        if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
+            raise WorkloadError(
+                f"Workload {self.name!r}: steps must be an int >= 1 or None, got {self.steps!r}"
+            )
+
+    def losses(self, model: nn.Module, batches: Iterable[Any]) -> list[torch.Tensor]:
+        """One loss per batch (the single-process reference trains on every rank's batch)."""
+        batches = list(batches)
+        if self.joint_losses is not None:
+            return self.joint_losses(model, batches)
+        return [self.loss(model, batch) for batch in batches]

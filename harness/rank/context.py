@@ -1,0 +1,56 @@
+"""What a test body may ask about the rank it runs on: ``harness.current()``.
+
+Why a module of its own: test bodies run inside rank processes (warm pool or torchrun), and they
+need the rank, the world size, the device and a store scoped to the running case without importing
+anything of the controller side. The rank side (``rank_main.py``, ``torchrun.py``) sets the
+context before each case; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+_CURRENT: RankContext | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class RankContext:
+    """The rank a case runs on. Set by the rank side; read through :func:`current`."""
+
+    rank: int
+    world_size: int
+    backend: str
+    device: Any
+    """``torch.device("cpu")`` for gloo, ``torch.device("cuda", local_rank)`` for NCCL."""
+    store: Any
+    """A ``torch.distributed.Store`` whose keys are private to the running case."""
+    reset_group: Callable[[str], None]
+    """Re-create the default process group under a new key suffix (used by subtests after a failure)."""
+    mode: str = "pool"
+    """``"pool"`` (warm rank pool under pytest) or ``"torchrun"`` (env:// rendezvous)."""
+
+
+def current() -> RankContext:
+    """The context of the rank this code runs on.
+
+    Raises ``RuntimeError`` outside a rank, because a silent default (rank 0 of 1) would let a
+    distributed test pass without ever being distributed.
+    """
+    if _CURRENT is None:
+        raise RuntimeError(
+            "harness.current() is only available inside a rank; run the function through "
+            "@harness.distributed(...) or the `ranks` fixture, or under `python -m harness.frontends.torchrun`"
+        )
+    return _CURRENT
+
+
+def in_rank() -> bool:
+    """True inside a rank process while a case runs."""
+    return _CURRENT is not None
+
+
+def _set_current(context: RankContext | None) -> None:
+    global _CURRENT
+    _CURRENT = context
