@@ -16,6 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness import context
+
 _FSDP_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 _meshes: dict[tuple[Any, ...], Any] = {}
 
@@ -47,10 +49,11 @@ def full_tensor(value: Any, device: torch.device) -> torch.Tensor:
 
 
 def mesh(device_type: str, shape: tuple[int, ...], names: tuple[str, ...] | None) -> Any:
-    """A device mesh over the default group, made once per default group (each makes sub-groups)."""
+    """A device mesh over the default group, made once per default group (each makes sub-groups),
+    keyed on the group's generation, which every rank advances together (``context.group_generation``)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    key = (id(dist.distributed_c10d._get_default_group()), device_type, shape, names)
+    key = (context.group_generation(), device_type, shape, names)
     if key not in _meshes:
         _meshes.clear()  # meshes of an earlier (destroyed) default group are of no use
         _meshes[key] = init_device_mesh(device_type, shape, mesh_dim_names=names)
@@ -60,6 +63,40 @@ def mesh(device_type: str, shape: tuple[int, ...], names: tuple[str, ...] | None
 def forget_meshes() -> None:
     """Drop cached meshes (after the default group was re-created)."""
     _meshes.clear()
+
+
+def zeros_like_shards(param: Any) -> torch.Tensor:
+    """Zeros standing in for state or a gradient this rank lacks: a DTensor laid out like the
+    parameter (each rank zeros its own shard), else plain zeros of the parameter's shape.
+
+    The global shape and stride are stated, never inferred: ``DTensor.from_local`` without them
+    takes local rows x world size, which differs between ranks as soon as the rows do not divide
+    by the world size, and every size the gather computes would differ with it
+    (docs/architecture.md, section 4.6)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(param, DTensor):
+        return torch.zeros_like(param)
+    local = torch.zeros_like(param.to_local())
+    return DTensor.from_local(
+        local,
+        param.device_mesh,
+        param.placements,
+        run_check=False,
+        shape=param.shape,
+        stride=param.stride(),
+    )
+
+
+def anywhere(flags: list[bool], device: torch.device) -> list[bool]:
+    """Which of ``flags`` hold on any rank (one all-reduce). Why: whether a tensor joins a
+    collective must not depend on what this rank happens to hold (a gradient, optimizer state),
+    or the ranks' collectives differ in size."""
+    if not dist.is_initialized() or dist.get_world_size() == 1 or not flags:
+        return list(flags)
+    present = torch.tensor([float(flag) for flag in flags], device=device)
+    dist.all_reduce(present, op=dist.ReduceOp.MAX)
+    return [bool(value) for value in present.tolist()]
 
 
 def _rows_of_rank(dim0: int, world: int, rank: int) -> int:

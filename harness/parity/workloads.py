@@ -43,6 +43,7 @@ BUILTIN = {
     "embedding": "harness.parity.builtin.toys:embedding",
     "llama": "harness.parity.builtin.llama:llama",
     "convnet": "harness.parity.builtin.convnet:convnet",
+    "uneven": "harness.parity.builtin.uneven:uneven",
 }
 """Built-in names and their factories (resolved like any user's spec)."""
 
