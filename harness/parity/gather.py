@@ -134,6 +134,7 @@ def full_tensors(values: dict[Any, Any], device: torch.device) -> dict[Any, torc
         pieces.append(torch.nn.functional.pad(local, (0, width - local.numel())))
         layout.append((name, shape, row, width, value.dtype))
     local = torch.cat(pieces)
+    agree_on_layout(layout, local.numel(), group, device)
     gathered = local.new_empty(world * local.numel())
     dist.all_gather_into_tensor(gathered, local, group=group)
     per_rank = gathered.view(world, -1)
@@ -143,6 +144,40 @@ def full_tensors(values: dict[Any, Any], device: torch.device) -> dict[Any, torc
         out[name] = to_cpu(torch.cat(parts).view(shape).to(dtype))
         offset += width
     return out
+
+
+class CollectiveMismatch(RuntimeError):
+    """The ranks were about to run collectives of different layouts (a desync, named)."""
+
+
+def _layout_text(layout: list[Any], numel: int) -> str:
+    """The gather's layout in words: its size and each entry's name and global shape."""
+    entries = ", ".join(f"{name} {tuple(shape)}" for name, shape, *_ in layout)
+    return f"gather.full_tensors all_gather of {numel} elements [{entries}]"
+
+
+def agree_on_layout(layout: list[Any], numel: int, group: Any, device: torch.device) -> None:
+    """Check, before the big all-gather, that every rank is about to send the same layout.
+
+    Why: a layout that differs between ranks (a global shape inferred from a local shard, a tensor
+    one rank holds and another does not) makes gloo abort a rank ("Received data size doesn't
+    match expected size") or silently cut tensors at the wrong rows. Here each rank sends two
+    numbers, its element count and a CRC of its layout (one small all-gather, equal in size on
+    every rank); when they differ, every rank sees it, and all of them raise the same error naming
+    each rank's layout (one object all-gather, on the failing path only)."""
+    import zlib
+
+    text = _layout_text(layout, numel)
+    mine = torch.tensor([numel, zlib.crc32(text.encode())], dtype=torch.int64, device=device)
+    world = dist.get_world_size(group)
+    everyone = mine.new_empty(world * 2)
+    dist.all_gather_into_tensor(everyone, mine, group=group)
+    if len({tuple(row) for row in everyone.view(world, 2).tolist()}) == 1:
+        return
+    texts: list[Any] = [None] * world
+    dist.all_gather_object(texts, text, group=group)
+    ranks = ", ".join(f"rank {rank} in {t}" for rank, t in enumerate(texts))
+    raise CollectiveMismatch(f"the ranks ran different collectives: {ranks}")
 
 
 _STATE_KEYS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {
