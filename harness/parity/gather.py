@@ -72,7 +72,7 @@ def zeros_like_shards(param: Any) -> torch.Tensor:
     The global shape and stride are stated, never inferred: ``DTensor.from_local`` without them
     takes local rows x world size, which differs between ranks as soon as the rows do not divide
     by the world size, and every size the gather computes would differ with it
-    (docs/architecture.md, section 4.6)."""
+    (docs/architecture.md, section 4.5)."""
     from torch.distributed.tensor import DTensor
 
     if not isinstance(param, DTensor):

@@ -56,7 +56,7 @@ def everywhere(key: str, ok: bool) -> bool:
 def run_one(config: ParityConfig, index: int = 0) -> dict[str, Any]:
     """Reference and candidate runs of ``config`` (the ``index``-th of its batch) on this rank
     (never raises). Whether the candidate and the float32 twin run is agreed first: one rank's
-    error must not send it into collectives its peers skip (docs/architecture.md, section 4.6)."""
+    error must not send it into collectives its peers skip (docs/architecture.md, section 4.5)."""
     device = context.current().device
     reference, reference_description, reused = _reference(config, device)
     reference_ok = everywhere(f"parity{index}/reference", reference["error"] is None)
