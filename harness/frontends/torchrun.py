@@ -190,6 +190,7 @@ def _run(
         torch.cuda.set_device(device)
     collective = timedelta(seconds=default_deadline / 2)
     dist.init_process_group(backend, init_method="env://", timeout=collective)
+    context.advance_group_generation()
     base_store = dist.distributed_c10d._get_default_store()
 
     def reset_group(suffix: str) -> None:
@@ -197,6 +198,7 @@ def _run(
             dist.destroy_process_group()
         store = dist.PrefixStore(f"shardscale-reset/{suffix}/", base_store)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=collective)
+        context.advance_group_generation()
 
     failed = 0
     counts = {"passed": 0, "failed": 0, "skipped": 0, "xfailed": 0}

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 _CURRENT: RankContext | None = None
+_GROUP_GENERATION = 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -49,6 +50,23 @@ def current() -> RankContext:
 def in_rank() -> bool:
     """True inside a rank process while a case runs."""
     return _CURRENT is not None
+
+
+def group_generation() -> int:
+    """How many times this process has created the default process group.
+
+    Why a counter and not ``id()`` of the group: a re-created group may reuse a destroyed one's
+    address on one rank and not on another, and a cache keyed on it would hit on one rank and miss
+    on the other (one rank runs the collectives of a fresh reference, its peer does not). Every
+    rank creates its groups together (a new pool group, a reset after an agreement, torchrun's
+    first group), so caches keyed on the generation hit or miss on every rank alike."""
+    return _GROUP_GENERATION
+
+
+def advance_group_generation() -> None:
+    """Count a newly created default process group (called by every rank side that creates one)."""
+    global _GROUP_GENERATION
+    _GROUP_GENERATION += 1
 
 
 def _set_current(context: RankContext | None) -> None:

@@ -168,6 +168,7 @@ class RankServer:
             world_size=world_size,
             timeout=timedelta(seconds=timeout_s),
         )
+        context.advance_group_generation()
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(self.rank))
         self.backend, self.world_size, self.group_prefix, self.timeout_s = (
             backend,

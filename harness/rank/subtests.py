@@ -75,11 +75,21 @@ def agree(ctx: context.RankContext, key: str, *, ok: bool, timeout_s: float = 60
     (a rank that failed may have left it) and False is returned, the same on every rank. ``key``
     must be unique within the running case.
     """
+    if all_ranks(ctx, key, ok=ok, timeout_s=timeout_s):
+        return True
+    ctx.reset_group(key)
+    return False
+
+
+def all_ranks(ctx: context.RankContext, key: str, *, ok: bool, timeout_s: float = 60.0) -> bool:
+    """Whether ``ok`` holds on every rank, the same answer on every rank, through the case's store
+    (not the process group, which a failed rank may have left); the group is left as it is.
+
+    Why: a branch that decides whether a rank runs collectives (run the candidate after the
+    reference, measure a gap after the candidate) must take the same value on every rank, so a
+    value that differs between ranks is agreed first. ``key`` must be unique within the case."""
     store = ctx.store
     store.set(f"{key}/rank{ctx.rank}", b"1" if ok else b"0")
     keys = [f"{key}/rank{r}" for r in range(ctx.world_size)]
     store.wait(keys, timedelta(seconds=timeout_s))
-    if all(store.get(k) == b"1" for k in keys):
-        return True
-    ctx.reset_group(key)
-    return False
+    return all(store.get(k) == b"1" for k in keys)

@@ -40,9 +40,23 @@ def test_batches_hold_one_world_size_each_and_progress_counts_every_configuratio
         raise runner.BatchFailed("not run")
 
     runner.run(configs, record, batch_size=2, on_progress=progress.append)
-    assert seen == [(2, 2), (2, 1), (4, 2), (4, 1)]
+    assert seen == [(2, 2), (2, 1), (2, 1), (2, 1), (4, 2), (4, 1), (4, 1), (4, 1)]
     assert [p.done for p in progress] == [1, 2, 3, 4, 5, 6] and progress[-1].total == 6
     assert [p.ran for p in progress] == [1, 2, 3, 4, 5, 6] and progress[-1].to_run == 6
+
+
+def test_a_failed_batch_runs_again_one_configuration_at_a_time():
+    """One configuration that kills a rank must not cost its batch-mates their verdicts: each runs
+    again alone, and only a configuration that fails alone is an error."""
+    configs = [ParityConfig(engine="ddp", optimizer=o) for o in ("sgd", "adam", "adam_fused")]
+    seen = []
+
+    def record(batch, backend, world_size):
+        seen.append([config.optimizer for config in batch])
+        raise runner.BatchFailed("not run")
+
+    runner.run(configs, record, batch_size=3)
+    assert seen == [["sgd", "adam", "adam_fused"], ["sgd"], ["adam"], ["adam_fused"]]
 
 
 def test_a_batch_size_below_one_is_refused():

@@ -57,6 +57,7 @@ class Launched:
             torch.cuda.set_device(self.device)
         self.timeout = timedelta(seconds=deadline_per_config_s)
         dist.init_process_group(backend, init_method="env://", timeout=self.timeout)
+        context.advance_group_generation()
         self.base_store = dist.distributed_c10d._get_default_store()
         self.batches = 0
 
@@ -69,6 +70,7 @@ class Launched:
         dist.init_process_group(
             self.backend, store=store, rank=self.rank, world_size=self.world_size, timeout=self.timeout
         )
+        context.advance_group_generation()
 
     def execute(
         self, batch: list[Any], backend: str, world_size: int, target: str | None = None

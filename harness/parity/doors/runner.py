@@ -9,8 +9,10 @@ Configurations that cannot run here become ``skip`` results with their reason an
 Configurations that fail are then localized (``localize.py``, ``pinpoint.py``): one more rank call
 per batch, ``execute(requests, backend, world_size, target=LOCALIZE_TARGET)`` with ``(config,
 step)`` requests, so a passing matrix costs nothing more.
-A failed batch turns each of its configurations into an ``error`` result; the next batch runs on
-fresh ranks (the pool replaces them), so one broken configuration never hides the others.
+A batch that does not come back from every rank (a rank died mid-batch, or missed its deadline) is
+run again one configuration at a time on fresh ranks (the pool replaces them), so only the
+configuration that kills a rank becomes an ``error`` result, and one broken configuration never
+hides the others.
 """
 
 from __future__ import annotations
@@ -135,19 +137,7 @@ def run(
             finish(Outcome(result=results.skipped(config, reason)))
     for (backend, world_size), group in by_world(runnable):
         for batch in _chunks(group, batch_size):
-            try:
-                per_rank = execute(batch, backend, world_size)
-            except BatchFailed as failure:
-                for config in batch:
-                    finish(Outcome(result=results.failed_batch(config, str(failure))))
-                continue
-            judged = [
-                results.judge(config, [rank[index] for rank in per_rank])
-                for index, config in enumerate(batch)
-            ]
-            if localize:
-                judged = _localized(judged, execute, backend, world_size)
-            for verdict, reference, candidate in judged:
+            for verdict, reference, candidate in _judged_batch(batch, execute, backend, world_size, localize):
                 if keep_records:
                     finish(Outcome(result=verdict, reference=reference, candidate=candidate))
                 else:
@@ -155,7 +145,31 @@ def run(
     return [outcomes[config.id] for config in configs]
 
 
-Judged = tuple[ParityResult, RunRecord, "RunRecord | None"]
+Judged = tuple[ParityResult, "RunRecord | None", "RunRecord | None"]
+
+
+def _judged_batch(
+    batch: list[ParityConfig], execute: Executor, backend: str, world_size: int, localize: bool
+) -> list[Judged]:
+    """The verdicts of ``batch``. When the batch does not come back (a rank died mid-batch: a C++
+    abort, a segfault, the OOM killer; or missed its deadline), each of its configurations runs
+    again alone, on the fresh ranks the executor starts, so only the one that kills a rank is an
+    ``error`` row (with its own report: the rank, the signal, where each rank was) and the others
+    get their own verdicts."""
+    try:
+        per_rank = execute(batch, backend, world_size)
+    except BatchFailed as failure:
+        if len(batch) == 1:
+            return [(results.failed_batch(batch[0], str(failure)), None, None)]
+        return [
+            judged
+            for config in batch
+            for judged in _judged_batch([config], execute, backend, world_size, localize)
+        ]
+    judged: list[Judged] = [
+        results.judge(config, [rank[index] for rank in per_rank]) for index, config in enumerate(batch)
+    ]
+    return _localized(judged, execute, backend, world_size) if localize else judged
 
 
 def _localized(judged: list[Judged], execute: Executor, backend: str, world_size: int) -> list[Judged]:

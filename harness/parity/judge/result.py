@@ -184,13 +184,17 @@ def skipped(config: ParityConfig, reason: str) -> ParityResult:
 
 
 def failed_batch(config: ParityConfig, report: str) -> ParityResult:
-    """``config`` was in a batch that did not come back from every rank (the harness's report)."""
+    """``config`` was in a batch that did not come back from every rank (the harness's report):
+    the reason names the root cause (which rank, which signal) and where each rank was."""
+    from harness.parity.judge import crash_where
+
     first = report.strip().splitlines()[0] if report.strip() else "the ranks failed"
+    where = crash_where.summary(report)
     return ParityResult(
         config=config,
         status="error",
         profile=profiles.profile_for(config).name,
-        reason=f"the batch failed on the ranks: {first}",
+        reason=f"the batch failed on the ranks: {first}" + (f"; {where}" if where else ""),
         expected_failure=expected_failure(config),
         detail=report,
     )

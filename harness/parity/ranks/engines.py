@@ -328,7 +328,15 @@ class FSDP2(Engine):
         return module
 
     def full_grads(self) -> dict[str, torch.Tensor]:
-        grads = {n: p.grad for n, p in self.named_trainable() if p.grad is not None}
+        """Full gradients of the parameters that have one on any rank (agreed first: a rank
+        without a gradient sends zeros, so every rank gathers the same tensors)."""
+        trainable = self.named_trainable()
+        held = gather.anywhere([p.grad is not None for _, p in trainable], self.device)
+        grads = {
+            n: p.grad if p.grad is not None else gather.zeros_like_shards(p)
+            for (n, p), anywhere in zip(trainable, held, strict=True)
+            if anywhere
+        }
         return gather.full_tensors(grads, self.device)
 
     def full_after_step(
@@ -337,9 +345,8 @@ class FSDP2(Engine):
         """Parameters and optimizer state in one batched gather. Every rank sends the same entries
         even when the ranks' states differ (a rank that skipped the step the others took has no
         state yet): a missing per-element entry travels as zeros shaped like the parameter's
-        shard, and one all-reduce says which parameters have state on any rank."""
-        from torch.distributed.tensor import DTensor
-
+        shard (``gather.zeros_like_shards``, which states the global shape and stride), and one
+        all-reduce says which parameters have state on any rank."""
         element_keys, scalar_keys = gather.state_keys(optimizers)
         state = {id(p): values for opt in optimizers for p, values in opt.state.items()}
         trainable = self.named_trainable()
@@ -348,15 +355,11 @@ class FSDP2(Engine):
             values = state.get(id(param), {})
             for key in element_keys:
                 value = values.get(key)
-                if value is None and isinstance(param, DTensor):
-                    local = torch.zeros_like(param.to_local())
-                    value = DTensor.from_local(local, param.device_mesh, param.placements, run_check=False)
-                wanted[("state", name, key)] = value if value is not None else torch.zeros_like(param)
+                wanted[("state", name, key)] = value if value is not None else gather.zeros_like_shards(param)
             for key in scalar_keys:
                 wanted[("state", name, key)] = values.get(key, torch.zeros(()))
-        present = torch.tensor([float(bool(state.get(id(p)))) for _, p in trainable], device=self.device)
-        dist.all_reduce(present, op=dist.ReduceOp.MAX)
-        with_state = {name for (name, _), flag in zip(trainable, present.tolist(), strict=True) if flag}
+        present = gather.anywhere([bool(state.get(id(p))) for _, p in trainable], self.device)
+        with_state = {name for (name, _), flag in zip(trainable, present, strict=True) if flag}
         params: dict[str, torch.Tensor] = {}
         full: dict[str, dict[str, torch.Tensor]] = {}
         for key, value in gather.full_tensors(wanted, self.device).items():

@@ -16,19 +16,17 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import torch.distributed as dist
-
 from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks import gap, gather, train
 from harness.rank import context
-from harness.rank.subtests import agree, leave_group
+from harness.rank.subtests import agree, all_ranks, leave_group
 
 _references: dict[tuple[Any, ...], tuple[dict[str, Any], str]] = {}
 
 
 def _reference(config: ParityConfig, device: Any) -> tuple[dict[str, Any], str, bool]:
     """``(rank run, description, whether it came from the cache)``."""
-    key = (id(dist.distributed_c10d._get_default_group()), *config.reference_key())
+    key = (context.group_generation(), *config.reference_key())
     cached = _references.get(key)
     if cached is not None:
         return (*cached, True)
@@ -44,17 +42,30 @@ def forget() -> None:
     gather.forget_meshes()
 
 
-def run_one(config: ParityConfig) -> dict[str, Any]:
-    """Reference and candidate runs of ``config`` on this rank (never raises)."""
+def everywhere(key: str, ok: bool) -> bool:
+    """Whether ``ok`` holds on every rank (agreed through the store); a rank where it does not
+    first leaves the group, so that peers blocked in a collective with it get an error at once."""
+    ctx = context.current()
+    if ctx.world_size == 1:
+        return ok
+    if not ok:
+        leave_group()
+    return all_ranks(ctx, key, ok=ok)
+
+
+def run_one(config: ParityConfig, index: int = 0) -> dict[str, Any]:
+    """Reference and candidate runs of ``config`` (the ``index``-th of its batch) on this rank
+    (never raises). Whether the candidate and the float32 twin run is agreed first: one rank's
+    error must not send it into collectives its peers skip (docs/architecture.md, section 4.5)."""
     device = context.current().device
     reference, reference_description, reused = _reference(config, device)
+    reference_ok = everywhere(f"parity{index}/reference", reference["error"] is None)
     candidate, candidate_description = (
-        train.run(config, "candidate", device)
-        if reference["error"] is None
-        else (None, "not run: the reference failed")
+        train.run(config, "candidate", device) if reference_ok else (None, "not run: the reference failed")
     )
+    candidate_ok = reference_ok and everywhere(f"parity{index}/candidate", candidate["error"] is None)
     fp32_gap = None
-    if config.precision != "fp32" and config.reference == "ddp" and reference["error"] is None:
+    if config.precision != "fp32" and config.reference == "ddp" and candidate_ok:
         # The expected mixed-precision gap: the same workload, optimizer and data in float32
         # (cached like any reference: the fp32 configurations of the matrix share it), measured
         # here so that only numbers travel.
@@ -91,7 +102,7 @@ def _run_batch(configs: list[ParityConfig]) -> list[dict[str, Any]]:
                 f"configuration {config.id} needs {config.backend} world size {config.world_size}, "
                 f"but this batch runs on {ctx.backend} world size {ctx.world_size}"
             )
-        result = run_one(config)
+        result = run_one(config, index)
         failed = result["reference"]["error"] or (result["candidate"] or {}).get("error")
         if failed and ctx.world_size > 1:
             leave_group()  # unblock peers still waiting in a collective with this rank

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.parity.ranks.gather import clean_name, state_keys, to_cpu
+from harness.parity.ranks.gather import anywhere, clean_name, state_keys, to_cpu
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -78,11 +78,16 @@ def _split(unit: _Unit, row: torch.Tensor, dtype: torch.dtype) -> dict[str, torc
 
 
 def full_grads(model: Any, device: torch.device) -> dict[str, torch.Tensor]:
-    """Full gradients by original name (units without a gradient are left out)."""
+    """Full gradients by original name (units without a gradient on any rank are left out).
+
+    Whether a unit's gather runs is agreed first (one all-reduce): a rank whose flat parameter
+    has no gradient sends zeros rather than skipping a collective its peers run."""
+    units = _units(model)
+    held = anywhere([unit.flat.grad is not None for unit in units], device)
     full: dict[str, torch.Tensor] = {}
-    for unit in _units(model):
-        if unit.flat.grad is not None:
-            grad = unit.flat.grad
+    for unit, somewhere in zip(units, held, strict=True):
+        if somewhere:
+            grad = unit.flat.grad if unit.flat.grad is not None else torch.zeros_like(unit.flat)
             full.update(_split(unit, _gather_rows(unit, [grad], device)[0], grad.dtype))
     return full
 

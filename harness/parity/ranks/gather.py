@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from harness.rank import context
+
 _FSDP_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 _meshes: dict[tuple[Any, ...], Any] = {}
 
@@ -48,10 +50,11 @@ def full_tensor(value: Any, device: torch.device) -> torch.Tensor:
 
 
 def mesh(device_type: str, shape: tuple[int, ...], names: tuple[str, ...] | None) -> Any:
-    """A device mesh over the default group, made once per default group (each makes sub-groups)."""
+    """A device mesh over the default group, made once per default group (each makes sub-groups),
+    keyed on the group's generation, which every rank advances together (``context.group_generation``)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    key = (id(dist.distributed_c10d._get_default_group()), device_type, shape, names)
+    key = (context.group_generation(), device_type, shape, names)
     if key not in _meshes:
         _meshes.clear()  # meshes of an earlier (destroyed) default group are of no use
         _meshes[key] = init_device_mesh(device_type, shape, mesh_dim_names=names)
@@ -61,6 +64,40 @@ def mesh(device_type: str, shape: tuple[int, ...], names: tuple[str, ...] | None
 def forget_meshes() -> None:
     """Drop cached meshes (after the default group was re-created)."""
     _meshes.clear()
+
+
+def zeros_like_shards(param: Any) -> torch.Tensor:
+    """Zeros standing in for state or a gradient this rank lacks: a DTensor laid out like the
+    parameter (each rank zeros its own shard), else plain zeros of the parameter's shape.
+
+    The global shape and stride are stated, never inferred: ``DTensor.from_local`` without them
+    takes local rows x world size, which differs between ranks as soon as the rows do not divide
+    by the world size, and every size the gather computes would differ with it
+    (docs/architecture.md, section 4.5)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(param, DTensor):
+        return torch.zeros_like(param)
+    local = torch.zeros_like(param.to_local())
+    return DTensor.from_local(
+        local,
+        param.device_mesh,
+        param.placements,
+        run_check=False,
+        shape=param.shape,
+        stride=param.stride(),
+    )
+
+
+def anywhere(flags: list[bool], device: torch.device) -> list[bool]:
+    """Which of ``flags`` hold on any rank (one all-reduce). Why: whether a tensor joins a
+    collective must not depend on what this rank happens to hold (a gradient, optimizer state),
+    or the ranks' collectives differ in size."""
+    if not dist.is_initialized() or dist.get_world_size() == 1 or not flags:
+        return list(flags)
+    present = torch.tensor([float(flag) for flag in flags], device=device)
+    dist.all_reduce(present, op=dist.ReduceOp.MAX)
+    return [bool(value) for value in present.tolist()]
 
 
 def _rows_of_rank(dim0: int, world: int, rank: int) -> int:
@@ -98,6 +135,7 @@ def full_tensors(values: dict[Any, Any], device: torch.device) -> dict[Any, torc
         pieces.append(torch.nn.functional.pad(local, (0, width - local.numel())))
         layout.append((name, shape, row, width, value.dtype))
     local = torch.cat(pieces)
+    agree_on_layout(layout, local.numel(), group, device)
     gathered = local.new_empty(world * local.numel())
     dist.all_gather_into_tensor(gathered, local, group=group)
     per_rank = gathered.view(world, -1)
@@ -107,6 +145,40 @@ def full_tensors(values: dict[Any, Any], device: torch.device) -> dict[Any, torc
         out[name] = to_cpu(torch.cat(parts).view(shape).to(dtype))
         offset += width
     return out
+
+
+class CollectiveMismatch(RuntimeError):
+    """The ranks were about to run collectives of different layouts (a desync, named)."""
+
+
+def _layout_text(layout: list[Any], numel: int) -> str:
+    """The gather's layout in words: its size and each entry's name and global shape."""
+    entries = ", ".join(f"{name} {tuple(shape)}" for name, shape, *_ in layout)
+    return f"gather.full_tensors all_gather of {numel} elements [{entries}]"
+
+
+def agree_on_layout(layout: list[Any], numel: int, group: Any, device: torch.device) -> None:
+    """Check, before the big all-gather, that every rank is about to send the same layout.
+
+    Why: a layout that differs between ranks (a global shape inferred from a local shard, a tensor
+    one rank holds and another does not) makes gloo abort a rank ("Received data size doesn't
+    match expected size") or silently cut tensors at the wrong rows. Here each rank sends two
+    numbers, its element count and a CRC of its layout (one small all-gather, equal in size on
+    every rank); when they differ, every rank sees it, and all of them raise the same error naming
+    each rank's layout (one object all-gather, on the failing path only)."""
+    import zlib
+
+    text = _layout_text(layout, numel)
+    mine = torch.tensor([numel, zlib.crc32(text.encode())], dtype=torch.int64, device=device)
+    world = dist.get_world_size(group)
+    everyone = mine.new_empty(world * 2)
+    dist.all_gather_into_tensor(everyone, mine, group=group)
+    if len({tuple(row) for row in everyone.view(world, 2).tolist()}) == 1:
+        return
+    texts: list[Any] = [None] * world
+    dist.all_gather_object(texts, text, group=group)
+    ranks = ", ".join(f"rank {rank} in {t}" for rank, t in enumerate(texts))
+    raise CollectiveMismatch(f"the ranks ran different collectives: {ranks}")
 
 
 _STATE_KEYS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {

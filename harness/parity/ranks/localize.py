@@ -141,7 +141,7 @@ def _any_rank(flag: bool) -> bool:
     return bool(value.item())
 
 
-def run_one(config: ParityConfig, step: int) -> dict[str, Any]:
+def run_one(config: ParityConfig, step: int, index: int = 0) -> dict[str, Any]:
     """Both sides of ``config`` through ``step``, probed at ``step`` module by module, then, when
     a forward output diverged on any rank, once more op by op inside this rank's first diverging
     module (``ops.py``). Never raises."""
@@ -151,7 +151,8 @@ def run_one(config: ParityConfig, step: int) -> dict[str, Any]:
     _replay(config, step, probes, part)
     for role, probe in probes.items():
         part[role] = probe.to_wire()
-    if part["error"] is None:
+    # Whether the op-level replay (collective) happens must not hang on one rank's error alone.
+    if entry.everywhere(f"localize{index}/replay", part["error"] is None):
         target = ops.first_forward_divergence(
             probes["reference"].forward, probes["candidate"].forward, profiles.profile_for(config)
         )
@@ -175,7 +176,7 @@ def run_batch(requests: list[tuple[ParityConfig, int]]) -> list[dict[str, Any]]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         for index, (config, step) in enumerate(requests):
-            result = run_one(config, step)
+            result = run_one(config, step, index)
             failed = result["error"] is not None
             if failed and ctx.world_size > 1:
                 leave_group()

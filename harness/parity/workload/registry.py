@@ -43,6 +43,7 @@ BUILTIN = {
     "embedding": "harness.parity.workload.builtin.toys:embedding",
     "llama": "harness.parity.workload.builtin.llama:llama",
     "convnet": "harness.parity.workload.builtin.convnet:convnet",
+    "uneven": "harness.parity.workload.builtin.uneven:uneven",
 }
 """Built-in names and their factories (resolved like any user's spec)."""
 

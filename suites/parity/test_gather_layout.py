@@ -1,0 +1,43 @@
+"""A desync is named as a desync: before ``gather.full_tensors`` runs its one big all-gather, the
+ranks agree on a fingerprint of its layout, and when the layouts differ every rank raises the same
+one-line error naming each rank's layout, instead of gloo aborting one rank mid-collective."""
+
+import pytest
+
+from harness import RankFailure
+
+
+def _gather_with_shape(rows_on_rank_1: int) -> str:
+    """Every rank gathers a (5, 3) DTensor sharded on dim 0; rank 1 states ``rows_on_rank_1``
+    global rows instead (a shape inferred from its local shard, as the FSDP2 bug did)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Shard
+
+    from harness.parity.ranks import gather
+
+    mesh = gather.mesh("cpu", (dist.get_world_size(),), None)
+    rows = 5 if dist.get_rank() == 0 else rows_on_rank_1
+    local = torch.ones(3 if dist.get_rank() == 0 else 2, 3)
+    value = DTensor.from_local(local, mesh, (Shard(0),), run_check=False, shape=(rows, 3), stride=(3, 1))
+    try:
+        full = gather.full_tensors({"head.weight": value}, torch.device("cpu"))
+    except gather.CollectiveMismatch as error:
+        return str(error)
+    return f"gathered {tuple(full['head.weight'].shape)}"
+
+
+def test_equal_layouts_gather(ranks):
+    assert ranks.run(_gather_with_shape, 5, world_size=2) == ["gathered (5, 3)"] * 2
+
+
+def test_layouts_that_differ_are_named_on_every_rank(ranks):
+    try:
+        messages = ranks.run(_gather_with_shape, 4, world_size=2)
+    except RankFailure as failure:  # the unguarded gather: gloo aborts a rank
+        pytest.fail(f"the ranks did not name the desync:\n{str(failure)[:2000]}")
+    assert messages[0] == messages[1], messages
+    assert messages[0].startswith("the ranks ran different collectives: rank 0 in gather.full_tensors"), (
+        messages[0]
+    )
+    assert "head.weight (5, 3)" in messages[0] and "head.weight (4, 3)" in messages[0], messages[0]
