@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.parity import launched, matrix, report, runner, workload_matrix, workloads
+from harness.parity import launched, matrix, report, runner, units, workload_matrix, workloads
 from harness.parity.result import ParityResult
 from harness.parity.select import ExpressionError, select
 from harness.parity.workload import WorkloadError
@@ -74,6 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "PYTHONPATH) or a registered name (--list shows them); repeatable",
     )
     options = parser.parse_args(argv)
+    options.units = {}
     if options.world_size < 1:
         parser.error(f"--world-size must be >= 1, got {options.world_size}")
     if launched.launched() and options.world_size != launched.world_size():
@@ -108,6 +109,7 @@ def _matrix(options: argparse.Namespace) -> list[matrix.ParityConfig]:
                 from harness.parity.checks import check
 
                 check(workloads.get(name))
+            options.units[workloads.get(name).name] = units.chosen(name)
             configs += workload_matrix.for_workload(name, **kwargs)
         except WorkloadError as error:
             raise BadWorkload(str(error)) from None
@@ -155,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             for config in options.configs:
                 reason = matrix.unsupported_reason(config, gpus=gpus)
                 print(config.id + (f"  (not here: {reason})" if reason else ""))
+            for name, chosen in options.units.items():
+                print(f"units of {name}: {chosen}")
             print("\n".join(list_workloads()))
         return 0
     import torch
@@ -215,6 +219,7 @@ def _finish(options: argparse.Namespace, results: list[ParityResult], wall: floa
         "scaler": options.scaler,
         "filter": options.expression,
         "workloads": options.workload,
+        "units": options.units,
         "launcher": launcher,
         "torch": torch.__version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

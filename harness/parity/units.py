@@ -48,8 +48,20 @@ def classes_in(model: nn.Module) -> list[str]:
     return sorted({type(m).__name__ for m in model.modules() if m is not model})
 
 
-def describe(workload: Workload, units: tuple[type[nn.Module], ...]) -> str:
-    """How ``--list`` and the report say which units were chosen: ``units: LlamaDecoderLayer
-    (auto, from LlamaForCausalLM._no_split_modules)``."""
-    names = ", ".join(u.__name__ for u in units) or "none (the root only)"
-    return f"units: {names}" + (" (auto, from _no_split_modules)" if workload.units == AUTO else "")
+def describe(workload: Workload, model: nn.Module) -> str:
+    """Which units ``workload`` gets on ``model``, in words (``--list`` and the report say it):
+    ``LlamaDecoderLayer (auto, from LlamaForCausalLM._no_split_modules)``."""
+    chosen = resolve(workload, model)
+    names = ", ".join(u.__name__ for u in chosen) or "none (the root only)"
+    if workload.units == AUTO:
+        return f"{names} (auto, from {type(model).__name__}._no_split_modules)"
+    return names
+
+
+def chosen(name_or_spec: str) -> str:
+    """:func:`describe` for a registered name or ``module:function`` (builds the model once, on
+    the controller; a :class:`WorkloadError` names the fix)."""
+    from harness.parity import workloads
+
+    workload = workloads.get(name_or_spec)
+    return describe(workload, workloads.build_model(workload, 0))

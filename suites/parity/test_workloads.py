@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fixtures import user_workloads
-from harness.parity import ParityConfig, Workload, WorkloadError, workload_matrix, workloads
+from harness.parity import ParityConfig, Workload, WorkloadError, units, workload_matrix, workloads
 from harness.parity.checks import check
 
 SPEC = "fixtures.user_workloads:resmlp"
@@ -123,9 +123,26 @@ def test_a_name_that_is_not_one_word_is_refused():
         ("loss_not_scalar", "must return a floating-point scalar tensor, got (4,)"),
         ("loss_not_finite", "the loss at step 0 is inf"),
         ("data_not_deterministic", "returned different data on two calls. Data that is not deterministic"),
+        (
+            "auto_without_names",
+            "units='auto' reads ResMLP._no_split_modules, which is None; name the FSDP units yourself, "
+            "e.g. units=(MyDecoderLayer,)",
+        ),
     ],
 )
 def test_a_workload_that_cannot_give_meaningful_runs_is_rejected_before_training(factory, complaint):
     with pytest.raises(WorkloadError) as raised:
         check(workloads.get(f"fixtures.user_workloads:{factory}"))
     assert complaint in str(raised.value)
+
+
+def test_auto_units_are_the_classes_the_models_no_split_modules_names():
+    workload = workloads.get("fixtures.user_workloads:resmlp_auto")
+    model = workloads.build_model(workload, 0)
+    assert units.resolve(workload, model) == (user_workloads.ResBlock,)
+    assert units.describe(workload, model) == "ResBlock (auto, from NamedResMLP._no_split_modules)"
+
+
+def test_explicit_units_are_described_by_their_class_names():
+    workload = workloads.get("fixtures.user_workloads:resmlp")
+    assert units.describe(workload, workloads.build_model(workload, 0)) == "ResBlock"
