@@ -376,4 +376,9 @@ def build(config: ParityConfig, role: str, device: torch.device) -> Engine:
         cls = LowPrecisionDDP
     else:
         cls = Engine
-    return cls(config, device)
+    engine = cls(config, device)
+    if role == "reference" and config.engine == "fsdp2" and cls is not SingleProcess:
+        # The twin of FSDP2's autograd graph too: its units' inputs pass one identity node each.
+        model = engine.trained_module()
+        twin.mirror_fsdp2_inputs(model, unit_modules(model, engine.units))
+    return engine

@@ -133,3 +133,44 @@ def reduce_grads(lows: list[nn.Parameter], masters: list[nn.Parameter], policy: 
             master.grad.data = grad.to(DTYPES[policy.param])
         else:
             master.grad = grad.to(master.dtype)
+
+
+# -- FSDP2's autograd structure ---------------------------------------------------------------------
+class _PassThrough(torch.autograd.Function):
+    """The identity, as one autograd node over several tensors (FSDP2's
+    ``RegisterPostBackwardFunction`` without the post-backward it triggers)."""
+
+    @staticmethod
+    def forward(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        return inputs
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        return grads
+
+
+def mirror_fsdp2_inputs(root: nn.Module, units: Iterable[nn.Module]) -> None:
+    """Route each wrapped module's grad-requiring inputs through one identity autograd node per
+    call, after the input casts, as FSDP2's ``pre_forward`` does (``_register_post_backward_hook``).
+
+    Why it matters: a tensor that several units receive (T5 hands the relative position bias
+    made in its first block to every later block) then sums its gradient from each unit as one
+    node's output, in backward order; without the node autograd sums the same terms in another
+    order, and the last bits of the gradients differ even in float32."""
+    from torch.distributed.fsdp._common_utils import collect_grad_tensors, replace_grad_tensors
+
+    def pass_through(module: nn.Module, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        if not torch.is_grad_enabled():
+            return None
+        tensors = collect_grad_tensors((args, kwargs))
+        if not tensors:
+            return None
+        return replace_grad_tensors((args, kwargs), iter(_PassThrough.apply(*tensors)))
+
+    for module in (root, *units):
+        if any(True for _ in module.parameters()):  # FSDP2 makes a parameter group only for these
+            module.register_forward_pre_hook(pass_through, with_kwargs=True)

@@ -18,19 +18,19 @@ from typing import Any
 import torch
 
 from harness.parity import Workload
+from suites.models.support import INSTALL_HINT
 
 try:
     import transformers
 except ImportError:  # pragma: no cover - the suite skips at collection without it
     transformers = None
 
-INSTALL = "pip install 'shardscale[models]' (or: make setup, which installs the extra)"
 VOCAB, HIDDEN, SEQ, BATCH = 256, 64, 16, 4
 
 
 def _need() -> Any:
     if transformers is None:
-        raise ImportError(f"the real-model workloads need Hugging Face transformers: {INSTALL}")
+        raise ImportError(f"the real-model workloads need Hugging Face transformers: {INSTALL_HINT}")
     return transformers
 
 

@@ -1,4 +1,4 @@
-"""The mixed-precision reference is the candidate's unsharded twin, field by field.
+"""The reference is the candidate's unsharded twin, field by field (and FSDP2's autograd nodes).
 
 For every field of ``PrecisionPolicy`` (parameter dtype, reduce dtype, buffers cast or kept, where
 inputs are cast, output dtype, low-precision grads) one configuration where the field changes the
@@ -125,6 +125,28 @@ def test_a_reference_that_ignores_the_output_dtype_fails(ignoring):
 
 def test_a_reference_that_upcasts_grads_fsdp1_keeps_in_low_precision_fails(ignoring):
     assert _broken(ignoring["keep_low_precision_grads"])
+
+
+_SHARED = ParityConfig(**{**FSDP2, "precision": "fp32", "workload": "fixtures.policy_workload:shared_net"})
+
+
+@pytest.fixture(scope="module")
+def shared(module_ranks):
+    """A value fed to a unit and the root, FSDP2 in float32: with and without FSDP2's nodes."""
+    (faithful,) = runner.run([_SHARED], ranks_executor(module_ranks), localize=False)
+    plant = Plant(kind="reference_without_fsdp2_nodes")
+    (planted,) = runner.run([_SHARED], _planted_executor(module_ranks, plant), localize=False)
+    return faithful.result, planted.result
+
+
+def test_the_fsdp2_reference_sums_a_shared_inputs_gradient_as_fsdp2_does_bitwise(shared):
+    faithful, _ = shared
+    assert faithful.status == "pass" and faithful.closeness == "bitwise", faithful.reason
+
+
+def test_a_reference_without_fsdp2s_autograd_node_on_unit_inputs_fails(shared):
+    _, planted = shared
+    assert _broken(planted)
 
 
 def test_fsdp2_refuses_a_policy_field_it_cannot_express():
