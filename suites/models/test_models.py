@@ -74,3 +74,36 @@ def test_each_architecture_gets_the_units_its_class_names():
         "bert": "BertLayer",
         "t5": "T5Block (auto, from T5ForConditionalGeneration._no_split_modules)",
     }
+
+
+def test_a_llama_whose_rotary_buffer_is_cast_by_hand_is_told_which_buffer_and_dtypes(module_ranks):
+    """transformers#25681: a user casts the model's buffers to bf16 by hand under FSDP2 (which
+    keeps them as they were): the report names the buffer, in the module that diverges first."""
+    from fixtures.parity_plants import Plant, localize_batch, run_batch
+    from harness import RankFailure
+    from harness.parity import runner
+    from harness.parity.matrix import ParityConfig
+
+    plant = Plant(kind="cast_buffer", module="model.rotary_emb.inv_freq")
+
+    def execute(batch, backend, world_size, target=runner.RANK_TARGET):
+        call = localize_batch if target == runner.LOCALIZE_TARGET else run_batch
+        try:
+            return module_ranks.run(call, plant, batch, world_size=world_size, backend=backend, deadline=180)
+        except RankFailure as failure:
+            raise runner.BatchFailed(str(failure)) from failure
+
+    config = ParityConfig(
+        engine="fsdp2",
+        reshard_after_forward=True,
+        precision="bf16",
+        workload="suites.models.workloads:llama",
+        steps=2,
+    )
+    (outcome,) = runner.run([config], execute)
+    (cause,) = [c for c in outcome.result.causes if c.name == "dtype_differs"]
+    assert (
+        "model.rotary_emb.inv_freq is bfloat16 in the candidate and float32 in the reference"
+        in cause.evidence
+    )
+    assert outcome.result.localization.first.module.startswith("model.rotary_emb")
