@@ -23,9 +23,9 @@ from harness.parity.precision import PrecisionPolicy
 from harness.parity.twin import DTYPES
 
 
-def unit_modules(module: nn.Module, units: tuple[type[nn.Module], ...]) -> list[nn.Module]:
-    """The modules FSDP wraps below the root: every instance of a ``units`` class, in module order."""
-    return [m for m in module.modules() if units and isinstance(m, units) and m is not module]
+def unit_modules(module: nn.Module, classes: tuple[type[nn.Module], ...]) -> list[nn.Module]:
+    """The modules FSDP wraps below the root: every instance of a unit class, in module order."""
+    return [m for m in module.modules() if classes and isinstance(m, classes) and m is not module]
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
