@@ -17,7 +17,7 @@ export MKL_NUM_THREADS ?= 1
 export PYTHONUNBUFFERED := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup parity test test-gpu gate kernels mutation bench demo lint clean
+.PHONY: help setup parity test test-gpu models gate kernels mutation bench demo lint clean
 
 help: ## list the targets and what each does
 	@echo "usage: make <target> [VARIABLE=value ...]"
@@ -28,10 +28,10 @@ setup: ## create or refresh .venv (idempotent; re-runs when TORCH, PIP_ARGS or p
 		echo "setup: $(VENV) is up to date ($(TORCH))"; \
 	else \
 		set -e; \
-		echo "setup: installing $(TORCH) and shardscale with its dev tools into $(VENV)"; \
+		echo "setup: installing $(TORCH) and shardscale with its dev tools and the models extra into $(VENV)"; \
 		echo "setup: (the first time takes a minute or more; a CUDA build of torch downloads several GB)"; \
 		[ -x $(PY) ] || $(PYTHON) -m venv $(VENV); \
-		$(PY) -m pip install -q --disable-pip-version-check $(PIP_ARGS) "$(TORCH)" -e ".[dev]"; \
+		$(PY) -m pip install -q --disable-pip-version-check $(PIP_ARGS) "$(TORCH)" -e ".[dev,models]"; \
 		echo "$(SETUP_KEY)" > $(STAMP); \
 		echo "setup: installed shardscale with $$($(PY) -c 'import torch; print("torch", torch.__version__)') into $(VENV)"; \
 	fi
@@ -50,6 +50,9 @@ parity: setup ## the parity matrix against DDP; writes reports/parity.{json,md,p
 
 test: setup ## all suites on CPU/gloo (.ci/run runs exactly this)
 	$(PY) -m pytest suites -q
+
+models: setup ## the real-model tier: tiny Llama, Mixtral, GPT-2, BERT and T5 (transformers) through every engine and precision
+	SHARDSCALE_MODELS=all $(PY) -m pytest suites/models -q
 
 # REQUIRE_GPUS=N (self-hosted GPU runners): strict mode, a GPU test skipped for lack of GPUs fails.
 REQUIRE_GPUS ?= 0

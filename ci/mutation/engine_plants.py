@@ -20,6 +20,7 @@ _ULP = "suites/parity/test_ulp.py"
 _CAUSES = "suites/parity/test_causes.py"
 _REPORT = "suites/parity/test_report.py"
 _LOCALIZE = "suites/parity/test_localize.py"
+_POLICY = "suites/parity/test_reference_policy.py"
 
 
 def _edit(file: str, old: str, new: str) -> Edit:
@@ -212,6 +213,19 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
             ),
         ),
         tests=("suites/parity/test_uneven.py",),
+    ),
+    Plant(
+        name="parity_reference_casts_buffers",
+        bug="the low-precision reference casts every buffer to the parameter dtype, whatever the "
+        "candidate's policy (FSDP2 keeps buffers as they were: a rotary inv_freq stays float32)",
+        edits=(
+            _edit(
+                "ranks/twin.py",
+                "param, buffers = dtype(policy.param), dtype(policy.buffers)\n",
+                "param, buffers = dtype(policy.param), dtype(policy.buffers) or dtype(policy.param)  # planted\n",
+            ),
+        ),
+        tests=(_POLICY,),
     ),
     Plant(
         name="parity_reference_on_other_shapes",

@@ -25,7 +25,7 @@ from harness.parity.plan import matrix, workload_matrix
 from harness.parity.plan.config import BACKENDS, SCALERS, ParityConfig, unique, unsupported_reason
 from harness.parity.plan.select import ExpressionError, select
 from harness.parity.report import render
-from harness.parity.workload import registry
+from harness.parity.workload import registry, units
 from harness.parity.workload.spec import WorkloadError
 
 
@@ -78,6 +78,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "PYTHONPATH) or a registered name (--list shows them); repeatable",
     )
     options = parser.parse_args(argv)
+    options.units = {}
     if options.world_size < 1:
         parser.error(f"--world-size must be >= 1, got {options.world_size}")
     if launched.launched() and options.world_size != launched.world_size():
@@ -112,6 +113,7 @@ def _matrix(options: argparse.Namespace) -> list[ParityConfig]:
                 from harness.parity.workload.checks import check
 
                 check(registry.get(name))
+            options.units[registry.get(name).name] = units.chosen(name)
             configs += workload_matrix.for_workload(name, **kwargs)
         except WorkloadError as error:
             raise BadWorkload(str(error)) from None
@@ -159,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             for config in options.configs:
                 reason = unsupported_reason(config, gpus=gpus)
                 print(config.id + (f"  (not here: {reason})" if reason else ""))
+            for name, chosen in options.units.items():
+                print(f"units of {name}: {chosen}")
             print("\n".join(list_workloads()))
         return 0
     import torch
@@ -219,6 +223,7 @@ def _finish(options: argparse.Namespace, results: list[ParityResult], wall: floa
         "scaler": options.scaler,
         "filter": options.expression,
         "workloads": options.workload,
+        "units": options.units,
         "launcher": launcher,
         "torch": torch.__version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -109,3 +109,9 @@ def test_the_cpu_workflow_checks_verdicts_under_every_kernel_family():
     document = yaml.safe_load((ROOT / "ci" / "workflows" / "cpu.yml").read_text())
     commands = [step.get("run", "") for step in document["jobs"]["kernels"]["steps"]]
     assert "make kernels" in commands
+
+
+def test_the_cpu_workflow_runs_the_real_model_tier_in_a_job_of_its_own():
+    document = yaml.safe_load((ROOT / "ci" / "workflows" / "cpu.yml").read_text())
+    commands = [step.get("run", "") for step in document["jobs"]["models"]["steps"]]
+    assert "make models" in commands

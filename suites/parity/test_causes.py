@@ -88,10 +88,53 @@ def test_buffers_alone_differing_point_at_broadcast_buffers():
     assert cause.name == "buffers_only" and "broadcast_buffers" in cause.describe()
 
 
+def _with_freq(record, dtype, value=0.3):
+    buffers = tuple({**own, "rotary.freq": torch.full((2,), value, dtype=dtype)} for own in record.buffers)
+    return replace_step(record, buffers=buffers)
+
+
+def test_a_buffer_held_in_another_dtype_is_named_with_both_dtypes():
+    kept = _with_freq(step(0), torch.float32)
+    cast = _with_freq(step(0, loss=0.75), torch.bfloat16)
+    found = {cause.name: cause for cause in _causes([kept], [cast])}
+    assert (
+        "rotary.freq is bfloat16 in the candidate and float32 in the reference"
+        in found["dtype_differs"].evidence
+    )
+
+
+def test_a_parameter_held_in_another_dtype_is_named_too():
+    wide = replace_step(
+        step(0, loss=0.75), params={**step(0).params, "layer.bias": torch.zeros(2, dtype=torch.float64)}
+    )
+    found = {cause.name: cause for cause in _causes([step(0)], [wide])}
+    assert (
+        "layer.bias is float64 in the candidate and float32 in the reference"
+        in found["dtype_differs"].evidence
+    )
+
+
+def test_localization_narrows_the_dtype_cause_to_the_first_diverging_module():
+    reference, candidate = (
+        run(_with_freq(step(0), torch.float32)),
+        run(_with_freq(step(0, loss=0.75), torch.bfloat16)),
+    )
+    comparison = compare_runs(reference, candidate, profile=profiles.EXACT)
+    found = causes.match(reference, candidate, comparison)
+    (narrowed,) = [
+        c for c in causes.localized(found, reference, candidate, 0, "rotary[0]") if c.name == "dtype_differs"
+    ]
+    assert narrowed.evidence.startswith(
+        "at step 0, in the first diverging module rotary[0], rotary.freq is bfloat16"
+    )
+    elsewhere = causes.localized(found, reference, candidate, 0, "blocks.0")
+    assert elsewhere == found
+
+
 def test_a_run_that_matches_has_no_cause():
     assert _causes([step(0)], [step(0)]) == ()
 
 
 def test_each_cause_in_the_catalogue_has_a_name_of_its_own():
     names = [name for name, _ in causes.CATALOGUE]
-    assert len(names) == len(set(names)) == 5
+    assert len(names) == len(set(names)) == 6

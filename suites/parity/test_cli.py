@@ -151,6 +151,21 @@ def test_a_workload_that_cannot_be_used_exits_2_naming_the_fix(user_folder, work
     assert done.returncode == 2 and complaint in done.stderr, done.stderr
 
 
+def test_list_says_which_units_auto_chose_from_no_split_modules(user_folder):
+    done = parity("--workload", "my_workloads:resmlp_auto", "--list", "-k", "fsdp2 and bf16", cwd=user_folder)
+    assert done.returncode == 0, done.stderr
+    assert (
+        "units of resmlp_auto: ResBlock (auto, from NamedResMLP._no_split_modules)"
+        in done.stdout.splitlines()
+    )
+
+
+def test_units_auto_on_a_model_without_no_split_modules_exits_2_naming_the_fix(user_folder):
+    done = parity("--workload", "my_workloads:auto_without_names", "--list", cwd=user_folder)
+    assert done.returncode == 2
+    assert "ResMLP._no_split_modules, which is None; name the FSDP units yourself" in done.stderr
+
+
 def _installed_package(folder):
     """A package that names its workload in the ``shardscale.workloads`` entry-point group, as its
     wheel's metadata would (a ``.dist-info`` folder on ``sys.path``)."""

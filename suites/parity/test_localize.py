@@ -56,6 +56,10 @@ CASES = {
         Plant(kind="no_agreement"),
     ),
     "divide_factor": (ParityConfig(**_FSDP2), Plant(kind="grad_factor", amount=2.0)),
+    "buffer_cast_by_hand": (
+        ParityConfig(workload="fixtures.policy_workload:policy_net", precision="bf16", **_FSDP2),
+        Plant(kind="cast_buffer", module="rotary.freq"),
+    ),
 }
 
 
@@ -146,6 +150,16 @@ def test_gradients_off_by_the_world_size_are_named_as_a_divide_factor_mismatch(p
     assert _cause_names(result) == ["divide_factor"]
     assert "every gradient is 2x the reference's (the world size, 2" in result.causes[0].evidence
     assert _first(result) is None
+
+
+def test_a_buffer_cast_by_hand_on_one_side_is_named_with_both_dtypes_in_its_module(planted):
+    result = planted["buffer_cast_by_hand"]
+    assert _first(result).module == "rotary"
+    (cause,) = [c for c in result.causes if c.name == "dtype_differs"]
+    assert (
+        "in the first diverging module rotary, rotary.freq is bfloat16 in the candidate and float32 in the reference"
+        in (cause.describe())
+    )
 
 
 def test_the_markdown_report_carries_the_module_and_the_cause_in_the_row_and_divergences(planted):

@@ -78,11 +78,21 @@ def test_a_bad_fault_is_refused_naming_the_field():
         Fault(step=1, value="zero")
 
 
-def test_configurations_that_differ_only_in_the_candidate_share_a_reference():
+def test_configurations_that_differ_only_in_how_the_candidate_shards_share_a_reference():
     fsdp1 = ParityConfig(engine="fsdp1", sharding="no_shard", use_orig_params=True)
     fsdp2 = ParityConfig(engine="fsdp2", reshard_after_forward=False)
-    assert fsdp1.reference_key() == fsdp2.reference_key()
+    assert fsdp1.reference_key() == fsdp1.with_(sharding="full_shard", use_orig_params=False).reference_key()
+    assert fsdp2.reference_key() == fsdp2.with_(reshard_after_forward=True, offload=True).reference_key()
     assert fsdp1.reference_key() != fsdp1.with_(precision="bf16").reference_key()
+
+
+def test_fsdp1_and_fsdp2_get_references_of_their_own_as_their_twins_differ():
+    """FSDP2 keeps buffers FSDP1 casts, casts inputs at every unit, and puts an autograd node on
+    each unit's inputs: even in float32 its reference is not FSDP1's."""
+    fsdp1 = ParityConfig(engine="fsdp1", sharding="no_shard", use_orig_params=True)
+    fsdp2 = ParityConfig(engine="fsdp2", reshard_after_forward=False)
+    assert fsdp1.reference_key() != fsdp2.reference_key()
+    assert fsdp1.with_(precision="bf16").reference_key() != fsdp2.with_(precision="bf16").reference_key()
 
 
 def test_what_cannot_run_on_gloo_says_why_and_where_it_runs():

@@ -172,3 +172,9 @@ def test_the_figure_is_written_when_something_ran(tmp_path):
     assert render_png(_results(), tmp_path / "parity.png")
     assert (tmp_path / "parity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not render_png(_results()[3:], tmp_path / "none.png")
+
+
+def test_the_markdown_report_says_which_fsdp_units_each_workload_got():
+    run = {**RUN, "units": {"hf_llama": "LlamaDecoderLayer (auto, from LlamaForCausalLM._no_split_modules)"}}
+    text = render.render_markdown(_results(), run)
+    assert "FSDP units: `hf_llama` LlamaDecoderLayer (auto, from LlamaForCausalLM._no_split_modules)." in text

@@ -9,7 +9,7 @@ import torch
 from fixtures import user_workloads
 from harness.parity import ParityConfig, Workload, WorkloadError
 from harness.parity.plan import workload_matrix
-from harness.parity.workload import registry
+from harness.parity.workload import registry, units
 from harness.parity.workload.checks import check
 
 SPEC = "fixtures.user_workloads:resmlp"
@@ -125,9 +125,26 @@ def test_a_name_that_is_not_one_word_is_refused():
         ("loss_not_scalar", "must return a floating-point scalar tensor, got (4,)"),
         ("loss_not_finite", "the loss at step 0 is inf"),
         ("data_not_deterministic", "returned different data on two calls. Data that is not deterministic"),
+        (
+            "auto_without_names",
+            "units='auto' reads ResMLP._no_split_modules, which is None; name the FSDP units yourself, "
+            "e.g. units=(MyDecoderLayer,)",
+        ),
     ],
 )
 def test_a_workload_that_cannot_give_meaningful_runs_is_rejected_before_training(factory, complaint):
     with pytest.raises(WorkloadError) as raised:
         check(registry.get(f"fixtures.user_workloads:{factory}"))
     assert complaint in str(raised.value)
+
+
+def test_auto_units_are_the_classes_the_models_no_split_modules_names():
+    workload = registry.get("fixtures.user_workloads:resmlp_auto")
+    model = registry.build_model(workload, 0)
+    assert units.resolve(workload, model) == (user_workloads.ResBlock,)
+    assert units.describe(workload, model) == "ResBlock (auto, from NamedResMLP._no_split_modules)"
+
+
+def test_explicit_units_are_described_by_their_class_names():
+    workload = registry.get("fixtures.user_workloads:resmlp")
+    assert units.describe(workload, registry.build_model(workload, 0)) == "ResBlock"

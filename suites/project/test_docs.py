@@ -21,6 +21,7 @@ def test_make_help_lists_every_target_with_one_line():
         "setup",
         "parity",
         "test",
+        "models",
         "test-gpu",
         "gate",
         "kernels",

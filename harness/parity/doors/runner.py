@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from harness.parity.judge import pinpoint
+from harness.parity.judge import causes, pinpoint
 from harness.parity.judge import result as results
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan import profiles
@@ -190,9 +190,19 @@ def _localized(judged: list[Judged], execute: Executor, backend: str, world_size
     except BatchFailed as failure:
         found = {config.id: pinpoint.Localization(step=step, error=str(failure)) for config, step in requests}
     return [
-        (dataclasses.replace(v, localization=found[v.config.id]) if v.config.id in found else v, r, c)
+        (_with_localization(v, r, c, found[v.config.id]) if v.config.id in found else v, r, c)
         for v, r, c in judged
     ]
+
+
+def _with_localization(
+    verdict: ParityResult, reference: RunRecord, candidate: RunRecord | None, found: pinpoint.Localization
+) -> ParityResult:
+    """``verdict`` with its localization, and its known causes narrowed to the module it names."""
+    known = verdict.causes
+    if found.first is not None and candidate is not None:
+        known = causes.localized(known, reference, candidate, found.step, found.first.module)
+    return dataclasses.replace(verdict, localization=found, causes=known)
 
 
 def pool_executor(pool: Any, *, deadline_per_config_s: float = 60.0) -> Executor:

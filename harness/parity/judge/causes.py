@@ -24,7 +24,8 @@ class Cause:
     """A known cause that matches a divergence."""
 
     name: str
-    """``skip_desync``, ``divide_factor``, ``forward_differs``, ``optimizer_only`` or ``buffers_only``."""
+    """``skip_desync``, ``divide_factor``, ``forward_differs``, ``dtype_differs``, ``optimizer_only``
+    or ``buffers_only``."""
     evidence: str
     """What in the records matched, with numbers."""
     explanation: str
@@ -153,6 +154,69 @@ def _forward_differs(e: Evidence) -> Cause | None:
     )
 
 
+def _short(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _under(name: str, module: str | None) -> bool:
+    """Whether tensor ``name`` belongs to ``module`` (a localized name: ``#k`` and ``[i]`` dropped)."""
+    if module is None:
+        return True
+    owner = module.split("#")[0].split("[")[0]
+    return not owner or name.startswith(owner + ".")
+
+
+def dtype_differences(reference: StepRecord, candidate: StepRecord, module: str | None = None) -> list[str]:
+    """``name is A in the candidate and B in the reference`` for every parameter and (rank 0's)
+    buffer whose dtype differs between the runs, inside ``module`` when given, by name."""
+    sides = [(reference.params, candidate.params)]
+    if reference.buffers and candidate.buffers:
+        sides.append((reference.buffers[0], candidate.buffers[0]))
+    found = []
+    for want, got in sides:
+        for name in sorted(want.keys() & got.keys()):
+            if want[name].dtype != got[name].dtype and _under(name, module):
+                found.append(
+                    f"{name} is {_short(got[name].dtype)} in the candidate and {_short(want[name].dtype)} in the reference"
+                )
+    return found
+
+
+def _dtype_cause(found: list[str], step: int, module: str | None = None) -> Cause:
+    where = f"in the first diverging module {module or '(the model)'}, " if module is not None else ""
+    more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+    return Cause(
+        name="dtype_differs",
+        evidence=f"at step {step}, {where}{'; '.join(found[:3])}{more}",
+        explanation=(
+            "The two runs hold this tensor in different dtypes, so everything computed from it "
+            "differs: one side cast it (a buffer cast by hand or by model.to(dtype), FSDP1's "
+            "buffer_dtype where FSDP2 never casts buffers, a rotary inv_freq that must stay "
+            "float32); keep it in the dtype the other side keeps it in"
+        ),
+        reference="transformers#25681",
+    )
+
+
+def _dtype_differs(e: Evidence) -> Cause | None:
+    found = dtype_differences(e.reference, e.candidate)
+    return _dtype_cause(found, e.candidate.step) if found else None
+
+
+def localized(
+    found: tuple[Cause, ...], reference: RunRecord, candidate: RunRecord, step: int, module: str
+) -> tuple[Cause, ...]:
+    """``found`` with its ``dtype_differs`` cause narrowed to the first diverging ``module`` (once
+    localization named it), when that module holds a tensor whose dtype differs."""
+    if step >= min(len(reference.steps), len(candidate.steps)):
+        return found
+    inside = dtype_differences(reference.steps[step], candidate.steps[step], module)
+    if not inside:
+        return found
+    narrowed = _dtype_cause(inside, step, module)
+    return tuple(narrowed if cause.name == "dtype_differs" else cause for cause in found)
+
+
 def _optimizer_only(e: Evidence) -> Cause | None:
     moved = e.failed & {"param", "optim_state"}
     if not moved or not e.grads_compared or e.failed - {"param", "optim_state"}:
@@ -189,6 +253,7 @@ CATALOGUE: tuple[tuple[str, _Pattern], ...] = (
     ("skip_desync", _skip_desync),
     ("divide_factor", _divide_factor),
     ("forward_differs", _forward_differs),
+    ("dtype_differs", _dtype_differs),
     ("optimizer_only", _optimizer_only),
     ("buffers_only", _buffers_only),
 )

@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Iterator
 
+from harness.parity.plan import precision as mixed_precision
+from harness.parity.plan.precision import PrecisionPolicy
 from harness.parity.workload import registry
 
 ENGINES = ("ddp", "fsdp1", "fsdp2")
@@ -92,6 +94,10 @@ class ParityConfig:
     precision: str = "fp32"
     """``fp32``, or ``fp16``/``bf16``: FSDP mixed precision (param and reduce dtype); the DDP
     reference then trains a copy in that dtype and keeps float32 master weights, as FSDP does."""
+    mixed: PrecisionPolicy | None = None
+    """The candidate's mixed-precision policy in full (reduce dtype, buffers, input and output
+    casts, low-precision grads); ``None``: the engine's default for ``precision``
+    (``precision.default``). The reference emulates whichever applies (:attr:`policy`)."""
     optimizer: str = "sgd"
     offload: bool = False
     """FSDP2: ``CPUOffloadPolicy(pin_memory=False)``; FSDP1: ``CPUOffload(offload_params=True)``."""
@@ -121,6 +127,12 @@ class ParityConfig:
         _choice("scaler", self.scaler, SCALERS)
         _choice("reference", self.reference, REFERENCES)
         _choice("backend", self.backend, BACKENDS)
+        if self.mixed is not None:
+            if self.mixed.param != self.precision:
+                raise ValueError(
+                    f"mixed.param must be the configuration's precision {self.precision!r}, got {self.mixed.param!r}"
+                )
+            self.mixed.check_for(self.engine)
         workload = registry.get(self.workload)
         if self.optimizer == "own" and workload.optimizer is None:
             raise ValueError(
@@ -179,7 +191,12 @@ class ParityConfig:
             parts.append("reshard" if self.reshard_after_forward else "keep")
         if self.offload:
             parts.append("offload")
-        parts += [self.precision, self.optimizer]
+        parts.append(self.precision)
+        if self.mixed is not None and (
+            word := self.mixed.word(mixed_precision.default(self.engine, self.precision))
+        ):
+            parts.append(word)
+        parts.append(self.optimizer)
         if self.workload != "mlp":
             parts.append(registry.get(self.workload).name)
         if self.path != "plain":
@@ -197,7 +214,7 @@ class ParityConfig:
         """What ``-k`` matches against: the id's parts, the suite, and ``field=value`` pairs."""
         words = set(self.id.split("-")) | {self.suite, self.id}
         for field in dataclasses.fields(self):
-            if field.name != "faults":
+            if field.name not in ("faults", "mixed"):
                 words.add(f"{field.name}={getattr(self, field.name)}")
         if any(fault.rank is None for fault in self.faults):
             words.add("every_rank")
@@ -206,6 +223,12 @@ class ParityConfig:
         if self.fused:
             words.add("fused")
         return frozenset(words)
+
+    @property
+    def policy(self) -> PrecisionPolicy | None:
+        """The candidate's mixed precision (``None`` in float32): what the FSDP engines apply and
+        the low-precision DDP reference emulates, field by field."""
+        return self.mixed or mixed_precision.default(self.engine, self.precision)
 
     @property
     def fused(self) -> bool:
@@ -219,6 +242,8 @@ class ParityConfig:
             self.reference,
             self.workload,
             self.precision,
+            self.policy if self.reference == "ddp" else None,  # FSDP1 and FSDP2 references differ
+            self.reference == "ddp" and self.engine == "fsdp2",  # FSDP2's autograd nodes (twin.py)
             self.optimizer,
             self.path,
             tuple((f.step, f.value, f.optimizer) for f in self.faults),

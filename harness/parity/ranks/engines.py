@@ -10,7 +10,6 @@ reference and the candidate start from the same weights on every rank.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -19,16 +18,16 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks import flat, gather
+from harness.parity.plan.precision import PrecisionPolicy
+from harness.parity.ranks import flat, gather, twin
 from harness.parity.ranks.optimizers import make_optimizer
-from harness.parity.workload import registry
+from harness.parity.ranks.twin import DTYPES
+from harness.parity.workload import registry, units
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
-
-def cast_floats(batch: Any, dtype: torch.dtype) -> Any:
-    """``batch`` with its floating-point tensors cast to ``dtype`` (FSDP casts forward inputs alike)."""
-    return _tree_map(batch, lambda t: t.to(dtype) if t.is_floating_point() else t)
+def unit_modules(module: nn.Module, classes: tuple[type[nn.Module], ...]) -> list[nn.Module]:
+    """The modules FSDP wraps below the root: every instance of a unit class, in module order."""
+    return [m for m in module.modules() if classes and isinstance(m, classes) and m is not module]
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -61,6 +60,8 @@ class Engine:
         if self.workload.sparse:  # sparse workloads train in their precision throughout
             model = model.to(DTYPES[config.precision])
         self.module = model.to(device)
+        self.units = units.resolve(self.workload, model)
+        """The FSDP unit classes (the workload's, or resolved from ``_no_split_modules``)."""
         self.first_unit = self._first_unit_prefix()  # before wrapping: FSDP1 renames submodules
         self.wrapped = self.wrap(self.module)
 
@@ -91,9 +92,9 @@ class Engine:
         return [first, rest]
 
     def _first_unit_prefix(self) -> str | None:
-        units = self.workload.units or (nn.Module,)
+        wanted = self.units or (nn.Module,)
         for name, module in self.module.named_modules():
-            if name and isinstance(module, units) and any(p.requires_grad for p in module.parameters()):
+            if name and isinstance(module, wanted) and any(p.requires_grad for p in module.parameters()):
                 return name + "."
         return None
 
@@ -173,28 +174,34 @@ class Engine:
 
 
 class LowPrecisionDDP(Engine):
-    """The mixed-precision reference: DDP over a copy in fp16/bf16, float32 master weights.
+    """The mixed-precision reference: the candidate's unsharded twin, float32 master weights.
 
-    Why not DDP's own ``mixed_precision``: it needs device events, which the CPU backend lacks.
-    This does what FSDP's ``MixedPrecision(param_dtype=d, reduce_dtype=d)`` does: run forward and
-    backward with parameters cast to ``d`` (inputs too), all-reduce the gradients in ``d``, and hand
-    float32 gradients to an optimizer over float32 parameters.
+    Why not DDP's own ``mixed_precision``: it needs device events, which the CPU backend lacks, and
+    it knows nothing of FSDP's buffer, input and output semantics. This trains a working copy made
+    from the candidate's own :class:`~harness.parity.plan.precision.PrecisionPolicy`
+    (``config.policy``, emulated by ``twin.py`` field by field: parameter dtype, buffers cast or
+    kept, inputs cast at the root or at every unit, output casts), under DDP for the forward (the
+    fp32 reference's path) but with its gradients reduced by hand in the policy's reduce dtype and
+    handed to an optimizer over the float32 masters.
     """
 
     def __init__(self, config: ParityConfig, device: torch.device) -> None:
-        self.dtype = DTYPES[config.precision]
+        policy = self.candidate_policy(config)
+        assert policy is not None, "a low-precision reference needs a mixed-precision policy"
+        self.policy = policy
+        self.dtype = DTYPES[policy.param]
         super().__init__(config, device)
-        self.description = f"DDP, {config.precision} working copy with float32 master weights"
+        self.description = f"DDP, {config.precision} working copy with float32 master weights ({policy})"
+
+    @staticmethod
+    def candidate_policy(config: ParityConfig) -> PrecisionPolicy | None:
+        """The policy to emulate: the candidate's, whatever its engine."""
+        return config.policy
 
     def wrap(self, module: nn.Module) -> nn.Module:
-        self.working = copy.deepcopy(module).to(self.dtype)
-        self.working.register_forward_pre_hook(self._cast_inputs, with_kwargs=True)
+        self.working = twin.working_copy(module, self.policy)
+        twin.install_casts(self.working, unit_modules(self.working, self.units), self.policy)
         return super().wrap(self.working)
-
-    def _cast_inputs(self, module: nn.Module, args: Any, kwargs: Any) -> tuple[Any, Any]:
-        """The root's forward inputs in the low dtype, as FSDP casts them (a loss that uses float
-        data outside the model, a regression target, sees it uncast in both runs)."""
-        return cast_floats(args, self.dtype), cast_floats(kwargs, self.dtype)
 
     def trained_module(self) -> nn.Module:
         return self.working
@@ -204,15 +211,12 @@ class LowPrecisionDDP(Engine):
             for low, master in zip(self.working.parameters(), self.module.parameters(), strict=True):
                 low.copy_(master)
         batch = to_device(self.batch(step, self.rank), self.device)
-        with self.forward_rng(step):
-            loss = self.workload.loss(self.wrapped, batch)
+        with self.forward_rng(step), self.wrapped.no_sync():  # type: ignore[operator]
+            loss = self.workload.loss(self.wrapped, batch)  # reduced by hand in after_backward
         return loss, loss.item()
 
     def after_backward(self) -> None:
-        for low, master in zip(self.working.parameters(), self.module.parameters(), strict=True):
-            if low.grad is not None:
-                master.grad = low.grad.float()
-                low.grad = None
+        twin.reduce_grads(list(self.working.parameters()), list(self.module.parameters()), self.policy)
 
 
 class SingleProcess(Engine):
@@ -258,7 +262,7 @@ class FSDP1(Engine):
         )
 
     def wrap(self, module: nn.Module) -> nn.Module:
-        from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
+        from torch.distributed.fsdp import CPUOffload, ShardingStrategy
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -268,13 +272,10 @@ class FSDP1(Engine):
             "sharding_strategy": ShardingStrategy[config.sharding.upper()],  # type: ignore[union-attr]
             "use_orig_params": config.use_orig_params,
         }
-        if self.workload.units:
-            kwargs["auto_wrap_policy"] = ModuleWrapPolicy(set(self.workload.units))
-        if config.precision != "fp32":
-            dtype = DTYPES[config.precision]
-            kwargs["mixed_precision"] = MixedPrecision(
-                param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype
-            )
+        if self.units:
+            kwargs["auto_wrap_policy"] = ModuleWrapPolicy(set(self.units))
+        if config.policy is not None:
+            kwargs["mixed_precision"] = twin.fsdp1_mixed_precision(config.policy)
         if config.offload:
             kwargs["cpu_offload"] = CPUOffload(offload_params=True)
         if config.sharding == "hybrid_shard":
@@ -309,20 +310,18 @@ class FSDP2(Engine):
         )
 
     def wrap(self, module: nn.Module) -> nn.Module:
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
         config = self.config
         kwargs: dict[str, Any] = {
             "mesh": gather.mesh(self.device.type, (self.world_size,), None),
             "reshard_after_forward": config.reshard_after_forward,
         }
-        if config.precision != "fp32":
-            dtype = DTYPES[config.precision]
-            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
+        if config.policy is not None:
+            kwargs["mp_policy"] = twin.fsdp2_mixed_precision(config.policy)
         if config.offload:
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
-        units = [m for m in module.modules() if isinstance(m, self.workload.units) and m is not module]
-        for unit in reversed(units):  # innermost first
+        for unit in reversed(unit_modules(module, self.units)):  # innermost first
             fully_shard(unit, **kwargs)
         fully_shard(module, **kwargs)
         return module
@@ -380,4 +379,9 @@ def build(config: ParityConfig, role: str, device: torch.device) -> Engine:
         cls = LowPrecisionDDP
     else:
         cls = Engine
-    return cls(config, device)
+    engine = cls(config, device)
+    if role == "reference" and config.engine == "fsdp2" and cls is not SingleProcess:
+        # The twin of FSDP2's autograd graph too: its units' inputs pass one identity node each.
+        model = engine.trained_module()
+        twin.mirror_fsdp2_inputs(model, unit_modules(model, engine.units))
+    return engine

@@ -69,7 +69,7 @@ def run_one(config: ParityConfig, index: int = 0) -> dict[str, Any]:
         # The expected mixed-precision gap: the same workload, optimizer and data in float32
         # (cached like any reference: the fp32 configurations of the matrix share it), measured
         # here so that only numbers travel.
-        fp32_run, _, _ = _reference(config.with_(precision="fp32"), device)
+        fp32_run, _, _ = _reference(config.with_(precision="fp32", mixed=None), device)
         fp32_gap = gap.of_rank_runs(reference, fp32_run) if fp32_run["error"] is None else None
     return {
         "id": config.id,

@@ -4,12 +4,14 @@
 
     {
       "schema": "shardscale.parity", "version": 2,
-      "run": {"backend", "world_size", "scaler", "filter", "torch", "created", "wall_s"},
+      "run": {"backend", "world_size", "scaler", "filter", "torch", "created", "wall_s",
+              "units": {workload name: the FSDP units chosen, in words}},
       "profiles": {"exact": {"rtol": 0.0, "atol": 0.0}, ...},
       "summary": {"total", "pass", "fail", "crash", "error", "skip", "expected_failures",
                   "closeness": {"bitwise" | "≤ N ulp" | "toleranced": count}},
       "configs": [{
-        "id", "suite", "config": {every ParityConfig field; faults as ids},
+        "id", "suite", "config": {every ParityConfig field; faults as ids; "policy": the
+                                  candidate's mixed precision, every field, or null},
         "status": "pass" | "fail" | "crash" | "error" | "skip",
         "profile", "reason", "expected_failure",
         "detail",                                      # the full text behind an error or crash
@@ -132,9 +134,11 @@ def result_to_json(result: ParityResult) -> dict[str, Any]:
     config = {
         field.name: getattr(result.config, field.name)
         for field in dataclasses.fields(result.config)
-        if field.name != "faults"
+        if field.name not in ("faults", "mixed")
     }
     config["faults"] = [fault.id for fault in result.config.faults]
+    policy = result.config.policy
+    config["policy"] = dataclasses.asdict(policy) if policy is not None else None
     return {
         "id": result.config.id,
         "suite": result.config.suite,
@@ -278,6 +282,11 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
         "",
         "Profiles: " + "; ".join(f"`{n}` {p.describe()}" for n, p in profiles.PROFILES.items()) + ".",
     ]
+    if run.get("units"):
+        lines += [
+            "",
+            "FSDP units: " + "; ".join(f"`{name}` {chosen}" for name, chosen in run["units"].items()) + ".",
+        ]
     for suite in SUITES:
         rows = [r for r in results if r.config.suite == suite]
         if rows:

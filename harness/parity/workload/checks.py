@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.parity.workload import registry
+from harness.parity.workload import registry, units
 from harness.parity.workload.spec import Workload, WorkloadError
 
 
@@ -54,8 +54,8 @@ def check(workload: Workload, *, seed: int = 0) -> None:
         )
     if not any(p.requires_grad for p in model.parameters()):
         raise WorkloadError(f"workload {workload.name!r}: the model has no trainable parameter")
-    classes = sorted({type(m).__name__ for m in model.modules() if m is not model})
-    for unit in workload.units:
+    classes = units.classes_in(model)
+    for unit in units.resolve(workload, model):
         if not isinstance(unit, type) or not issubclass(unit, nn.Module):
             raise WorkloadError(f"workload {workload.name!r}: units must be nn.Module classes, got {unit!r}")
         if not any(isinstance(m, unit) for m in model.modules() if m is not model):

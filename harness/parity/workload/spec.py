@@ -59,9 +59,11 @@ class Workload:
     do not reach into it. In mixed precision its inputs are cast to the low dtype, as FSDP does;
     torch's RNG is seeded per ``(seed, rank, step)`` around the call, so dropout draws the same
     masks under DDP and under FSDP."""
-    units: tuple[type[nn.Module], ...] = ()
+    units: tuple[type[nn.Module], ...] | str = ()
     """Module classes whose instances become FSDP units (FSDP1 ``ModuleWrapPolicy``; FSDP2
-    ``fully_shard`` on each, innermost first); the root is always wrapped too."""
+    ``fully_shard`` on each, innermost first); the root is always wrapped too. ``"auto"``: the
+    classes the model's class names in ``_no_split_modules`` (Hugging Face models; see
+    ``harness.parity.workload.units``)."""
     optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None = None
     """``params -> optimizer``; ``None``: the matrix's optimizers (SGD with momentum, fused Adam)."""
     steps: int | None = None
@@ -88,10 +90,12 @@ class Workload:
                 )
         if isinstance(self.units, (list, set, frozenset)):
             object.__setattr__(self, "units", tuple(self.units))  # frozen: the one normalisation
-        if not isinstance(self.units, tuple) or not all(isinstance(u, type) for u in self.units):
+        if self.units != "auto" and (
+            not isinstance(self.units, tuple) or not all(isinstance(u, type) for u in self.units)
+        ):
             raise WorkloadError(
-                f"Workload {self.name!r}: units must be a tuple of module classes, got {self.units!r}; "
-                "use e.g. units=(MyBlock,)"
+                f"Workload {self.name!r}: units must be a tuple of module classes or 'auto', got {self.units!r}; "
+                "use e.g. units=(MyBlock,), or units='auto' for a model whose class names _no_split_modules"
             )
         if self.optimizer is not None and not callable(self.optimizer):
             raise WorkloadError(

@@ -1,0 +1,176 @@
+"""One :class:`~harness.parity.plan.precision.PrecisionPolicy` in torch's terms (rank side): FSDP's
+arguments for the candidate, and the same policy emulated on an unsharded model for the reference.
+
+Why both here: the reference is the candidate's unsharded twin, so every field the candidate gets
+must be mirrored by the reference, and a field added on one side only is visible in one module.
+The emulation follows torch 2.13's code, not its documentation:
+
+* parameters: the floating-point ones in ``param`` for forward and backward, float32 masters for
+  the optimizer (FSDP's ``_fsdp_param.py`` skips integer parameters too);
+* buffers: cast to ``buffers`` when set (FSDP1 ``buffer_dtype``), else left as the model made them
+  (FSDP2 never casts buffers: a rotary ``inv_freq`` stays float32);
+* inputs: the floating-point args and kwargs of the root (FSDP1's ``cast_root_forward_inputs``),
+  or of every wrapped module (FSDP2's ``cast_forward_inputs``, run in a pre-hook of each
+  ``fully_shard`` module), through FSDP's own tree walk (``_apply_to_tensors``, which also enters
+  dataclasses such as a Hugging Face ``ModelOutput``);
+* outputs: every wrapped module's floating-point outputs cast to ``output`` (FSDP2's
+  ``output_dtype``, in its post-forward);
+* reduction: the low-precision gradients cast to ``reduce``, averaged across ranks (divided before
+  the sum, as DDP does; both FSDPs divide by powers of two, exactly the same), then cast to float32
+  for the master, or kept in ``param`` (FSDP1's ``keep_low_precision_grads``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from harness.parity.plan.precision import PrecisionPolicy
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def dtype(name: str | None) -> torch.dtype | None:
+    return None if name is None else DTYPES[name]
+
+
+# -- the candidate ----------------------------------------------------------------------------------
+def fsdp1_mixed_precision(policy: PrecisionPolicy) -> Any:
+    """FSDP1's ``MixedPrecision`` for ``policy``."""
+    from torch.distributed.fsdp import MixedPrecision
+
+    return MixedPrecision(
+        param_dtype=dtype(policy.param),
+        reduce_dtype=dtype(policy.reduce_dtype),
+        buffer_dtype=dtype(policy.buffers),
+        keep_low_precision_grads=policy.keep_low_precision_grads,
+        cast_forward_inputs=policy.inputs == "units",
+        cast_root_forward_inputs=policy.inputs != "none",
+    )
+
+
+def fsdp2_mixed_precision(policy: PrecisionPolicy) -> Any:
+    """FSDP2's ``MixedPrecisionPolicy`` for ``policy`` (``check_for('fsdp2')`` refused the rest)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(
+        param_dtype=dtype(policy.param),
+        reduce_dtype=dtype(policy.reduce_dtype),
+        output_dtype=dtype(policy.output),
+        cast_forward_inputs=policy.inputs == "units",
+    )
+
+
+# -- the reference ------------------------------------------------------------------------------------
+def _cast_floats(value: Any, to: torch.dtype) -> Any:
+    """``value`` with its floating-point tensors in ``to``, walked as FSDP walks forward args."""
+    from torch.distributed.utils import _apply_to_tensors
+
+    return _apply_to_tensors(lambda t: t.to(to) if torch.is_floating_point(t) and t.dtype != to else t, value)
+
+
+def working_copy(module: nn.Module, policy: PrecisionPolicy) -> nn.Module:
+    """A copy of ``module`` whose floating-point parameters are in ``param`` and whose
+    floating-point buffers are in ``buffers`` (when the policy casts them; else as they were)."""
+    working = copy.deepcopy(module)
+    param, buffers = dtype(policy.param), dtype(policy.buffers)
+    with torch.no_grad():
+        for sub in working.modules():
+            for value in sub._parameters.values():
+                if value is not None and value.is_floating_point():
+                    value.data = value.data.to(param)
+            if buffers is None:
+                continue
+            for name, value in sub._buffers.items():
+                if value is not None and value.is_floating_point():
+                    sub._buffers[name] = value.to(buffers)
+    return working
+
+
+def install_casts(working: nn.Module, units: Iterable[nn.Module], policy: PrecisionPolicy) -> None:
+    """Hooks on ``working`` (the root) and on ``units`` that cast inputs and outputs where the
+    candidate's FSDP casts them (``units``: the modules it wraps, besides the root)."""
+    param, output = dtype(policy.param), dtype(policy.output)
+    wrapped = [working, *units]
+    casting_inputs = {"root": [working], "units": wrapped, "none": []}[policy.inputs]
+
+    def cast_inputs(module: nn.Module, args: Any, kwargs: Any) -> tuple[Any, Any]:
+        return _cast_floats(args, param), _cast_floats(kwargs, param)  # type: ignore[arg-type]
+
+    def cast_output(module: nn.Module, args: Any, result: Any) -> Any:
+        return _cast_floats(result, output)  # type: ignore[arg-type]
+
+    for module in casting_inputs:
+        module.register_forward_pre_hook(cast_inputs, prepend=True, with_kwargs=True)
+    if output is not None:
+        for module in wrapped:
+            module.register_forward_hook(cast_output)
+
+
+def reduce_grads(lows: list[nn.Parameter], masters: list[nn.Parameter], policy: PrecisionPolicy) -> None:
+    """Average the working copy's gradients over the ranks in ``reduce`` (one all-reduce) and hand
+    them to the masters in float32, or in ``param`` under ``keep_low_precision_grads``."""
+    pairs = [(low, master) for low, master in zip(lows, masters, strict=True) if low.grad is not None]
+    if not pairs:
+        return
+    reduce = DTYPES[policy.reduce_dtype]
+    grads = [low.grad.to(reduce) for low, _ in pairs]  # type: ignore[union-attr]
+    flat = torch._utils._flatten_dense_tensors(grads)
+    flat.mul_(1.0 / dist.get_world_size())  # DDP's pre-division (exact for a power of two)
+    dist.all_reduce(flat)
+    reduced = torch._utils._unflatten_dense_tensors(flat, grads)
+    for (low, master), grad in zip(pairs, reduced, strict=True):
+        low.grad = None
+        if policy.keep_low_precision_grads:
+            # FSDP1 hands the optimizer low-precision grads on float32 parameters (through .data,
+            # as FSDP does: an assignment to .grad refuses another dtype).
+            master.grad = torch.empty_like(master)
+            master.grad.data = grad.to(DTYPES[policy.param])
+        else:
+            master.grad = grad.to(master.dtype)
+
+
+# -- FSDP2's autograd structure ---------------------------------------------------------------------
+class _PassThrough(torch.autograd.Function):
+    """The identity, as one autograd node over several tensors (FSDP2's
+    ``RegisterPostBackwardFunction`` without the post-backward it triggers)."""
+
+    @staticmethod
+    def forward(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        return inputs
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        return grads
+
+
+def mirror_fsdp2_inputs(root: nn.Module, units: Iterable[nn.Module]) -> None:
+    """Route each wrapped module's grad-requiring inputs through one identity autograd node per
+    call, after the input casts, as FSDP2's ``pre_forward`` does (``_register_post_backward_hook``).
+
+    Why it matters: a tensor that several units receive (T5 hands the relative position bias
+    made in its first block to every later block) then sums its gradient from each unit as one
+    node's output, in backward order; without the node autograd sums the same terms in another
+    order, and the last bits of the gradients differ even in float32."""
+    from torch.distributed.fsdp._common_utils import collect_grad_tensors, replace_grad_tensors
+
+    def pass_through(module: nn.Module, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        if not torch.is_grad_enabled():
+            return None
+        tensors = collect_grad_tensors((args, kwargs))
+        if not tensors:
+            return None
+        return replace_grad_tensors((args, kwargs), iter(_PassThrough.apply(*tensors)))
+
+    for module in (root, *units):
+        if any(True for _ in module.parameters()):  # FSDP2 makes a parameter group only for these
+            module.register_forward_pre_hook(pass_through, with_kwargs=True)

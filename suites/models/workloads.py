@@ -1,0 +1,148 @@
+"""Real architectures from Hugging Face ``transformers``, tiny and randomly initialised, as workloads.
+
+Why these five: they are what people shard, and each brings something our own built-ins lack:
+Llama (a float32 rotary ``inv_freq`` buffer FSDP2 never casts, tied embeddings), Mixtral (a
+router whose experts may get no tokens on a rank, and its auxiliary load-balancing loss), GPT-2
+(dropout everywhere, a tied head), BERT (token-type and position buffers, no
+``_no_split_modules``) and T5 (encoder-decoder, a relative attention bias computed in the first
+block only and handed to the others). Built from config objects: nothing is downloaded. Sizes are
+even (vocabulary 256, hidden 64) so that every parameter's rows split evenly over 2 and 4 ranks.
+
+Run one: ``python -m harness.parity --workload suites.models.workloads:llama``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from harness.parity import Workload
+from suites.models.support import INSTALL_HINT
+
+try:
+    import transformers
+except ImportError:  # pragma: no cover - the suite skips at collection without it
+    transformers = None
+
+VOCAB, HIDDEN, SEQ, BATCH = 256, 64, 16, 4
+
+
+def _need() -> Any:
+    if transformers is None:
+        raise ImportError(f"the real-model workloads need Hugging Face transformers: {INSTALL_HINT}")
+    return transformers
+
+
+def _tokens(rank: int, step: int) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (BATCH, SEQ))
+
+
+def _causal_lm_loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    return model(input_ids=ids, labels=ids).loss
+
+
+def llama() -> Workload:
+    """``LlamaForCausalLM`` with tied embeddings; units from ``_no_split_modules``."""
+    t = _need()
+    config = t.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=2 * HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=SEQ,
+        tie_word_embeddings=True,
+    )
+    return Workload(
+        name="hf_llama",
+        model=lambda: t.LlamaForCausalLM(config),
+        batch=_tokens,
+        loss=_causal_lm_loss,
+        units="auto",
+    )
+
+
+def mixtral() -> Workload:
+    """``MixtralForCausalLM``: 8 experts, top 2, over 16 tokens a rank (some experts get none),
+    with the router's load-balancing loss in the loss."""
+    t = _need()
+    config = t.MixtralConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=2 * HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=SEQ,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        output_router_logits=True,
+        router_aux_loss_coef=0.02,
+    )
+    return Workload(
+        name="hf_mixtral",
+        model=lambda: t.MixtralForCausalLM(config),
+        batch=lambda rank, step: torch.randint(0, VOCAB, (2, 8)),
+        loss=_causal_lm_loss,
+        units="auto",
+    )
+
+
+def gpt2() -> Workload:
+    """``GPT2LMHeadModel`` with its default dropout (0.1 on embeddings, attention and residuals)."""
+    t = _need()
+    config = t.GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=2, n_head=4, n_positions=SEQ)
+    return Workload(
+        name="hf_gpt2",
+        model=lambda: t.GPT2LMHeadModel(config),
+        batch=_tokens,
+        loss=_causal_lm_loss,
+        units="auto",
+    )
+
+
+def bert() -> Workload:
+    """``BertForMaskedLM``; its class names no ``_no_split_modules``, so the units are explicit."""
+    t = _need()
+    config = t.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=2 * HIDDEN,
+        max_position_embeddings=SEQ,
+    )
+    from transformers.models.bert.modeling_bert import BertLayer
+
+    return Workload(
+        name="hf_bert",
+        model=lambda: t.BertForMaskedLM(config),
+        batch=_tokens,
+        loss=_causal_lm_loss,
+        units=(BertLayer,),
+    )
+
+
+def t5() -> Workload:
+    """``T5ForConditionalGeneration``: encoder and decoder stacks, relative attention bias."""
+    t = _need()
+    config = t.T5Config(
+        vocab_size=VOCAB,
+        d_model=HIDDEN,
+        d_kv=16,
+        d_ff=2 * HIDDEN,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        decoder_start_token_id=0,
+    )
+    return Workload(
+        name="hf_t5",
+        model=lambda: t.T5ForConditionalGeneration(config),
+        batch=lambda rank, step: (torch.randint(0, VOCAB, (BATCH, SEQ)), torch.randint(0, VOCAB, (BATCH, 8))),
+        loss=lambda model, batch: model(input_ids=batch[0], labels=batch[1]).loss,
+        units="auto",
+    )
