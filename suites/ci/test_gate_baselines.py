@@ -101,6 +101,7 @@ def _cpu_tier_configs():
         test_showcase,
         test_side_by_side,
         test_sparse,
+        test_uneven,
     )
 
     modules = (
@@ -110,6 +111,7 @@ def _cpu_tier_configs():
         test_cpu_offload,
         test_side_by_side,
         test_showcase,
+        test_uneven,
     )
     return {c.id for module in modules for c in module.CONFIGS if unsupported_reason(c) is None}
 
