@@ -9,6 +9,7 @@ Public API::
         assert ranks.run(module_level_func, 3, world_size=2) == [...]
 
     harness.current()        # rank, world_size, backend, device, case store (inside a rank)
+    harness.heartbeat()      # "still making progress": restarts the case's deadline (hang guard)
     harness.run_subtests(configs, body)
     harness.rank.faults.raise_on(1) / exit_on / signal_on / hang_on / delay_on / corrupt_grad
 
@@ -23,7 +24,7 @@ loaded by pytest through the ``shardscale`` entry point.
 from harness.frontends.testcase import DistributedTestCase, skip_if_lt_x_gpu
 from harness.outcome import RankFailure
 from harness.rank import faults
-from harness.rank.context import RankContext, current, in_rank
+from harness.rank.context import RankContext, current, heartbeat, in_rank
 from harness.rank.subtests import SubtestFailures, run_subtests
 from harness.spec import DistConfig, distributed
 
@@ -36,6 +37,7 @@ __all__ = [
     "current",
     "distributed",
     "faults",
+    "heartbeat",
     "in_rank",
     "run_subtests",
     "skip_if_lt_x_gpu",

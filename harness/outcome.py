@@ -65,6 +65,10 @@ class RankResult:
     """What the rank wrote to stdout during the case."""
     stderr: str = ""
     """What the rank wrote to stderr during the case."""
+    death: str = ""
+    """For ``died``: what the controller found out about the death (``controller/memory.py``):
+    whether the OOM killer did it, and the memory every rank held. A ``SIGKILL`` alone does not say
+    whether the model did not fit or something else killed the rank."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -103,9 +107,10 @@ def _headline(result: RankResult) -> str:
     if result.status == "failed":
         return f"rank {result.rank} failed: {result.headline or _last_line(result)}"
     if result.status == "died":
-        return f"rank {result.rank} died with {describe_exit(result.exitcode)}"
+        why = f": {result.death}" if result.death else ""
+        return f"rank {result.rank} died with {describe_exit(result.exitcode)}{why}"
     if result.status == "timeout":
-        return f"rank {result.rank} did not finish before the deadline"
+        return f"rank {result.rank} did not finish before the deadline (no sign of progress within it)"
     if result.status in ("skipped", "xfailed"):
         return (
             f"rank {result.rank} {result.status} ({result.text!r}) while other ranks did not: "

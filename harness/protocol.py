@@ -4,7 +4,7 @@ Why a module of its own: the two process sides share nothing else, so this file 
 contract. Every message is a frozen dataclass tagged with a ``kind``; ``to_wire()`` turns it into a
 plain dict that ``multiprocessing`` pickles, and ``from_wire()`` turns it back, refusing kinds it
 does not know. The controller sends *commands* (``InitGroup``, ``LeaveGroup``, ``RunCase``,
-``Shutdown``); a rank sends *events* (``RankStarted``, ``Ack``, ``CaseFinished``). ``RankCrashed``
+``Shutdown``); a rank sends *events* (``RankStarted``, ``Ack``, ``Heartbeat``, ``CaseFinished``). ``RankCrashed``
 is made by the controller itself when a rank process dies, so that the one loop that owns the
 pool's state sees deaths and answers through the same dispatch. ``RankFiles`` names the files a
 rank writes and the controller reads (output and stacks never travel through the pipe).
@@ -125,6 +125,16 @@ class CaseFinished(Message):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Heartbeat(Message):
+    """A case's sign of progress (``harness.rank.context.heartbeat``): each one restarts the case's
+    deadline for this rank, so the deadline guards against hangs, not against slow, large work."""
+
+    kind: ClassVar[str] = "heartbeat"
+    case_id: int
+    rank: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class RankCrashed(Message):
     """A rank process ended without being asked to (made by the controller)."""
 
@@ -157,6 +167,7 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     RankStarted,
     Ack,
     CaseFinished,
+    Heartbeat,
     RankCrashed,
 )
 _BY_KIND = {cls.kind: cls for cls in MESSAGE_TYPES}

@@ -6,10 +6,14 @@ one case's wait. The pool's loop, the one thread that owns state, hands it every
 :meth:`CaseRun.dispatch` (``_on_<kind>``) and asks :meth:`CaseRun.limit` how long it may wait:
 
 * the case's deadline, or ``peer_grace_s`` after the first rank that did not pass, whichever comes
-  first (a failed rank left the group, so its peers should fail soon; if they do not, they are
+  first. The deadline is a hang guard, not a size limit: it runs from the case's start, and a rank's
+  heartbeat (``harness.heartbeat()``, sent by the parity engine every training step) restarts its
+  clock for that rank, so a large model whose steps are slow but steady never misses it (a failed rank left the group, so its peers should fail soon; if they do not, they are
   stuck);
 * at the limit, every rank still running gets ``timeout`` (the deadline) or ``stopped`` (the grace
-  ran out) with its Python stacks; at the deadline, ranks that had finished get their stacks too.
+  ran out) with its Python stacks; at the deadline, ranks that had finished get their stacks too;
+* a rank that dies gets what :class:`~harness.controller.memory.MemoryWatch` found out: whether the
+  OOM killer killed it, and the memory every rank held (sampled each time the loop wakes up).
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ import itertools
 import pickle
 import time
 
+from harness.controller.memory import MemoryWatch
 from harness.controller.rank_handle import CaseOutput, OutputCallback, RankHandle, dump_stacks
 from harness.outcome import RankResult
-from harness.protocol import CaseFinished, Message, RankCrashed
+from harness.protocol import CaseFinished, Heartbeat, Message, RankCrashed
 
 
 class CaseRun:
@@ -38,7 +43,11 @@ class CaseRun:
     ) -> None:
         self.ranks = ranks
         self.case_id = case_id
-        self.deadline = time.monotonic() + deadline_s
+        self.deadline_s = deadline_s
+        started = time.monotonic()
+        self._alive = {handle.rank: started for handle in ranks}
+        """Each rank's last sign of progress (the case's start, then its heartbeats)."""
+        self.memory = MemoryWatch({handle.rank: handle.pid for handle in ranks})
         self.peer_grace_s = peer_grace_s
         self.output = CaseOutput(ranks, on_output)
         """Made before the case is sent: only what the ranks print from now on is the case's."""
@@ -51,6 +60,13 @@ class CaseRun:
         """Every rank has a result."""
         return len(self._results) == len(self.ranks)
 
+    @property
+    def deadline(self) -> float:
+        """When (``time.monotonic()``) the slowest running rank's deadline runs out: ``deadline_s``
+        after its last sign of progress."""
+        running = [at for rank, at in self._alive.items() if rank not in self._results]
+        return min(running, default=max(self._alive.values())) + self.deadline_s
+
     def limit(self) -> float:
         """Until when (``time.monotonic()``) the ranks may still answer."""
         if self._first_bad is None:
@@ -61,6 +77,10 @@ class CaseRun:
         handler = getattr(self, f"_on_{event.kind}", None)
         if handler is not None:
             handler(event)
+
+    def _on_heartbeat(self, event: Heartbeat) -> None:
+        if event.case_id == self.case_id:
+            self._alive[event.rank] = time.monotonic()
 
     def _on_case_finished(self, event: CaseFinished) -> None:
         if event.case_id != self.case_id:
@@ -86,6 +106,7 @@ class CaseRun:
                 exitcode=event.exitcode,
                 order=next(self._order),
                 stacks=self.output.crash_dump(event.rank),
+                death=self.memory.explain_death(event.rank, event.exitcode),
             )
         )
 

@@ -190,6 +190,7 @@ class RankPool:
                 break
             events = self._loop_once(ranks, run.limit(), poll_s=_OUTPUT_POLL_S)
             run.output.pump()
+            run.memory.sample()
             for event in events:
                 run.dispatch(event)
         self._in_flight = None

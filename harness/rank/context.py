@@ -9,11 +9,15 @@ context before each case; nothing here imports torch.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import Any
 
 _CURRENT: RankContext | None = None
 _GROUP_GENERATION = 0
+_HEARTBEAT: Callable[[], None] | None = None
+_HEARTBEAT_EVERY_S = 0.5
+_last_beat = 0.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -69,6 +73,25 @@ def advance_group_generation() -> None:
     _GROUP_GENERATION += 1
 
 
-def _set_current(context: RankContext | None) -> None:
-    global _CURRENT
+def heartbeat() -> None:
+    """Tell the controller this rank's case is making progress (call it once per training step).
+
+    Why: a case's deadline is a hang guard. Each heartbeat restarts the deadline's clock for this
+    rank, so a large model whose steps are slow but steady is never taken for a hung one, while a
+    rank stuck in a collective still misses it. Cheap: at most one message every half second; a
+    no-op outside a pool rank (torchrun mode has no controller to tell)."""
+    global _last_beat
+    if _HEARTBEAT is None:
+        return
+    now = time.monotonic()
+    if now - _last_beat >= _HEARTBEAT_EVERY_S:
+        _last_beat = now
+        _HEARTBEAT()
+
+
+def _set_current(context: RankContext | None, beat: Callable[[], None] | None = None) -> None:
+    """Set (or clear) the running case's context and the function that sends its heartbeats."""
+    global _CURRENT, _HEARTBEAT, _last_beat
     _CURRENT = context
+    _HEARTBEAT = beat
+    _last_beat = 0.0

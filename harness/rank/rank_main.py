@@ -38,6 +38,7 @@ import torch.distributed as dist
 from harness.protocol import (
     Ack,
     CaseFinished,
+    Heartbeat,
     InitGroup,
     LeaveGroup,
     Message,
@@ -211,7 +212,8 @@ class RankServer:
                 device=self.device,
                 store=dist.PrefixStore(f"{command.prefix}/", self.store),
                 reset_group=self._reset_group,
-            )
+            ),
+            beat=lambda: self.emit(Heartbeat(case_id=command.case_id, rank=self.rank)),
         )
         started = time.perf_counter()
         try:

@@ -205,6 +205,16 @@ def _with_localization(
     return dataclasses.replace(verdict, localization=found, causes=known)
 
 
+def deadline_hint(deadline_per_config_s: float) -> str:
+    """What a person whose configuration missed its deadline reads: the deadline guards against
+    hangs (every training step restarts it), and the flag that raises it."""
+    return (
+        f"a rank made no progress (no training step finished) for {deadline_per_config_s:g}s: "
+        "if it is only slow (a large model, a busy machine) and not hung, raise the limit with "
+        "`python -m harness.parity --deadline SECONDS` (make parity ARGS='--deadline SECONDS')"
+    )
+
+
 def pool_executor(pool: Any, *, deadline_per_config_s: float = 60.0) -> Executor:
     """An executor on a :class:`harness.controller.pool.RankPool` (the CLI's)."""
     from harness.controller.pool import CaseSpec
@@ -225,7 +235,10 @@ def pool_executor(pool: Any, *, deadline_per_config_s: float = 60.0) -> Executor
         rank_results = pool.run(spec)
         verdict = judge(rank_results, world_size=world_size)
         if verdict.outcome != "passed":
-            raise BatchFailed(verdict.message or verdict.summary)
+            message = verdict.message or verdict.summary
+            if any(r.status == "timeout" for r in rank_results):
+                message += "\n" + deadline_hint(deadline_per_config_s)
+            raise BatchFailed(message)
         return verdict.values
 
     return execute

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from harness.parity.plan.config import Fault, ParityConfig
 from harness.parity.ranks import engines, record
+from harness.rank import context
 from harness.rank.execute import prefix_lines
 
 _CLIP_NORM = 1.0
@@ -155,6 +156,7 @@ def run(
                     buffers=engine.own_buffers(),
                 )
             )
+            context.heartbeat()  # a slow step of a large model is progress, not a hang
     except Exception:  # noqa: BLE001 - recorded; the caller decides what it means
         error = prefix_lines(traceback.format_exc(), rank)
     counters = _counters(scaler) if scaler is not None and error is None else {}
