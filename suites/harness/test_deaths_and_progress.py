@@ -161,3 +161,25 @@ def test_the_parity_deadline_error_names_the_flag_that_raises_it():
     with pytest.raises(runner.BatchFailed, match=r"--deadline SECONDS") as failed:
         execute([object()], "gloo", 2)
     assert "no progress (no training step finished) for 7s" in str(failed.value)
+
+
+def _count_parity_heartbeats(config) -> int:
+    """Train ``config``'s reference on this rank, counting heartbeats (none rate-limited away)."""
+    from harness.parity.ranks import train
+    from harness.rank import context
+
+    beats: list[int] = []
+    sent, every = context._HEARTBEAT, context._HEARTBEAT_EVERY_S
+    context._HEARTBEAT, context._HEARTBEAT_EVERY_S = (lambda: beats.append(1)), 0.0
+    try:
+        train.run(config, "reference", harness.current().device)
+    finally:
+        context._HEARTBEAT, context._HEARTBEAT_EVERY_S = sent, every
+    return len(beats)
+
+
+def test_the_parity_loop_beats_once_per_training_step(ranks):
+    from harness.parity.plan import matrix
+
+    config = matrix.sparse(world_size=2)[0]
+    assert ranks.run(_count_parity_heartbeats, config, world_size=2) == [config.steps] * 2
