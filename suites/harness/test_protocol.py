@@ -15,6 +15,7 @@ from harness.protocol import (
     MESSAGE_TYPES,
     Ack,
     CaseFinished,
+    Heartbeat,
     InitGroup,
     LeaveGroup,
     Placeholder,
@@ -51,6 +52,7 @@ EXAMPLES = [
         headline="ValueError: boom",
         duration_s=0.25,
     ),
+    Heartbeat(case_id=7, rank=1),
     RankCrashed(rank=0, exitcode=-11),
 ]
 

@@ -1,0 +1,220 @@
+"""What a parity check costs as the model grows, against the training it checks (issue 25, item 2).
+
+One FSDP2 fp32 configuration (``reshard_after_forward=True``, SGD, ``STEPS`` steps, 2 gloo ranks) of
+a Hugging Face ``LlamaForCausalLM`` at about 1M, 10M and 50M parameters (``SIZES``; the 50M point
+only on request, ``python -m ci.bench --cost-sizes 1M,10M,50M``: minutes on 2 cores), against the
+same training without the tool: a plain DDP loop and a plain FSDP2 loop (the reference's and the
+candidate's steps) on the same ranks, with no scaler, no recording, no gather, no comparison.
+
+Each side runs in a subprocess of its own (``python -m ci.bench.cost_curve SIDE SIZE``) on a fresh
+:class:`~harness.controller.pool.RankPool`, so peak memory is that side's alone: the sum of every
+rank's peak resident set (``VmHWM``, read just before the pool closes) plus the controller's. The
+time is the case's wall time on the warm pool (the pool's start, the same for both, is left out).
+Ratios are tool / plain, measured in the same run. Timing is information, never a verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+SIZES: dict[str, tuple[int, int, int]] = {
+    "1M": (128, 2, 1024),
+    "10M": (384, 4, 4096),
+    "50M": (768, 6, 8192),
+}
+"""Size -> (hidden, layers, vocabulary); untied head, intermediate 8/3 of hidden (as the issue's
+0.7M, 10.2M and 55.1M models)."""
+DEFAULT_SIZES = ("1M", "10M")
+STEPS = 6
+BATCH, SEQ = 4, 64
+_SIDE_TIMEOUT_S = 1800
+
+
+def _llama(size: str) -> Any:
+    import torch
+    import transformers
+
+    from harness.parity import Workload
+
+    hidden, layers, vocab = SIZES[size]
+    config = transformers.LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=-(-hidden * 8 // 3 // 8) * 8,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 64,
+        max_position_embeddings=SEQ,
+        tie_word_embeddings=False,
+    )
+    return Workload(
+        name=f"llama_{size}",
+        model=lambda: transformers.LlamaForCausalLM(config),
+        batch=lambda rank, step: torch.randint(0, vocab, (BATCH, SEQ)),
+        loss=lambda model, ids: model(input_ids=ids, labels=ids).loss,
+        units="auto",
+    )
+
+
+def llama_1M() -> Any:  # noqa: N802 - the size is the name
+    return _llama("1M")
+
+
+def llama_10M() -> Any:  # noqa: N802
+    return _llama("10M")
+
+
+def llama_50M() -> Any:  # noqa: N802
+    return _llama("50M")
+
+
+def spec(size: str) -> str:
+    """The workload spec of ``size`` (``ci.bench.cost_curve:llama_10M``)."""
+    return f"{__name__}:llama_{size}"
+
+
+# -- rank side: the plain loops -------------------------------------------------------------------
+def warm(workload_spec: str) -> None:
+    """Warms the pool before anything is timed: ranks started, group built, ``transformers``
+    imported and the workload resolved (seconds, the same for both sides)."""
+    from harness.parity.workload import registry
+
+    registry.get(workload_spec)
+
+
+def plain_loops(workload_spec: str, steps: int) -> int:
+    """DDP then FSDP2 (units from the workload), ``steps`` steps each, SGD with momentum: the
+    training the tool checks, with nothing of the tool. Returns the parameter count."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    from harness.parity.ranks import gather
+    from harness.parity.workload import registry
+    from harness.parity.workload import units as unit_rules
+
+    torch.set_num_threads(1)
+    workload = registry.get(workload_spec)
+    rank = dist.get_rank()
+    model = registry.build_model(workload, 0)
+    count = sum(p.numel() for p in model.parameters())
+    wrapped: list[torch.nn.Module] = [DistributedDataParallel(model)]
+    model = registry.build_model(workload, 0)
+    classes = unit_rules.resolve(workload, model)
+    mesh = gather.mesh("cpu", (dist.get_world_size(),), None)
+    for module in reversed([m for m in model.modules() if isinstance(m, classes) and m is not model]):
+        fully_shard(module, mesh=mesh, reshard_after_forward=True)
+    wrapped.append(fully_shard(model, mesh=mesh, reshard_after_forward=True))
+    for net in wrapped:
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+        for step in range(steps):
+            optimizer.zero_grad(set_to_none=True)
+            workload.loss(net, registry.make_batch(workload, 0, rank, step)).backward()
+            optimizer.step()
+    return count
+
+
+# -- one side, in its own process -----------------------------------------------------------------
+def measure_side(side: str, size: str) -> dict[str, Any]:
+    """``side`` (``tool`` or ``plain``) at ``size`` on a fresh pool: wall seconds and peak bytes."""
+    from harness.controller.memory import rss
+    from harness.controller.pool import CaseSpec, RankPool
+    from harness.outcome import judge
+    from harness.spec import DistConfig
+
+    config = DistConfig(world_size=2, backend="gloo", deadline_s=_SIDE_TIMEOUT_S, collective_timeout_s=600)
+    pool = RankPool(threads_per_rank=1)
+    try:
+        pool.run(CaseSpec(target=f"{__name__}:warm", config=config, args=(spec(size),)))
+        started = time.perf_counter()
+        if side == "plain":
+            case = CaseSpec(target=f"{__name__}:plain_loops", config=config, args=(spec(size), STEPS))
+            verdict = judge(pool.run(case), world_size=2)
+            status = verdict.outcome if verdict.outcome != "passed" else "pass"
+            detail = verdict.summary
+        else:
+            from harness.parity.doors import runner
+            from harness.parity.plan.config import ParityConfig
+
+            parity = ParityConfig(
+                engine="fsdp2", reshard_after_forward=True, workload=spec(size), steps=STEPS
+            )
+            (outcome,) = runner.run(
+                [parity], runner.pool_executor(pool, deadline_per_config_s=600), keep_records=False
+            )
+            status, detail = outcome.result.status, outcome.result.config.id
+        wall = time.perf_counter() - started
+        ranks = [figures[0] for pid in pool.pids if (figures := rss(pid)) is not None]
+    finally:
+        pool.close()
+    own = rss(os.getpid())
+    return {
+        "side": side,
+        "size": size,
+        "status": status,
+        "detail": detail,
+        "wall_s": wall,
+        "ranks_peak_bytes": ranks,
+        "controller_peak_bytes": own[0] if own is not None else 0,
+        "peak_bytes": sum(ranks) + (own[0] if own is not None else 0),
+    }
+
+
+def _side(side: str, size: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", __name__, side, size],
+        capture_output=True,
+        text=True,
+        timeout=_SIDE_TIMEOUT_S,
+        check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
+        return {"side": side, "size": size, "error": f"exit {done.returncode}: {tail}"}
+    return json.loads(lines[-1])
+
+
+def measure(sizes: tuple[str, ...] = DEFAULT_SIZES) -> dict[str, Any]:
+    """Both sides at every size; the ratios tool / plain of time and of peak memory."""
+    rows = []
+    for size in sizes:
+        plain, tool = _side("plain", size), _side("tool", size)
+        row: dict[str, Any] = {"size": size, "steps": STEPS, "plain": plain, "tool": tool}
+        if "error" not in plain and "error" not in tool:
+            row["time_ratio"] = tool["wall_s"] / plain["wall_s"]
+            row["memory_ratio"] = tool["peak_bytes"] / plain["peak_bytes"]
+        rows.append(row)
+    return {"model": "HF LlamaForCausalLM", "configuration": "fsdp2 fp32, 2 gloo ranks", "rows": rows}
+
+
+def render(m: dict[str, Any]) -> str:
+    """The curve as a table; a side that failed shows its error."""
+    gb = 1024**3
+    lines = [
+        f"cost curve: {m['model']}, one {m['configuration']} configuration against plain DDP + FSDP2 loops",
+        "-" * 96,
+        f"{'size':>5} {'plain s':>9} {'tool s':>9} {'time x':>7} {'plain GB':>9} {'tool GB':>9} {'mem x':>7}  tool",
+    ]
+    for row in m["rows"]:
+        plain, tool = row["plain"], row["tool"]
+        if "error" in plain or "error" in tool:
+            lines.append(f"{row['size']:>5} not measured: {plain.get('error') or tool.get('error')}")
+            continue
+        lines.append(
+            f"{row['size']:>5} {plain['wall_s']:9.1f} {tool['wall_s']:9.1f} {row['time_ratio']:6.1f}x "
+            f"{plain['peak_bytes'] / gb:9.2f} {tool['peak_bytes'] / gb:9.2f} {row['memory_ratio']:6.1f}x  "
+            f"{tool['status']}"
+        )
+    lines.append("memory: every rank's peak resident set plus the controller's; time: warm pool, start excluded")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure_side(sys.argv[1], sys.argv[2])))
