@@ -1,17 +1,18 @@
 """``make bench`` (``python -m ci.bench``): what the scaler, the harness and the parity engine cost,
 each as ratios against PyTorch measured in the same run.
 
-Three parts, one module each: ``scaler_overhead`` (our scalers against torch's and against the
+Four parts, one module each: ``scaler_overhead`` (our scalers against torch's and against the
 native check-and-unscale kernel, the floor no scaler can beat), ``harness_overhead`` (a trivial
 2-rank test under the warm pool against ``MultiProcessTestCase``) and ``parity_wall`` (the parity
-matrix on warm ranks against one spawn per configuration). Each part's ``measure()`` returns
+matrix on warm ranks against one spawn per configuration), ``cost_curve`` (one configuration of a
+Llama at growing sizes against the plain training it checks, time and peak memory). Each part's ``measure()`` returns
 JSON-ready numbers and its ``render()`` prints them, so the table can be printed again from the
 JSON (``ci.gate --bench`` does) on another machine than the one that measured it.
 
 ``bench.json`` (``"schema": "shardscale.bench"``, ``"version": 1``)::
 
     {"schema", "version", "created", "torch", "python", "platform", "cpus",
-     "parts": {"scaler" | "harness" | "parity": {...that part's measure()...} | {"error": "..."}}}
+     "parts": {"scaler" | "harness" | "parity" | "cost": {...that part's measure()...} | {"error": "..."}}}
 
 Timing is information, never a verdict: nothing here gates CI.
 """
@@ -22,11 +23,12 @@ from typing import Any
 
 SCHEMA = "shardscale.bench"
 VERSION = 1
-PARTS = ("scaler", "harness", "parity")
+PARTS = ("scaler", "harness", "parity", "cost")
 _TITLES = {
     "scaler": "scaler overhead",
     "harness": "harness overhead",
     "parity": "parity matrix wall time",
+    "cost": "cost curve",
 }
 
 
@@ -42,6 +44,10 @@ def render_part(name: str, measured: dict[str, Any]) -> str:
         from ci.bench import harness_overhead
 
         return harness_overhead.render(measured)
+    if name == "cost":
+        from ci.bench import cost_curve
+
+        return cost_curve.render(measured)
     from ci.bench import parity_wall
 
     return parity_wall.render(measured)

@@ -1,4 +1,4 @@
-"""``python -m ci.bench [--json PATH] [--only PART ...]``: run the benchmarks, print their tables and
+"""``python -m ci.bench [--json PATH] [--only PART ...] [--cost-sizes 1M,10M,50M]``: run the benchmarks, print their tables and
 optionally write them as JSON (schema in :mod:`ci.bench`).
 
 Exit status: 0 when every part was measured, 1 when a part failed (the others still run and are
@@ -20,7 +20,7 @@ from typing import Any
 from ci.bench import PARTS, SCHEMA, VERSION, render_part
 
 
-def _measure(name: str) -> dict[str, Any]:
+def _measure(name: str, cost_sizes: tuple[str, ...]) -> dict[str, Any]:
     if name == "scaler":
         from ci.bench import scaler_overhead
 
@@ -29,6 +29,10 @@ def _measure(name: str) -> dict[str, Any]:
         from ci.bench import harness_overhead
 
         return harness_overhead.measure()
+    if name == "cost":
+        from ci.bench import cost_curve
+
+        return cost_curve.measure(cost_sizes)
     from ci.bench import parity_wall
 
     return parity_wall.measure()
@@ -42,12 +46,25 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         choices=PARTS,
         default=None,
-        help="measure only this part (repeatable; default: all three)",
+        help="measure only this part (repeatable; default: all)",
+    )
+    parser.add_argument(
+        "--cost-sizes",
+        default="1M,10M",
+        help="model sizes of the cost curve, comma-separated, of 1M, 10M, 50M (default 1M,10M; "
+        "50M takes minutes on 2 cores)",
     )
     options = parser.parse_args(argv)
     if options.json is not None and options.json.is_dir():
         parser.error(
             f"--json {options.json} is a folder; give a file name, e.g. {options.json / 'bench.json'}"
+        )
+    from ci.bench.cost_curve import SIZES
+
+    cost_sizes = tuple(size for size in options.cost_sizes.split(",") if size)
+    if not cost_sizes or any(size not in SIZES for size in cost_sizes):
+        parser.error(
+            f"--cost-sizes {options.cost_sizes!r}: give sizes of {', '.join(SIZES)}, e.g. 1M,10M,50M"
         )
     import torch
 
@@ -64,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     for name in options.only or PARTS:
         try:
-            data["parts"][name] = _measure(name)
+            data["parts"][name] = _measure(name, cost_sizes)
         except Exception as error:  # noqa: BLE001 - one failed part must not hide the others
             traceback.print_exc()
             data["parts"][name] = {"error": f"{type(error).__name__}: {error}"}

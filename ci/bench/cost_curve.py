@@ -212,7 +212,9 @@ def render(m: dict[str, Any]) -> str:
             f"{plain['peak_bytes'] / gb:9.2f} {tool['peak_bytes'] / gb:9.2f} {row['memory_ratio']:6.1f}x  "
             f"{tool['status']}"
         )
-    lines.append("memory: every rank's peak resident set plus the controller's; time: warm pool, start excluded")
+    lines.append(
+        "memory: every rank's peak resident set plus the controller's; time: warm pool, start excluded"
+    )
     return "\n".join(lines)
 
 

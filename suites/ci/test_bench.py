@@ -63,6 +63,7 @@ def test_a_document_of_another_schema_is_refused():
     [
         (["--only", "gpu"], "argument --only: invalid choice: 'gpu'"),
         (["--json", "."], "--json . is a folder"),
+        (["--cost-sizes", "5M"], "--cost-sizes '5M': give sizes of 1M, 10M, 50M"),
     ],
 )
 def test_bad_arguments_exit_2_naming_the_fix(args, complaint):
@@ -103,3 +104,26 @@ def test_the_parity_part_says_what_localization_costs_per_failing_configuration(
     text = render(_document(parity=parity))
     assert "+250 ms per failing configuration (400 ms judged alone, 650 ms localized" in text
     assert "a passing matrix pays nothing" in text
+
+
+def test_the_cost_curve_renders_from_its_json():
+    side = {"status": "pass", "wall_s": 2.0, "peak_bytes": 2 * 1024**3}
+    row = {"size": "10M", "plain": {**side, "wall_s": 1.0, "peak_bytes": 1024**3}, "tool": side}
+    failed = {"size": "50M", "plain": side, "tool": {"side": "tool", "error": "exit 1: killed"}}
+    cost = {
+        "model": "HF LlamaForCausalLM",
+        "configuration": "fsdp2 fp32",
+        "rows": [{**row, "time_ratio": 2.0, "memory_ratio": 2.0}, failed],
+    }
+    text = render(_document(cost=cost))
+    assert "  10M       1.0       2.0    2.0x      1.00      2.00    2.0x  pass" in text, text
+    assert "  50M not measured: exit 1: killed" in text, text
+
+
+def test_the_cost_curves_plain_side_and_the_tool_train_the_same_model():
+    from ci.bench import cost_curve
+    from harness.parity.workload import registry
+
+    pytest.importorskip("transformers")
+    model = registry.build_model(registry.get(cost_curve.spec("1M")), 0)
+    assert 0.5e6 < sum(p.numel() for p in model.parameters()) < 1.5e6
