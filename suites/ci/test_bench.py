@@ -107,16 +107,16 @@ def test_the_parity_part_says_what_localization_costs_per_failing_configuration(
 
 
 def test_the_cost_curve_renders_from_its_json():
-    side = {"status": "pass", "wall_s": 2.0, "peak_bytes": 2 * 1024**3}
+    side = {"status": "pass", "wall_s": 2.0, "peak_bytes": 3 * 1024**3}
     row = {"size": "10M", "plain": {**side, "wall_s": 1.0, "peak_bytes": 1024**3}, "tool": side}
     failed = {"size": "50M", "plain": side, "tool": {"side": "tool", "error": "exit 1: killed"}}
     cost = {
         "model": "HF LlamaForCausalLM",
         "configuration": "fsdp2 fp32",
-        "rows": [{**row, "time_ratio": 2.0, "memory_ratio": 2.0}, failed],
+        "rows": [{**row, "time_ratio": 2.0, "memory_ratio": 3.0}, failed],
     }
     text = render(_document(cost=cost))
-    assert "  10M       1.0       2.0    2.0x      1.00      2.00    2.0x  pass" in text, text
+    assert "  10M       1.0       2.0    2.0x      1.00      3.00    3.0x  pass" in text, text
     assert "  50M not measured: exit 1: killed" in text, text
 
 
