@@ -228,6 +228,23 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         tests=(_POLICY,),
     ),
     Plant(
+        name="parity_reference_divides_as_ddp",
+        bug="the low-precision reference divides its gradient sum by the world size first, as DDP "
+        "does, not by its candidate's pre/post factors: at world size 4 FSDP's fp16 sum of halves "
+        "overflows where the reference's sum of quarters does not",
+        edits=(
+            _edit(
+                "ranks/engines.py",
+                "factors = twin.divide_factors(self.config.engine, ",
+                'factors = twin.divide_factors("ddp", ',
+            ),
+        ),
+        tests=(
+            "suites/parity/test_divide_factors.py::"
+            "test_fp16_on_four_ranks_overflows_in_the_reference_where_fsdp_does",
+        ),
+    ),
+    Plant(
         name="parity_reference_on_other_shapes",
         bug="the single-process sparse reference multiplies every rank's rows at once: another kernel "
         "path than a rank's own, bitwise on some CPUs only (a verdict that depends on the machine)",

@@ -243,7 +243,8 @@ class ParityConfig:
             self.workload,
             self.precision,
             self.policy if self.reference == "ddp" else None,  # FSDP1 and FSDP2 references differ
-            self.reference == "ddp" and self.engine == "fsdp2",  # FSDP2's autograd nodes (twin.py)
+            # the candidate's engine: FSDP2's autograd nodes and each engine's divide factors (twin.py)
+            self.engine if self.reference == "ddp" else None,
             self.optimizer,
             self.path,
             tuple((f.step, f.value, f.optimizer) for f in self.faults),

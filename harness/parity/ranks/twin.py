@@ -15,9 +15,11 @@ The emulation follows torch 2.13's code, not its documentation:
   dataclasses such as a Hugging Face ``ModelOutput``);
 * outputs: every wrapped module's floating-point outputs cast to ``output`` (FSDP2's
   ``output_dtype``, in its post-forward);
-* reduction: the low-precision gradients cast to ``reduce``, averaged across ranks (divided before
-  the sum, as DDP does; both FSDPs divide by powers of two, exactly the same), then cast to float32
-  for the master, or kept in ``param`` (FSDP1's ``keep_low_precision_grads``).
+* reduction: the low-precision gradients cast to ``reduce``, averaged across ranks with the
+  candidate's own divide factors (``divide_factors``: FSDP splits the world size into a power of two
+  divided before the sum and the rest after it, where DDP divides by all of it before; division by a
+  power of two is exact, but a float16 sum of halves overflows where one of quarters does not),
+  then cast to float32 for the master, or kept in ``param`` (FSDP1's ``keep_low_precision_grads``).
 """
 
 from __future__ import annotations
@@ -112,17 +114,54 @@ def install_casts(working: nn.Module, units: Iterable[nn.Module], policy: Precis
             module.register_forward_hook(cast_output)
 
 
-def reduce_grads(lows: list[nn.Parameter], masters: list[nn.Parameter], policy: PrecisionPolicy) -> None:
-    """Average the working copy's gradients over the ranks in ``reduce`` (one all-reduce) and hand
-    them to the masters in float32, or in ``param`` under ``keep_low_precision_grads``."""
+def _predivide(world: int) -> int:
+    """The smallest power of two ``f`` with ``f * f >= world`` among the divisors of ``world``:
+    torch's ``_get_gradient_predivide_factor`` (FSDP1) and ``_get_gradient_divide_factors`` (FSDP2),
+    which both divide by about the square root of the world size before the sum."""
+    factor = 1
+    while world % factor == 0 and world / factor > factor:
+        factor *= 2
+    return factor
+
+
+def divide_factors(engine: str, reduce: torch.dtype, world: int) -> tuple[float | None, float | None]:
+    """What the candidate ``engine`` divides its summed gradients by, before and after the sum.
+
+    FSDP1 always splits the world size (``pre * post == world``, ``pre`` about its square root;
+    HYBRID_SHARD counts both mesh dimensions). FSDP2 does so only where it fears overflow (a reduce
+    dtype other than float32 and bfloat16); else it reduces with ``ReduceOp.AVG``: sum, then
+    divide by the world size. DDP divides by all of it before the sum. Why it matters: at world
+    size 4 FSDP sums halves in float16 where DDP sums quarters, and a sum of halves overflows
+    first, so a reference dividing as DDP does skips fewer steps than its candidate."""
+    if engine == "fsdp1" or (engine == "fsdp2" and reduce not in (torch.float32, torch.bfloat16)):
+        pre = _predivide(world)
+        return float(pre), world / pre
+    if engine == "fsdp2":
+        return None, float(world)
+    return float(world), None
+
+
+def reduce_grads(
+    lows: list[nn.Parameter],
+    masters: list[nn.Parameter],
+    policy: PrecisionPolicy,
+    factors: tuple[float | None, float | None],
+) -> None:
+    """Average the working copy's gradients over the ranks in ``reduce`` (one all-reduce, divided by
+    ``factors``: before, after) and hand them to the masters in float32, or in ``param`` under
+    ``keep_low_precision_grads``."""
     pairs = [(low, master) for low, master in zip(lows, masters, strict=True) if low.grad is not None]
     if not pairs:
         return
     reduce = DTYPES[policy.reduce_dtype]
     grads = [low.grad.to(reduce) for low, _ in pairs]  # type: ignore[union-attr]
     flat = torch._utils._flatten_dense_tensors(grads)
-    flat.mul_(1.0 / dist.get_world_size())  # DDP's pre-division (exact for a power of two)
+    pre, post = factors
+    if pre is not None and pre != 1:
+        flat.div_(pre)
     dist.all_reduce(flat)
+    if post is not None and post != 1:
+        flat.div_(post)
     reduced = torch._utils._unflatten_dense_tensors(flat, grads)
     for (low, master), grad in zip(pairs, reduced, strict=True):
         low.grad = None
