@@ -235,8 +235,8 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/engines.py",
-                "factors = twin.divide_factors(self.config.engine, ",
-                'factors = twin.divide_factors("ddp", ',
+                "            self.config.engine, twin.DTYPES[self.policy.reduce_dtype], self.world_size\n",
+                '            "ddp", twin.DTYPES[self.policy.reduce_dtype], self.world_size  # planted\n',
             ),
         ),
         tests=(

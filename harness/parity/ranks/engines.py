@@ -216,8 +216,12 @@ class LowPrecisionDDP(Engine):
         return loss, loss.item()
 
     def after_backward(self) -> None:
-        factors = twin.divide_factors(self.config.engine, twin.DTYPES[self.policy.reduce_dtype], self.world_size)
-        twin.reduce_grads(list(self.working.parameters()), list(self.module.parameters()), self.policy, factors)
+        factors = twin.divide_factors(
+            self.config.engine, twin.DTYPES[self.policy.reduce_dtype], self.world_size
+        )
+        twin.reduce_grads(
+            list(self.working.parameters()), list(self.module.parameters()), self.policy, factors
+        )
 
 
 class SingleProcess(Engine):
