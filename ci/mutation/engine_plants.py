@@ -245,6 +245,31 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         ),
     ),
     Plant(
+        name="parity_reduce_order_blamed_at_two_ranks",
+        bug="a low-precision gradient difference at world size 2 (where two addends commute and "
+        "the reference is bitwise) is excused as summation order",
+        edits=(
+            _edit(
+                "judge/causes.py",
+                "or e.world_size <= 2 or not e.grads_compared",
+                "or e.world_size < 2 or not e.grads_compared",
+            ),
+        ),
+        tests=(_CAUSES,),
+    ),
+    Plant(
+        name="parity_noise_gradient_ignores_the_gradient",
+        bug="any parameter that moved apart is blamed on a noise gradient, whatever its gradient",
+        edits=(
+            _edit(
+                "judge/causes.py",
+                "any(norms.get(name, largest) > 1e-6 * largest for name in moved)",
+                "any(False for name in moved)",
+            ),
+        ),
+        tests=(_CAUSES,),
+    ),
+    Plant(
         name="parity_reference_on_other_shapes",
         bug="the single-process sparse reference multiplies every rank's rows at once: another kernel "
         "path than a rank's own, bitwise on some CPUs only (a verdict that depends on the machine)",

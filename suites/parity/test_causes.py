@@ -9,10 +9,12 @@ from harness.parity.judge.compare import compare_runs
 from harness.parity.plan import profiles
 
 
-def _causes(reference_steps, candidate_steps, *, profile=profiles.EXACT, poisoned=frozenset()):
+def _causes(
+    reference_steps, candidate_steps, *, profile=profiles.EXACT, poisoned=frozenset(), reduce_dtype=None
+):
     reference, candidate = run(*reference_steps), run(*candidate_steps)
     comparison = compare_runs(reference, candidate, profile=profile, poisoned_steps=poisoned)
-    return causes.match(reference, candidate, comparison, poisoned_steps=poisoned)
+    return causes.match(reference, candidate, comparison, poisoned_steps=poisoned, reduce_dtype=reduce_dtype)
 
 
 def _names(found):
@@ -131,10 +133,57 @@ def test_localization_narrows_the_dtype_cause_to_the_first_diverging_module():
     assert elsewhere == found
 
 
+def _grads(step_record, bias):
+    return replace_step(step_record, grads={"layer.weight": torch.full((2, 2), 0.5), "layer.bias": bias})
+
+
+def test_bf16_gradients_a_few_ulps_apart_on_four_ranks_point_at_the_summation_order():
+    """A gradient that nearly cancels (0.004 next to 0.5 in the same tensor) off by 1.5 bfloat16
+    ulps of 0.5 fails ``bf16``'s tolerance, and is what another summation order gives."""
+    reference = _grads(step(0, world=4), torch.tensor([0.5, 0.00390625]))
+    candidate = _grads(step(0, world=4), torch.tensor([0.5, 0.00390625 + 1.5 * 2**-8]))
+    found = _causes([reference], [candidate], profile=profiles.BF16, reduce_dtype=torch.bfloat16)
+    assert _names(found) == ["reduce_order"]
+    assert "within 6 bfloat16 ulps" in found[0].evidence and "layer.bias: 1.5" in found[0].evidence
+
+
+def test_no_summation_order_blamed_at_two_ranks_in_float32_or_far_beyond_a_few_ulps():
+    """Two addends commute, float32 rows are not reduced in low precision, and a gradient 40 ulps
+    away is another gradient."""
+    near, far = torch.tensor([0.5, 0.00390625 + 1.5 * 2**-8]), torch.tensor([0.5, 0.00390625 + 40 * 2**-8])
+    base = torch.tensor([0.5, 0.00390625])
+    for world, dtype, bias in ((2, torch.bfloat16, near), (4, None, near), (4, torch.bfloat16, far)):
+        reference, candidate = _grads(step(0, world=world), base), _grads(step(0, world=world), bias)
+        found = _causes([reference], [candidate], profile=profiles.BF16, reduce_dtype=dtype)
+        assert "reduce_order" not in _names(found), (world, dtype)
+
+
+def test_parameters_moved_by_adam_on_a_noise_gradient_are_named_with_it():
+    """A bias whose gradient is rounding noise (1e-9 next to 0.5) moves apart while the gradients
+    pass the profile: Adam's normalization, not the sharding."""
+    noisy = {"layer.weight": torch.full((2, 2), 0.5), "layer.bias": torch.full((2,), 1e-9)}
+    reference = replace_step(step(0), grads=noisy)
+    candidate = replace_step(
+        step(0),
+        grads={"layer.weight": torch.full((2, 2), 0.5), "layer.bias": torch.full((2,), 3e-9)},
+        params={"layer.weight": torch.full((2, 2), 1.0), "layer.bias": torch.full((2,), 3e-5)},
+    )
+    found = _causes([reference], [candidate], profile=profiles.FP32)
+    assert _names(found) == ["noise_gradient", "optimizer_only"]
+    assert "layer.bias (|grad| <= 1e-09)" in found[0].evidence
+
+
+def test_parameters_moved_with_a_real_gradient_are_no_noise_gradient():
+    moved = replace_step(
+        step(0), params={"layer.weight": torch.full((2, 2), 1.5), "layer.bias": torch.zeros(2)}
+    )
+    assert "noise_gradient" not in _names(_causes([step(0)], [moved], profile=profiles.FP32))
+
+
 def test_a_run_that_matches_has_no_cause():
     assert _causes([step(0)], [step(0)]) == ()
 
 
 def test_each_cause_in_the_catalogue_has_a_name_of_its_own():
     names = [name for name, _ in causes.CATALOGUE]
-    assert len(names) == len(set(names)) == 6
+    assert len(names) == len(set(names)) == 8

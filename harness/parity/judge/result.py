@@ -11,6 +11,8 @@ import dataclasses
 import math
 from typing import Any
 
+import torch
+
 from harness.parity.judge import causes, compare, pinpoint
 from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig
@@ -240,7 +242,9 @@ def judge(
     poisoned = poisoned_steps(config)
     gaps = [p.get("fp32_gap") for p in parts]
     expected_gap = gap.merge(gaps) if gaps and all(g is not None for g in gaps) else None  # type: ignore[arg-type]
-    matched = causes.match(reference, candidate, comparison, poisoned_steps=poisoned)
+    matched = causes.match(
+        reference, candidate, comparison, poisoned_steps=poisoned, reduce_dtype=_low_reduce_dtype(config)
+    )
     first = comparison.first
     result = ParityResult(
         status=status,
@@ -263,3 +267,11 @@ def judge(
         **common,
     )
     return result, reference, candidate
+
+
+def _low_reduce_dtype(config: ParityConfig) -> torch.dtype | None:
+    """The float16/bfloat16 dtype both runs sum their ranks' gradients in (the candidate's policy,
+    which its twin reference mirrors), else ``None``: what ``causes.reduce_order`` needs."""
+    if config.policy is None or config.reference != "ddp":
+        return None
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.policy.reduce_dtype)
