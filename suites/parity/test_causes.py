@@ -147,6 +147,18 @@ def test_bf16_gradients_a_few_ulps_apart_on_four_ranks_point_at_the_summation_or
     assert "within 6 bfloat16 ulps" in found[0].evidence and "layer.bias: 1.5" in found[0].evidence
 
 
+def test_momentum_drifting_on_gradients_a_few_ulps_apart_on_four_ranks_is_summation_order_too():
+    """The gradients pass ``fp16``'s tolerance but differ by an fp16 ulp; the momentum buffer that
+    sums them fails it: the same reduction order, accumulated."""
+    reference = _grads(step(0, world=4), torch.tensor([0.5, 0.00390625]))
+    candidate = replace_step(
+        _grads(step(0, world=4), torch.tensor([0.5, 0.00390625 + 2**-11])),
+        optim_state={"layer.weight": {"momentum_buffer": torch.full((2, 2), 0.13)}},
+    )
+    found = _causes([reference], [candidate], profile=profiles.FP16, reduce_dtype=torch.float16)
+    assert _names(found) == ["reduce_order", "optimizer_only"]
+
+
 def test_no_summation_order_blamed_at_two_ranks_in_float32_or_far_beyond_a_few_ulps():
     """Two addends commute, float32 rows are not reduced in low precision, and a gradient 40 ulps
     away is another gradient."""

@@ -70,9 +70,9 @@ def test_fp16_rows_skip_their_first_step(parity_config, outcome):
 def test_uneven_shards_in_low_precision_on_four_ranks_are_judged(module_ranks):
     """fp16/bf16 at world size 4 get a verdict, never an ERROR or a CRASH, and their fp16 rows
     skip step 0 too. Their verdict itself is the profile's business: summing four ranks' fp16/bf16
-    gradients (DDP's all-reduce, FSDP's reduce-scatter with its divide factors) in another order
-    moves this workload's values, which are near 1, by a low-precision ulp (0.0078 in bf16),
-    beyond ``bf16``'s atol, and an element near fp16's limit overflows on one side only."""
+    gradients in another order (the reference's one all-reduce, FSDP's reduce-scatter per flat
+    parameter or shard; both divide by FSDP's factors) moves this workload's values, which are near
+    1, by a low-precision ulp (0.0078 in bf16), beyond ``bf16``'s atol: a ``reduce_order`` cause."""
     outcomes = runner.run(LOW_PRECISION_ON_FOUR, ranks_executor(module_ranks), batch_size=16, localize=False)
     statuses = {o.result.config.id: o.result.status for o in outcomes}
     assert set(statuses.values()) <= {"pass", "fail"}, statuses
