@@ -309,8 +309,9 @@ def _noise_gradient(e: Evidence) -> Cause | None:
     Measured on ``tiny_conv`` (a convolution bias before a per-channel GroupNorm, whose true
     gradient is zero: |g| ~ 1e-9): FSDP1 with ``use_orig_params=True`` and ``Adam(fused=True)``
     rounds one element one float32 ulp away from DDP at step 1 (plain torch, one thread, no
-    harness and no scaler: a torch kernel matter; foreach Adam is bitwise), the bias gradients
-    then differ by a relative 2.7, and Adam moves those biases by 3e-5 to 9e-5."""
+    scaler: ``docs/repro/fused_adam_orig_params.py``; foreach Adam is bitwise, so it is torch's
+    fused kernel, not the engine), the bias gradients then differ by a relative 2.7, and Adam moves
+    those biases by 3e-5 to 9e-5, exactly as the parity rows report."""
     if not e.grads_compared or "param" not in e.failed:
         return None
     norms = {name: float(g.double().abs().max()) for name, g in e.reference.grads.items() if g.numel()}
