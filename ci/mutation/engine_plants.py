@@ -250,9 +250,9 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "the reference is bitwise) is excused as summation order",
         edits=(
             _edit(
-                "judge/causes.py",
-                "or e.world_size <= 2 or not e.grads_compared",
-                "or e.world_size < 2 or not e.grads_compared",
+                "judge/rounding.py",
+                "or e.world_size <= 2 or e.origin is None",
+                "or e.world_size < 2 or e.origin is None",
             ),
         ),
         tests=(_CAUSES,),
@@ -262,7 +262,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="any parameter that moved apart is blamed on a noise gradient, whatever its gradient",
         edits=(
             _edit(
-                "judge/causes.py",
+                "judge/rounding.py",
                 "any(norms.get(name, largest) > 1e-6 * largest for name in moved)",
                 "any(False for name in moved)",
             ),

@@ -159,6 +159,26 @@ def test_momentum_drifting_on_gradients_a_few_ulps_apart_on_four_ranks_is_summat
     assert _names(found) == ["reduce_order", "optimizer_only"]
 
 
+def test_a_difference_that_began_as_summation_order_and_grew_is_named_from_where_it_began():
+    """Step 0's gradients one bfloat16 ulp apart (inside the profile), step 1's far apart: a model
+    that amplifies small differences grew what the reduction order began."""
+    base, near = torch.tensor([0.5, 0.25]), torch.tensor([0.5, 0.25 + 2**-9])
+    reference = [_grads(step(0, world=4), base), _grads(step(1, world=4), base)]
+    candidate = [_grads(step(0, world=4), near), _grads(step(1, world=4), torch.tensor([0.5, 0.375]))]
+    found = _causes(reference, candidate, profile=profiles.BF16, reduce_dtype=torch.bfloat16)
+    assert _names(found) == ["reduce_order"]
+    assert found[0].evidence.startswith("the gradients first differ at step 0")
+    assert "by step 1 the difference has grown past the profile" in found[0].evidence
+
+
+def test_a_difference_that_begins_far_beyond_a_few_ulps_is_no_summation_order():
+    base = torch.tensor([0.5, 0.25])
+    reference = [_grads(step(0, world=4), base), _grads(step(1, world=4), base)]
+    candidate = [_grads(step(0, world=4), base), _grads(step(1, world=4), torch.tensor([0.5, 0.375]))]
+    found = _causes(reference, candidate, profile=profiles.BF16, reduce_dtype=torch.bfloat16)
+    assert "reduce_order" not in _names(found)
+
+
 def test_no_summation_order_blamed_at_two_ranks_in_float32_or_far_beyond_a_few_ulps():
     """Two addends commute, float32 rows are not reduced in low precision, and a gradient 40 ulps
     away is another gradient."""

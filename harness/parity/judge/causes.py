@@ -10,46 +10,16 @@ so a reader can judge. Pure, controller side.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 import torch
 
+from harness.parity.judge import rounding
 from harness.parity.judge.compare import Comparison
+from harness.parity.judge.evidence import Cause, Evidence, short
 from harness.parity.ranks.record import RunRecord, StepRecord
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Cause:
-    """A known cause that matches a divergence."""
-
-    name: str
-    """``skip_desync``, ``divide_factor``, ``forward_differs``, ``dtype_differs``, ``reduce_order``,
-    ``noise_gradient``, ``optimizer_only`` or ``buffers_only``."""
-    evidence: str
-    """What in the records matched, with numbers."""
-    explanation: str
-    """What the pattern usually means."""
-    reference: str
-    """Where to read more (an issue, a document)."""
-
-    def describe(self) -> str:
-        return f"known cause ({self.name}): {self.evidence}. {self.explanation} ({self.reference})"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Evidence:
-    """What a pattern sees: both runs at the first diverging step, and what failed there."""
-
-    reference: StepRecord
-    candidate: StepRecord
-    failed: frozenset[str]
-    """The ``what`` of every divergence at that step."""
-    world_size: int
-    grads_compared: bool
-    """False at a step with a planted fault (its gradients hold the planted value)."""
-    reduce_dtype: torch.dtype | None = None
-    """The dtype both runs sum their ranks' gradients in (``None``: not known, or float32)."""
+__all__ = ["CATALOGUE", "Cause", "Evidence", "dtype_differences", "localized", "match"]
 
 
 _Pattern = Callable[[Evidence], "Cause | None"]
@@ -156,10 +126,6 @@ def _forward_differs(e: Evidence) -> Cause | None:
     )
 
 
-def _short(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def _under(name: str, module: str | None) -> bool:
     """Whether tensor ``name`` belongs to ``module`` (a localized name: ``#k`` and ``[i]`` dropped)."""
     if module is None:
@@ -179,7 +145,7 @@ def dtype_differences(reference: StepRecord, candidate: StepRecord, module: str 
         for name in sorted(want.keys() & got.keys()):
             if want[name].dtype != got[name].dtype and _under(name, module):
                 found.append(
-                    f"{name} is {_short(got[name].dtype)} in the candidate and {_short(want[name].dtype)} in the reference"
+                    f"{name} is {short(got[name].dtype)} in the candidate and {short(want[name].dtype)} in the reference"
                 )
     return found
 
@@ -236,117 +202,6 @@ def _optimizer_only(e: Evidence) -> Cause | None:
     )
 
 
-_MANTISSA = {torch.float16: 10, torch.bfloat16: 7}
-
-
-def _ulps_of_largest(want: torch.Tensor, got: torch.Tensor, dtype: torch.dtype) -> float:
-    """The largest ``|got - want|`` in units in the last place of ``dtype`` at the largest ``|want|``
-    of the tensor: the scale a reduction's rounding error lives at."""
-    largest = float(want.double().abs().max())
-    if largest == 0 or not largest < float("inf"):
-        return float("inf")
-    exponent = torch.tensor(largest, dtype=torch.float64).frexp().exponent.item() - 1
-    ulp = 2.0 ** (exponent - _MANTISSA[dtype])
-    return float((got.double() - want.double()).abs().max()) / ulp
-
-
-def _reduce_order(e: Evidence) -> Cause | None:
-    """Gradients summed over more than two ranks in float16/bfloat16, differing by no more than a
-    few of that dtype's ulps at each tensor's scale: the addends were summed in another order.
-
-    Why it is no bug: on gloo each element is summed in an order set by its position in the
-    reduced buffer (measured at world size 4: the element in the c-th quarter of the buffer adds
-    ranks c+2, c+3, c+1, c), and FSDP reduces per unit flat parameter (FSDP1) or per interleaved
-    dim-0 shard (FSDP2) where the reference reduces one flat buffer, so the same addends meet in
-    another order; two addends commute, so world size 2 is exact. At step 0 of ``five_classes`` in
-    bfloat16 on four ranks, before anything else differs, a quarter to a half of every gradient's
-    elements differ by one bfloat16 ulp at the tensor's largest magnitude; an element that nearly
-    cancels keeps that absolute error and fails the relative tolerance, and a momentum buffer
-    summing such gradients over steps can leave it while each gradient stays inside."""
-    if e.reduce_dtype not in _MANTISSA or e.world_size <= 2 or not e.grads_compared:
-        return None
-    bound = 2 * (e.world_size - 1)
-    worst, worst_name = 0.0, ""
-    for name, want in e.reference.grads.items():
-        got = e.candidate.grads.get(name)
-        if got is None or got.shape != want.shape or torch.equal(want, got):
-            continue
-        if not (want.isfinite().all() and got.isfinite().all()):
-            return None
-        ulps = _ulps_of_largest(want, got, e.reduce_dtype)
-        if ulps > bound:
-            return None
-        if ulps > worst:
-            worst, worst_name = ulps, name
-    if not worst_name or not e.failed & {"grad", "param", "optim_state"}:
-        return None
-    dtype = _short(e.reduce_dtype)
-    return Cause(
-        name="reduce_order",
-        evidence=(
-            f"at step {e.candidate.step} every gradient is within {bound} {dtype} ulps of the reference "
-            f"at its tensor's largest magnitude (worst {worst_name}: {worst:.3g}), summed over "
-            f"{e.world_size} ranks in {dtype}"
-        ),
-        explanation=(
-            f"Summation order, not sharding: {e.world_size} ranks' {dtype} gradients are summed in "
-            "another order by FSDP's reduce-scatter (per flat parameter or shard) than by the "
-            "reference's one all-reduce (gloo orders each element by its place in the buffer), and "
-            f"each order rounds to its own {dtype} value; an element that nearly cancels keeps that "
-            "absolute error and fails the relative tolerance, or the optimizer state that "
-            "accumulates it drifts past the tolerance. Expect it at world size > 2 with a "
-            "low-precision reduce dtype (reduce in float32 for a bitwise-comparable run)"
-        ),
-        reference="harness/parity/ranks/twin.py (reduction)",
-    )
-
-
-def _noise_gradient(e: Evidence) -> Cause | None:
-    """Parameters that move apart although their gradient is rounding noise (at most 1e-6 of the
-    step's largest gradient): Adam divides each gradient by its own running RMS, so noise-sized
-    last-bit differences become learning-rate-sized moves.
-
-    Measured on ``tiny_conv`` (a convolution bias before a per-channel GroupNorm, whose true
-    gradient is zero: |g| ~ 1e-9): FSDP1 with ``use_orig_params=True`` and ``Adam(fused=True)``
-    rounds one element one float32 ulp away from DDP at step 1 (plain torch, one thread, no
-    scaler: ``docs/repro/fused_adam_orig_params.py``; foreach Adam is bitwise, so it is torch's
-    fused kernel, not the engine), the bias gradients then differ by a relative 2.7, and Adam moves
-    those biases by 3e-5 to 9e-5, exactly as the parity rows report."""
-    if not e.grads_compared or "param" not in e.failed:
-        return None
-    norms = {name: float(g.double().abs().max()) for name, g in e.reference.grads.items() if g.numel()}
-    if not norms:
-        return None
-    largest = max(norms.values())
-    moved = []
-    for name, want in e.reference.params.items():
-        got = e.candidate.params.get(name)
-        if got is None or got.shape != want.shape or not want.is_floating_point():
-            continue
-        scale = float(want.double().abs().max()) or 1.0
-        if float((got.double() - want.double()).abs().max()) > 1e-5 * scale:
-            moved.append(name)
-    if not moved or largest == 0 or any(norms.get(name, largest) > 1e-6 * largest for name in moved):
-        return None
-    shown = ", ".join(f"{name} (|grad| <= {norms[name]:.2g})" for name in moved[:3])
-    return Cause(
-        name="noise_gradient",
-        evidence=(
-            f"at step {e.candidate.step} the parameters that moved apart have gradients of rounding "
-            f"noise, at most 1e-6 of the largest gradient ({largest:.2g}): {shown}"
-        ),
-        explanation=(
-            "These parameters have no true gradient (a bias followed by a normalization that "
-            "removes it, such as a convolution bias before a per-channel GroupNorm), so their "
-            "gradient is rounding noise, and Adam, dividing each gradient by its own running RMS, "
-            "turns a last-bit difference elsewhere (a fused kernel, a reduction order) into a "
-            "learning-rate-sized move. Not a sharding bug: remove or freeze such a bias, or check "
-            "parity with a non-fused optimizer"
-        ),
-        reference="harness/parity/judge/causes.py (_noise_gradient)",
-    )
-
-
 def _buffers_only(e: Evidence) -> Cause | None:
     if e.failed != {"buffer"}:
         return None
@@ -367,8 +222,8 @@ CATALOGUE: tuple[tuple[str, _Pattern], ...] = (
     ("divide_factor", _divide_factor),
     ("forward_differs", _forward_differs),
     ("dtype_differs", _dtype_differs),
-    ("reduce_order", _reduce_order),
-    ("noise_gradient", _noise_gradient),
+    ("reduce_order", rounding.reduce_order),
+    ("noise_gradient", rounding.noise_gradient),
     ("optimizer_only", _optimizer_only),
     ("buffers_only", _buffers_only),
 )
@@ -388,6 +243,18 @@ def match(
     first = comparison.first
     if first is None or first.step >= min(len(reference.steps), len(candidate.steps)):
         return ()
+    origin = next(
+        (
+            (want, got)
+            for want, got in zip(reference.steps[: first.step + 1], candidate.steps, strict=False)
+            if want.step not in poisoned_steps
+            and any(
+                name in got.grads and not torch.equal(value, got.grads[name])
+                for name, value in want.grads.items()
+            )
+        ),
+        None,
+    )
     evidence = Evidence(
         reference=reference.steps[first.step],
         candidate=candidate.steps[first.step],
@@ -395,6 +262,7 @@ def match(
         world_size=len(candidate.steps[first.step].losses),
         grads_compared=first.step not in poisoned_steps,
         reduce_dtype=reduce_dtype,
+        origin=origin,
     )
     found = (pattern(evidence) for _, pattern in CATALOGUE)
     return tuple(cause for cause in found if cause is not None)
