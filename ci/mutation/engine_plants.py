@@ -251,8 +251,8 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "judge/rounding.py",
-                "or e.world_size <= 2 or e.origin is None",
-                "or e.world_size < 2 or e.origin is None",
+                "or e.world_size <= 2 or e.origin is None:\n",
+                "or e.world_size < 2 or e.origin is None:  # planted\n",
             ),
         ),
         tests=(_CAUSES,),
@@ -263,8 +263,8 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "judge/rounding.py",
-                "any(norms.get(name, largest) > 1e-6 * largest for name in moved)",
-                "any(False for name in moved)",
+                "any(norms.get(name, largest) > 1e-6 * largest for name in moved):\n",
+                "any(False for name in moved):  # planted\n",
             ),
         ),
         tests=(_CAUSES,),
