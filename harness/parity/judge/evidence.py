@@ -51,4 +51,4 @@ class Evidence:
     """The dtype both runs sum their ranks' gradients in (``None``: not known, or float32)."""
     origin: tuple[StepRecord, StepRecord] | None = None
     """Both runs at the earliest step, up to this one, whose gradients differ at all (steps with a
-    planted fault skipped): where a difference that grew began."""
+    planted fault or an overflow skipped): where a difference that grew began."""
