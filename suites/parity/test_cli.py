@@ -198,6 +198,7 @@ def test_list_shows_the_builtin_workloads_and_those_installed_packages_name(tmp_
     assert "  resmlp         resmlp_parity:resmlp  (entry point of resmlp-models)" in lines
 
 
+@pytest.mark.e2e
 def test_a_workload_named_by_an_entry_point_runs_by_its_name(tmp_path):
     env = _installed_package(tmp_path)
     done = subprocess.run(
