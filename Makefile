@@ -17,11 +17,11 @@ export MKL_NUM_THREADS ?= 1
 export PYTHONUNBUFFERED := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup parity test test-gpu models gate kernels mutation bench demo lint clean
+.PHONY: help setup parity test e2e test-gpu models gate kernels mutation bench demo lint clean
 
 help: ## list the targets and what each does
 	@echo "usage: make <target> [VARIABLE=value ...]"
-	@awk 'BEGIN { FS = ":.*## " } /^[a-z-]+:.*## / { printf "  %-9s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+	@awk 'BEGIN { FS = ":.*## " } /^[a-z0-9-]+:.*## / { printf "  %-9s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
 setup: ## create or refresh .venv (idempotent; re-runs when TORCH, PIP_ARGS or pyproject.toml change)
 	@if [ -f $(STAMP) ] && [ "$$(cat $(STAMP))" = "$(SETUP_KEY)" ]; then \
@@ -48,8 +48,11 @@ WORKLOAD   =
 parity: setup ## the parity matrix against DDP; writes reports/parity.{json,md,png}; exits 1 if a configuration broke its tolerance
 	$(PY) -m harness.parity --backend $(BACKEND) --world-size $(WORLD_SIZE) --scaler $(SCALER) --out $(REPORTS) $(if $(K),-k "$(K)") $(if $(WORKLOAD),--workload "$(WORKLOAD)")
 
-test: setup ## all suites on CPU/gloo (.ci/run runs exactly this)
-	$(PY) -m pytest suites -q
+test: setup ## all suites on CPU/gloo but the end-to-end tests, in under 5 minutes (.ci/run runs exactly this)
+	$(PY) -m pytest suites -q -m "not e2e"
+
+e2e: setup ## the end-to-end tests make test leaves out (-m e2e): inner sessions, CLI and gate runs, torchrun launches
+	$(PY) -m pytest suites -q -m e2e
 
 models: setup ## the real-model tier: tiny Llama, Mixtral, GPT-2, BERT and T5 (transformers) through every engine and precision
 	SHARDSCALE_MODELS=all $(PY) -m pytest suites/models -q

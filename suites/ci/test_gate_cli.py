@@ -179,11 +179,13 @@ def test_ranks_that_cannot_start_exit_2_before_any_test_runs(tmp_path, monkeypat
     assert "gate: ERROR (exit 2): the ranks could not be started: boom" in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 def test_a_selection_that_runs_no_test_exits_2(tmp_path):
     done = gate("suites/ci/test_gate_curves.py", "-k", "no_such_test", "--out", tmp_path / "out")
     assert done.returncode == 2 and "the selection ran no test" in done.stderr, done.stdout + done.stderr
 
 
+@pytest.mark.e2e
 def test_a_failing_test_exits_1_and_is_named_with_its_first_line(tmp_path):
     (tmp_path / "test_boom.py").write_text("def test_boom():\n    assert 1 + 1 == 3\n")
     done = gate(tmp_path / "test_boom.py", "--out", tmp_path / "out")
@@ -196,6 +198,7 @@ def test_a_failing_test_exits_1_and_is_named_with_its_first_line(tmp_path):
     assert done.stdout.splitlines()[-1] == "gate: FAIL (exit 1): 1 test(s) failed"
 
 
+@pytest.mark.e2e
 def test_a_real_run_writes_junit_properties_and_reports_and_matches_the_committed_baselines(tmp_path):
     config = "fsdp2-reshard-fp32-sgd-w2"
     done = gate("suites/parity/test_fsdp_vs_ddp.py", "-k", config, "--out", tmp_path / "out", "--no-plot")
@@ -210,6 +213,7 @@ def test_a_real_run_writes_junit_properties_and_reports_and_matches_the_committe
     assert (tmp_path / "out" / "parity.md").exists() and not (tmp_path / "out" / "parity.png").exists()
 
 
+@pytest.mark.e2e
 def test_a_gate_stopped_with_sigterm_stops_its_pytest_session(tmp_path):
     """CI cancels a job with SIGTERM to the gate: its pytest session (and that one's ranks) must
     not live on."""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ci.gate.suites import CPU
 from ci.mutation import plants
 from ci.mutation.plants import PLANTS, Edit, Plant, PlantError
 
@@ -72,10 +73,13 @@ def test_the_plant_applies_and_leaves_valid_python_that_differs(copy, plant):
 
 def test_every_test_a_plant_runs_is_collected():
     """Node ids name parametrizations (parity configuration ids among them), which change with the
-    code: a plant whose tests are gone would make the gate exit 2 ("ran no test"), never a kill."""
+    code: a plant whose tests are gone would make the gate exit 2 ("ran no test"), never a kill.
+    Collected under the gate's CPU marker, as the mutation check runs them through the gate: a
+    plant's test marked ``e2e`` (or ``gpu``) would be deselected there, and the plant never killed."""
     tests = sorted({test for plant in PLANTS for test in plant.tests})
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *tests],
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", CPU.marker]
+        + tests,
         cwd=ROOT,
         capture_output=True,
         text=True,

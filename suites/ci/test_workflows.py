@@ -97,12 +97,15 @@ def test_the_gate_runs_the_suites_make_test_runs():
     make_test = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     pytest_line = next(line for line in make_test.stdout.splitlines() if "-m pytest" in line)
     args = shlex.split(pytest_line.split("-m pytest", 1)[1])
-    tests = [a for a in args if not a.startswith("-")]
+    marker = args[args.index("-m") + 1]
+    tests = [a for a in args if not a.startswith("-") and a != marker]
     assert tests == list(suites.DEFAULT_TESTS)
+    assert marker == "not e2e", "make test leaves the end-to-end tests to make e2e"
     command = suites.pytest_command(
         suites.CPU, tests=suites.DEFAULT_TESTS, keyword="", out=Path("o"), plot=True
     )
-    assert command[3 : 3 + len(tests)] == tests and command[command.index("-m", 3) + 1] == "not gpu"
+    assert command[3 : 3 + len(tests)] == tests
+    assert command[command.index("-m", 3) + 1] == f"not gpu and {marker}"
 
 
 def test_the_cpu_workflow_checks_verdicts_under_every_kernel_family():
@@ -115,3 +118,38 @@ def test_the_cpu_workflow_runs_the_real_model_tier_in_a_job_of_its_own():
     document = yaml.safe_load((ROOT / "ci" / "workflows" / "cpu.yml").read_text())
     commands = [step.get("run", "") for step in document["jobs"]["models"]["steps"]]
     assert "make models" in commands
+
+
+def test_the_cpu_workflow_runs_the_end_to_end_tier_in_a_job_of_its_own():
+    document = yaml.safe_load((ROOT / "ci" / "workflows" / "cpu.yml").read_text())
+    commands = [step.get("run", "") for step in document["jobs"]["e2e"]["steps"]]
+    assert "make e2e" in commands
+
+
+# The make targets that are a tier of tests or checks, and the workflow that runs each: a tier that
+# `make test` leaves out is run by CI only if a job says so.
+TIERS = {
+    "test": "cpu.yml",  # as `make gate`, the same session
+    "e2e": "cpu.yml",
+    "models": "cpu.yml",
+    "kernels": "cpu.yml",
+    "mutation": "cpu.yml",
+    "test-gpu": "gpu.yml",
+}
+
+
+def test_every_make_tier_has_a_ci_job():
+    """Every target that runs suites or checks runs in a workflow (``make test`` as ``make gate``),
+    and every target not listed here is a tool (help, setup, parity, bench, demo, lint, clean)."""
+    assert set(TIERS) <= _targets()
+    for target, workflow in TIERS.items():
+        runs = {" ".join(line[:2]) for line in _run_lines(ROOT / "ci" / "workflows" / workflow)}
+        wanted = "make gate" if target == "test" else f"make {target}"
+        assert wanted in runs, f"make {target} has no CI job in {workflow}: {sorted(runs)}"
+    pytest_targets = {
+        line.split(":", 1)[0]
+        for line in (ROOT / "Makefile").read_text().splitlines()
+        if re.match(r"^[a-z0-9-]+: .*##", line)
+    }
+    tools = {"help", "setup", "parity", "gate", "bench", "demo", "lint", "clean"}
+    assert pytest_targets - tools == set(TIERS), "a new make tier needs a CI job (and a row in TIERS)"

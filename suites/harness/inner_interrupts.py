@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,11 @@ import torch
 import torch.distributed as dist
 
 import harness
+
+# Python installs its KeyboardInterrupt handler only if SIGINT was not ignored when it started, and a
+# session launched from a background job (``cmd &``, CI runners) inherits SIGINT ignored: the Ctrl-C
+# test would then hang until the outer fixture's deadline. Restore it, as an interactive shell has it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _mark_started(rank: int) -> None:

@@ -18,6 +18,10 @@ import pytest
 
 from suites.harness.selftest import inner_env, junit_outcomes, tagged_pids
 
+# An inner session of faulty tests and a killed pytest, seen from outside: `make e2e`. The same
+# deaths and hangs inside one session stay in `make test` (test_deaths_and_progress.py, test_deadlines.py).
+pytestmark = pytest.mark.e2e
+
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
 

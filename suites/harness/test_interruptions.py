@@ -174,6 +174,7 @@ def sessions(tmp_path_factory):
     return running
 
 
+@pytest.mark.e2e
 def test_pytest_timeout_fails_the_test_with_rank_stacks_and_the_next_test_passes(sessions):
     out = sessions["signal"]["out"]
     assert "FAILED suites/harness/inner_interrupts.py::test_times_out_by_signal" in out, out
@@ -184,6 +185,7 @@ def test_pytest_timeout_fails_the_test_with_rank_stacks_and_the_next_test_passes
     assert wait_until_gone(sessions["signal"]["tag"]) == []
 
 
+@pytest.mark.e2e
 def test_pytest_timeout_thread_method_ends_pytest_with_no_process_left(sessions):
     """pytest-timeout's thread method ends the whole pytest process (``os._exit``); the ranks go
     with it."""
@@ -192,6 +194,7 @@ def test_pytest_timeout_thread_method_ends_pytest_with_no_process_left(sessions)
     assert wait_until_gone(thread["tag"]) == []
 
 
+@pytest.mark.e2e
 def test_ctrl_c_during_a_hung_test_ends_pytest_with_no_process_left(sessions):
     ctrl_c = sessions["ctrl_c"]
     assert ctrl_c["rc"] == 2 and "KeyboardInterrupt" in ctrl_c["out"], ctrl_c["out"]

@@ -15,7 +15,12 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
+
 from suites.harness.selftest import inner_env, junit_outcomes
+
+# An inner session over whole suites: a minute on two cores, so `make e2e`, not `make test`.
+pytestmark = pytest.mark.e2e
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent

@@ -1,8 +1,9 @@
 """Sessions side by side, GPU skips and cleanup, seen from outside (inner sessions in subprocesses).
 
 Inner sessions of ``inner_sessions.py`` run at once: ``x`` under pytest-xdist with two workers,
-``a`` and ``b``, two plain sessions that wait for each other inside a test, and (on a machine
-without GPUs) ``nccl``, which runs only the NCCL tests. Each inner session has its own
+``a`` and ``b``, two plain sessions that wait for each other inside a test (``make e2e``: a minute
+on two cores); and on its own (on a machine without GPUs) ``nccl``, which runs only the NCCL tests
+and starts no rank (``make test``). Each inner session has its own
 ``SHARDSCALE_TAG`` (to find what it left in ``/proc``) and a ``sitecustomize`` on ``PYTHONPATH``
 that logs every Python interpreter started and every fork, exec or spawn made from Python, so that
 "started no process" is an observation rather than an inference.
@@ -102,38 +103,42 @@ def assert_every_gloo_test_passed(inner: Inner) -> None:
     assert inner.rc == 0, inner.stdout[-3000:]
 
 
+E2E = pytest.mark.e2e
+"""The tests on the three gloo sessions (a minute of inner pytest sessions on two cores): ``make e2e``."""
+
+
 def _gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 @pytest.fixture(scope="module")
 def sessions(tmp_path_factory):
-    """Sessions ``x`` (xdist, 2 workers), ``a`` and ``b`` (waiting for each other) and, on a machine
-    without GPUs, ``nccl`` (only the NCCL tests), all run at once."""
+    """Sessions ``x`` (xdist, 2 workers), ``a`` and ``b`` (waiting for each other), all run at once."""
     out = tmp_path_factory.mktemp("sessions")
     running = [
         start("x", out, "-m", "not gpu", "-n", "2"),
         start("a", out, "-m", "not gpu", peers="b"),
         start("b", out, "-m", "not gpu", peers="a"),
     ]
-    if not _gpus():
-        running.append(start("nccl", tmp_path_factory.mktemp("nccl"), "-m", "gpu"))
     finish(*running)
     return {inner.name: inner for inner in running}
 
 
+@E2E
 def test_xdist_workers_pass_every_test(sessions):
     x = sessions["x"]
     assert_every_gloo_test_passed(x)
     assert {r["worker"] for r in x.records()} == {"gw0", "gw1"}, "both workers must have run tests"
 
 
+@E2E
 def test_concurrent_sessions_overlap_and_pass_every_test(sessions):
     """Both pass, ``test_sessions_overlap`` included: each saw the other's ranks up during it."""
     assert_every_gloo_test_passed(sessions["a"])
     assert_every_gloo_test_passed(sessions["b"])
 
 
+@E2E
 def test_every_session_and_xdist_worker_has_its_own_store_port(sessions):
     ports: dict[tuple[str, str], set[int]] = {}
     for inner in sessions.values():
@@ -144,6 +149,7 @@ def test_every_session_and_xdist_worker_has_its_own_store_port(sessions):
     assert len({p for (p,) in ports.values()}) == 4, f"ports shared between pools: {ports}"
 
 
+@E2E
 def test_spawn_log_sees_the_ranks_start(sessions):
     """The detector the NCCL test relies on sees a gloo session start its forkserver and ranks."""
     log = sessions["a"].spawn_log()
@@ -151,6 +157,7 @@ def test_spawn_log_sees_the_ranks_start(sessions):
     assert sum(line.split()[1] == "os.fork" for line in log) >= 2, log
 
 
+@E2E
 def test_no_process_left_after_the_sessions(sessions):
     """Ranks, forkservers and a process a rank left running are all gone when a session ends, and
     the process left running is reported (under xdist, by the controller, naming the worker)."""
@@ -168,12 +175,15 @@ def test_no_process_left_after_the_sessions(sessions):
         assert wait_until_gone(inner.tag) == [], f"session {inner.name} left processes"
 
 
-@pytest.fixture
-def nccl_session(sessions):
-    """Session ``nccl``: only the NCCL tests (``-m gpu``), on a machine without GPUs."""
-    if "nccl" not in sessions:
+@pytest.fixture(scope="module")
+def nccl_session(tmp_path_factory):
+    """Session ``nccl``: only the NCCL tests (``-m gpu``), on a machine without GPUs. A fixture of
+    its own: it starts no rank, so its tests stay in ``make test`` without the sessions above."""
+    if _gpus():
         pytest.skip(f"needs a machine without CUDA GPUs (this one has {_gpus()}): the NCCL tests would run")
-    return sessions["nccl"]
+    inner = start("nccl", tmp_path_factory.mktemp("nccl"), "-m", "gpu")
+    finish(inner)
+    return inner
 
 
 def test_nccl_tests_without_gpus_are_skipped_naming_the_gpus_needed(nccl_session):

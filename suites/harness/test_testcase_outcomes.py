@@ -15,6 +15,10 @@ import torch
 
 from suites.harness.selftest import inner_env, junit_outcomes, log_spawns, wait_until_gone
 
+# Inner unittest and pytest sessions (a minute and more on two cores): `make e2e`. DistributedTestCase
+# in process stays in `make test` (test_testcase.py, test_testcase_mpc_style.py).
+pytestmark = pytest.mark.e2e
+
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
 

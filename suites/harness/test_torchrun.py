@@ -13,11 +13,14 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
+
 from harness.frontends import torchrun
 
 HERE = Path(__file__).parent
 
 
+@pytest.mark.e2e
 def test_torchrun_runs_the_same_bodies_and_reports_failures(tmp_path):
     env = {**os.environ, "SHARDSCALE_SELFTEST_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
@@ -121,6 +124,7 @@ def test_hangs(rank):
 """
 
 
+@pytest.mark.e2e
 def test_marker_deadline_overrides_the_default(tmp_path):
     """A test marked ``deadline=3`` is stopped at 3 s, with its stacks, though ``--deadline`` is 600."""
     path = write_test_file(tmp_path, HANGS_WITH_A_SHORT_DEADLINE)

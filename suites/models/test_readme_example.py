@@ -13,6 +13,9 @@ import pytest
 
 from suites.models.support import INSTALL_HINT
 
+# A real run of the README's example from a fresh folder (half a minute on two cores): `make e2e`.
+pytestmark = pytest.mark.e2e
+
 pytest.importorskip(
     "transformers", reason=f"the real-model tier needs Hugging Face transformers: {INSTALL_HINT}"
 )

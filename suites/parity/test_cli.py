@@ -43,6 +43,7 @@ def test_bad_arguments_exit_2_with_the_fix(tmp_path, args, complaint):
     assert done.returncode == 2 and complaint in done.stderr, done.stderr
 
 
+@pytest.mark.e2e
 def test_a_passing_run_shows_progress_and_writes_the_three_reports(tmp_path):
     done = parity(
         "-k",
@@ -60,6 +61,7 @@ def test_a_passing_run_shows_progress_and_writes_the_three_reports(tmp_path):
     assert (tmp_path / "out" / "parity.png").stat().st_size > 0
 
 
+@pytest.mark.e2e
 def test_a_configuration_that_breaks_its_tolerance_exits_1_and_is_named(tmp_path):
     done = parity(
         "--scaler",
@@ -90,6 +92,7 @@ def user_folder(tmp_path):
     return tmp_path
 
 
+@pytest.mark.e2e
 def test_a_users_workload_runs_from_the_current_folder(user_folder):
     done = parity(
         "--workload",
@@ -120,6 +123,7 @@ def broken_run(user_folder):
     return done, {row["id"]: row for row in rows}
 
 
+@pytest.mark.e2e
 def test_a_model_that_trains_differently_when_sharded_fails_naming_the_step_and_the_tensor(broken_run):
     done, rows = broken_run
     assert done.returncode == 1, done.stdout + done.stderr
@@ -130,6 +134,7 @@ def test_a_model_that_trains_differently_when_sharded_fails_naming_the_step_and_
     assert row["worst"]["step"] == 0 and row["worst"]["name"] in parameters, row["worst"]
 
 
+@pytest.mark.e2e
 def test_a_model_that_crashes_only_under_fsdp_is_a_crash_row_with_its_traceback(broken_run, user_folder):
     done, rows = broken_run
     row = rows["fsdp1-full_shard-flat-fp32-sgd-l2_outside_forward-w2"]
@@ -193,6 +198,7 @@ def test_list_shows_the_builtin_workloads_and_those_installed_packages_name(tmp_
     assert "  resmlp         resmlp_parity:resmlp  (entry point of resmlp-models)" in lines
 
 
+@pytest.mark.e2e
 def test_a_workload_named_by_an_entry_point_runs_by_its_name(tmp_path):
     env = _installed_package(tmp_path)
     done = subprocess.run(

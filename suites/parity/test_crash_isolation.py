@@ -9,6 +9,9 @@ from harness.parity.doors import runner
 from harness.parity.plan.config import Fault, ParityConfig
 from suites.parity.support import ranks_executor
 
+# A rank killed mid-batch and the batch run again on fresh ranks (half a minute on two cores): `make e2e`.
+pytestmark = pytest.mark.e2e
+
 WORKLOAD = "fixtures.user_workloads:aborts_under_fsdp2"
 KILLER = ParityConfig(engine="fsdp2", reshard_after_forward=True, workload=WORKLOAD)
 CONFIGS = [

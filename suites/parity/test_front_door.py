@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+# An inner pytest session of a user's parity tests (most of a minute on two cores): `make e2e`.
+pytestmark = pytest.mark.e2e
+
 USER_WORKLOADS = Path(__file__).parents[2] / "fixtures" / "user_workloads.py"
 
 USER_TESTS = """

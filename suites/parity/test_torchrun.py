@@ -16,6 +16,9 @@ import pytest
 USER_WORKLOADS = Path(__file__).parents[2] / "fixtures" / "user_workloads.py"
 SELECTION = "hybrid_shard and orig and fp32 and sgd and suite=fsdp_vs_ddp"
 
+# Two torchrun launches of four ranks in all: `make e2e`.
+pytestmark = pytest.mark.e2e
+
 
 def _free_port() -> int:
     with socket.socket() as sock:

@@ -54,6 +54,7 @@ def test_the_wheel_registers_the_pytest_plugin(wheel):
     assert "[pytest11]\nshardscale = harness.frontends.plugin" in archive.read(entry_points).decode()
 
 
+@pytest.mark.e2e
 def test_the_parity_engine_runs_from_the_unpacked_wheel_alone(wheel, tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
@@ -83,6 +84,7 @@ def test_the_parity_engine_runs_from_the_unpacked_wheel_alone(wheel, tmp_path):
     assert listed.returncode == 0 and "ddp-fp32-sgd-embedding-w2" in listed.stdout, listed.stderr
 
 
+@pytest.mark.e2e
 def test_a_users_workload_in_a_fresh_folder_runs_on_the_engine_from_the_wheel(wheel, tmp_path):
     """The contract's promise: a module of the user's, outside any checkout, found from the current
     folder, checked on the engine the wheel installed."""
