@@ -41,3 +41,33 @@ def test_layouts_that_differ_are_named_on_every_rank(ranks):
         messages[0]
     )
     assert "head.weight (5, 3)" in messages[0] and "head.weight (4, 3)" in messages[0], messages[0]
+
+
+def _gather_dtypes(rank_1_dtype: str) -> tuple[str, str]:
+    """Every rank gathers a float32 DTensor and a second one, float32 on rank 0 and
+    ``rank_1_dtype`` on rank 1; the dtypes gathered back and the carrier agreed."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Shard
+
+    from harness.parity.ranks import gather
+
+    mesh = gather.mesh("cpu", (dist.get_world_size(),), None)
+    dtype = torch.float32 if dist.get_rank() == 0 else getattr(torch, rank_1_dtype)
+    values = {
+        "a": DTensor.from_local(torch.full((2, 2), 1.0 + 2**-20), mesh, (Shard(0),), run_check=False),
+        "b": DTensor.from_local(torch.full((2,), 3.0, dtype=dtype), mesh, (Shard(0),), run_check=False),
+    }
+    full = gather.full_tensors(values, torch.device("cpu"))
+    carrier = gather.agree_on_layout([], 0, mesh.get_group(), torch.device("cpu"), carrier=dtype)
+    assert bool((full["a"] == 1.0 + 2**-20).all()) and bool((full["b"] == 3.0).all())
+    return str(full["b"].dtype), str(carrier)
+
+
+def test_float32_tensors_travel_in_float32(ranks):
+    assert ranks.run(_gather_dtypes, "float32", world_size=2) == [("torch.float32", "torch.float32")] * 2
+
+
+def test_ranks_whose_dtypes_differ_agree_on_float64(ranks):
+    got = ranks.run(_gather_dtypes, "float64", world_size=2)
+    assert got == [("torch.float32", "torch.float64"), ("torch.float64", "torch.float64")], got

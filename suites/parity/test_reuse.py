@@ -1,0 +1,73 @@
+"""Candidate tensors equal to the reference's travel once (``ranks/reuse.py``): shared by object,
+sent once by pickle, and never shared where they differ, so verdicts cannot change."""
+
+import pickle
+
+import torch
+
+from harness.parity.ranks.record import rank_run, rank_step
+from harness.parity.ranks.reuse import share_equal_tensors
+
+
+def _run(weight: torch.Tensor, steps: int = 3) -> dict:
+    sent = [
+        rank_step(
+            loss=1.0,
+            scale=4.0,
+            tracker=0,
+            found_inf=[0.0],
+            skipped=[False],
+            tensors={
+                "params": {"w": weight.clone() + s},
+                "grads": {"w": weight.clone() * s},
+                "optim_state": {"w": {"exp_avg": weight.clone() - s}},
+            },
+            buffers={"bn.running_mean": torch.zeros(3)},
+        )
+        for s in range(steps)
+    ]
+    return rank_run(rank=0, steps=sent, counters={}, error=None, duration_s=0.0)
+
+
+def test_equal_candidate_tensors_become_the_references_objects():
+    reference, candidate = _run(torch.ones(4, 4)), _run(torch.ones(4, 4))
+    assert share_equal_tensors(reference, candidate) == 3 * 4
+    for want, got in zip(reference["steps"], candidate["steps"], strict=True):
+        assert got["tensors"]["params"]["w"] is want["tensors"]["params"]["w"]
+        assert got["tensors"]["optim_state"]["w"]["exp_avg"] is want["tensors"]["optim_state"]["w"]["exp_avg"]
+        assert got["buffers"]["bn.running_mean"] is want["buffers"]["bn.running_mean"]
+
+
+def test_a_passing_run_pickles_about_the_size_of_its_reference_alone():
+    reference, candidate = _run(torch.ones(64, 64)), _run(torch.ones(64, 64))
+    alone = len(pickle.dumps({"reference": reference}))
+    before = len(pickle.dumps({"reference": reference, "candidate": candidate}))
+    share_equal_tensors(reference, candidate)
+    after = len(pickle.dumps({"reference": reference, "candidate": candidate}))
+    assert before > 1.9 * alone and after < 1.1 * alone, (alone, before, after)
+    back = pickle.loads(pickle.dumps({"reference": reference, "candidate": candidate}))
+    shared = back["candidate"]["steps"][1]["tensors"]["grads"]["w"]
+    assert shared is back["reference"]["steps"][1]["tensors"]["grads"]["w"]
+
+
+def test_differing_tensors_keep_their_own_values():
+    reference, candidate = _run(torch.ones(4, 4)), _run(torch.ones(4, 4))
+    candidate["steps"][2]["tensors"]["grads"]["w"][0, 0] += 1e-6
+    candidate["steps"][1]["tensors"]["params"]["w"] = candidate["steps"][1]["tensors"]["params"]["w"].double()
+    share_equal_tensors(reference, candidate)
+    got, want = candidate["steps"][2]["tensors"]["grads"]["w"], reference["steps"][2]["tensors"]["grads"]["w"]
+    assert got is not want and not torch.equal(got, want)
+    assert candidate["steps"][1]["tensors"]["params"]["w"].dtype == torch.float64
+
+
+def test_nan_is_never_shared():
+    reference, candidate = _run(torch.full((2,), float("nan"))), _run(torch.full((2,), float("nan")))
+    share_equal_tensors(reference, candidate)
+    assert (
+        candidate["steps"][0]["tensors"]["params"]["w"] is not reference["steps"][0]["tensors"]["params"]["w"]
+    )
+
+
+def test_a_shorter_candidate_shares_the_steps_it_has():
+    reference, candidate = _run(torch.ones(2), steps=3), _run(torch.ones(2), steps=1)
+    assert share_equal_tensors(reference, candidate) == 4
