@@ -71,3 +71,31 @@ def test_nan_is_never_shared():
 def test_a_shorter_candidate_shares_the_steps_it_has():
     reference, candidate = _run(torch.ones(2), steps=3), _run(torch.ones(2), steps=1)
     assert share_equal_tensors(reference, candidate) == 4
+
+
+def _candidate_shares_with_reference(engine: str) -> tuple[int, int, int]:
+    """(tensors the candidate recorded on this rank, how many are the reference's own objects,
+    the pickled result's bytes beyond the reference's alone, as a fraction of those) for one
+    fp32 configuration."""
+    import pickle
+
+    from harness.parity.plan.config import ParityConfig
+    from harness.parity.ranks import entry
+
+    result = entry.run_one(ParityConfig(engine=engine, reshard_after_forward=True, optimizer="adam"))
+    total = same = 0
+    for want, got in zip(result["reference"]["steps"], result["candidate"]["steps"], strict=True):
+        if got["tensors"] is None:
+            continue
+        for kind in ("params", "grads"):
+            for name, value in got["tensors"][kind].items():
+                total += 1
+                same += value is want["tensors"][kind][name]
+    alone = len(pickle.dumps(result["reference"]))
+    return total, same, (len(pickle.dumps(result)) - alone) / alone
+
+
+def test_rank_0_sends_a_bitwise_passing_candidate_as_references_to_the_reference(ranks):
+    (total, same, extra), (other, _, _) = ranks.run(_candidate_shares_with_reference, "fsdp2", world_size=2)
+    assert total > 0 and same == total and other == 0, (total, same, other)
+    assert extra < 0.2, extra  # the candidate's scalars, names and memo references: no tensor bytes

@@ -17,7 +17,7 @@ import warnings
 from typing import Any
 
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks import gap, gather, reuse, train
+from harness.parity.ranks import gap, gather, train
 from harness.rank import context
 from harness.rank.subtests import agree, all_ranks, leave_group
 
@@ -61,11 +61,11 @@ def run_one(config: ParityConfig, index: int = 0) -> dict[str, Any]:
     reference, reference_description, reused = _reference(config, device)
     reference_ok = everywhere(f"parity{index}/reference", reference["error"] is None)
     candidate, candidate_description = (
-        train.run(config, "candidate", device) if reference_ok else (None, "not run: the reference failed")
+        train.run(config, "candidate", device, share_with=reference)
+        if reference_ok
+        else (None, "not run: the reference failed")
     )
     candidate_ok = reference_ok and everywhere(f"parity{index}/candidate", candidate["error"] is None)
-    if candidate is not None:
-        reuse.share_equal_tensors(reference, candidate)  # equal tensors travel once (reuse.py)
     fp32_gap = None
     if config.precision != "fp32" and config.reference == "ddp" and candidate_ok:
         # The expected mixed-precision gap: the same workload, optimizer and data in float32

@@ -43,10 +43,18 @@ def _share(want: dict[str, Any], got: dict[str, Any]) -> int:
 def share_equal_tensors(reference: dict[str, Any], candidate: dict[str, Any]) -> int:
     """Share the reference's tensors into ``candidate`` (a ``record.rank_run`` dict this rank owns,
     changed in place) step by step wherever they are equal; how many tensors were shared."""
+    return sum(
+        share_step(want, got) for want, got in zip(reference["steps"], candidate["steps"], strict=False)
+    )
+
+
+def share_step(want: dict[str, Any], got: dict[str, Any]) -> int:
+    """:func:`share_equal_tensors` for one step's ``record.rank_step`` dicts (``got`` changed in
+    place). ``train.run`` calls it as each candidate step is recorded, so that rank 0 never holds
+    a copy of what the reference already holds."""
     shared = 0
-    for want, got in zip(reference["steps"], candidate["steps"], strict=False):
-        if want.get("tensors") and got.get("tensors"):
-            shared += _share(want["tensors"], got["tensors"])
-        if want.get("buffers") and got.get("buffers"):
-            shared += _share(want["buffers"], got["buffers"])
+    if want.get("tensors") and got.get("tensors"):
+        shared += _share(want["tensors"], got["tensors"])
+    if want.get("buffers") and got.get("buffers"):
+        shared += _share(want["buffers"], got["buffers"])
     return shared
