@@ -21,6 +21,8 @@ _CAUSES = "suites/parity/test_causes.py"
 _REPORT = "suites/parity/test_report.py"
 _LOCALIZE = "suites/parity/test_localize.py"
 _POLICY = "suites/parity/test_reference_policy.py"
+_REUSE = "suites/parity/test_reuse.py"
+_GATHER = "suites/parity/test_gather_layout.py"
 
 
 def _edit(file: str, old: str, new: str) -> Edit:
@@ -286,6 +288,32 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         tests=(
             "suites/ci/test_kernels.py::test_the_sparse_configurations_keep_their_verdicts_under_atens_scalar_kernels",
         ),
+    ),
+    Plant(
+        name="parity_reuse_shares_unequal_tensors",
+        bug="a candidate tensor that differs from the reference's is replaced by the reference's "
+        "(the shape and dtype checked, the values not): every differing tensor would compare equal",
+        edits=(
+            _edit(
+                "ranks/reuse.py",
+                "        and torch.equal(want, got)\n",
+                "        # planted: values not compared\n",
+            ),
+        ),
+        tests=(_REUSE,),
+    ),
+    Plant(
+        name="parity_gather_carrier_not_agreed",
+        bug="every gather travels in float32 whatever the tensors' dtypes: float64 values "
+        "(a mixed-dtype batch) would be rounded before they are compared",
+        edits=(
+            _edit(
+                "ranks/gather.py",
+                "    return torch.float32 if dtypes == {torch.float32} else torch.float64\n",
+                "    return torch.float32  # planted\n",
+            ),
+        ),
+        tests=(_GATHER,),
     ),
 )
 """The engine's plants, in the order ``make mutation`` runs them (after the scaler's)."""

@@ -61,7 +61,9 @@ def run_one(config: ParityConfig, index: int = 0) -> dict[str, Any]:
     reference, reference_description, reused = _reference(config, device)
     reference_ok = everywhere(f"parity{index}/reference", reference["error"] is None)
     candidate, candidate_description = (
-        train.run(config, "candidate", device) if reference_ok else (None, "not run: the reference failed")
+        train.run(config, "candidate", device, share_with=reference)
+        if reference_ok
+        else (None, "not run: the reference failed")
     )
     candidate_ok = reference_ok and everywhere(f"parity{index}/candidate", candidate["error"] is None)
     fp32_gap = None

@@ -106,10 +106,17 @@ def _rows_of_rank(dim0: int, world: int, rank: int) -> int:
     return max(0, min(chunk, dim0 - rank * chunk))
 
 
+def _carrier(dtypes: set[torch.dtype]) -> torch.dtype:
+    """The dtype one gather travels in: float32 when every tensor is float32 (half the bytes of a
+    float64 gather, and no conversion), else float64, which holds every fp32/bf16/fp16 value
+    exactly. Ranks agree on it before gathering (:func:`agree_on_layout`)."""
+    return torch.float32 if dtypes == {torch.float32} else torch.float64
+
+
 def full_tensors(values: dict[Any, Any], device: torch.device) -> dict[Any, torch.Tensor]:
     """Full CPU copies of many tensors at once: DTensors sharded on dim 0 of a 1-D mesh travel in
-    *one* all-gather (each padded to its largest shard, in float64, which holds every fp32/bf16/
-    fp16 value exactly); other DTensors through ``full_tensor()``; plain tensors are copied."""
+    *one* all-gather (each padded to its largest shard, in their common dtype, else float64:
+    ``_carrier``); other DTensors through ``full_tensor()``; plain tensors are copied."""
     from torch.distributed.tensor import DTensor, Shard
 
     batched = {
@@ -126,16 +133,18 @@ def full_tensors(values: dict[Any, Any], device: torch.device) -> dict[Any, torc
     group = mesh.get_group()
     world = dist.get_world_size(group)
     layout = []
-    pieces = []
     for name, value in batched.items():
         shape = tuple(value.shape)
         row = int(torch.tensor(shape[1:]).prod().item()) if len(shape) > 1 else 1
-        width = _rows_of_rank(shape[0], world, 0) * row
-        local = value.to_local().detach().reshape(-1).to(device, torch.float64)
+        layout.append((name, shape, row, _rows_of_rank(shape[0], world, 0) * row, value.dtype))
+    numel = sum(width for _, _, _, width, _ in layout)
+    mine = _carrier({value.dtype for value in batched.values()})
+    carrier = agree_on_layout(layout, numel, group, device, carrier=mine)
+    pieces = []
+    for (_, _, _, width, _), value in zip(layout, batched.values(), strict=True):
+        local = value.to_local().detach().reshape(-1).to(device, carrier)
         pieces.append(torch.nn.functional.pad(local, (0, width - local.numel())))
-        layout.append((name, shape, row, width, value.dtype))
     local = torch.cat(pieces)
-    agree_on_layout(layout, local.numel(), group, device)
     gathered = local.new_empty(world * local.numel())
     dist.all_gather_into_tensor(gathered, local, group=group)
     per_rank = gathered.view(world, -1)
@@ -157,7 +166,12 @@ def _layout_text(layout: list[Any], numel: int) -> str:
     return f"gather.full_tensors all_gather of {numel} elements [{entries}]"
 
 
-def agree_on_layout(layout: list[Any], numel: int, group: Any, device: torch.device) -> None:
+_CARRIERS = (torch.float64, torch.float32)
+
+
+def agree_on_layout(
+    layout: list[Any], numel: int, group: Any, device: torch.device, *, carrier: torch.dtype = torch.float64
+) -> torch.dtype:
     """Check, before the big all-gather, that every rank is about to send the same layout.
 
     Why: a layout that differs between ranks (a global shape inferred from a local shard, a tensor
@@ -165,16 +179,22 @@ def agree_on_layout(layout: list[Any], numel: int, group: Any, device: torch.dev
     match expected size") or silently cut tensors at the wrong rows. Here each rank sends two
     numbers, its element count and a CRC of its layout (one small all-gather, equal in size on
     every rank); when they differ, every rank sees it, and all of them raise the same error naming
-    each rank's layout (one object all-gather, on the failing path only)."""
+    each rank's layout (one object all-gather, on the failing path only).
+
+    The same all-gather agrees on the dtype the gather travels in: ``carrier`` where every rank
+    proposed it, else float64 (a rank whose dtype differs must not send another byte count)."""
     import zlib
 
     text = _layout_text(layout, numel)
-    mine = torch.tensor([numel, zlib.crc32(text.encode())], dtype=torch.int64, device=device)
+    code = _CARRIERS.index(carrier) if carrier in _CARRIERS else 0
+    mine = torch.tensor([numel, zlib.crc32(text.encode()), code], dtype=torch.int64, device=device)
     world = dist.get_world_size(group)
-    everyone = mine.new_empty(world * 2)
+    everyone = mine.new_empty(world * 3)
     dist.all_gather_into_tensor(everyone, mine, group=group)
-    if len({tuple(row) for row in everyone.view(world, 2).tolist()}) == 1:
-        return
+    rows = everyone.view(world, 3).tolist()
+    if len({tuple(row[:2]) for row in rows}) == 1:
+        codes = {row[2] for row in rows}
+        return _CARRIERS[codes.pop()] if len(codes) == 1 else torch.float64
     texts: list[Any] = [None] * world
     dist.all_gather_object(texts, text, group=group)
     ranks = ", ".join(f"rank {rank} in {t}" for rank, t in enumerate(texts))

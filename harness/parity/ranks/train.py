@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from harness.parity.plan.config import Fault, ParityConfig
-from harness.parity.ranks import engines, record
+from harness.parity.ranks import engines, record, reuse
 from harness.rank import context
 from harness.rank.execute import prefix_lines
 
@@ -100,9 +100,12 @@ def run(
     *,
     observe: Observer | None = None,
     last_step: int | None = None,
+    share_with: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Train ``config``'s ``role`` for ``config.steps`` steps (through ``last_step`` only, when
-    given); ``(rank_run dict, description)``. ``observe`` wraps each step's forward and backward."""
+    given); ``(rank_run dict, description)``. ``observe`` wraps each step's forward and backward.
+    ``share_with`` (this rank's reference run): each recorded tensor equal to its tensor of the
+    same step is replaced by it as the step is recorded (``reuse.py``)."""
     started = time.perf_counter()
     steps: list[dict[str, Any]] = []
     error = None
@@ -156,6 +159,8 @@ def run(
                     buffers=engine.own_buffers(),
                 )
             )
+            if share_with is not None and step < len(share_with["steps"]):
+                reuse.share_step(share_with["steps"][step], steps[-1])
             context.heartbeat()  # a slow step of a large model is progress, not a hang
     except Exception:  # noqa: BLE001 - recorded; the caller decides what it means
         error = prefix_lines(traceback.format_exc(), rank)
