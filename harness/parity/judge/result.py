@@ -19,6 +19,7 @@ from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks import gap, ulp
 from harness.parity.ranks.distance import TensorDiff
 from harness.parity.ranks.record import RunRecord, merge_rank_runs
+from harness.parity.ranks.twin import DTYPES
 from harness.parity.workload import registry
 from harness.rank.execute import headline_of_text
 
@@ -274,4 +275,5 @@ def _low_reduce_dtype(config: ParityConfig) -> torch.dtype | None:
     which its twin reference mirrors), else ``None``: what ``causes.reduce_order`` needs."""
     if config.policy is None or config.reference != "ddp":
         return None
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.policy.reduce_dtype)
+    reduce = DTYPES[config.policy.reduce_dtype]
+    return None if reduce == torch.float32 else reduce

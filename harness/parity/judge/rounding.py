@@ -12,7 +12,7 @@ import torch
 
 from harness.parity.judge.evidence import Cause, Evidence, short
 
-_MANTISSA = {torch.float16: 10, torch.bfloat16: 7}
+_LOW = (torch.float16, torch.bfloat16)
 
 
 def _ulps_of_largest(want: torch.Tensor, got: torch.Tensor, dtype: torch.dtype) -> float:
@@ -22,7 +22,7 @@ def _ulps_of_largest(want: torch.Tensor, got: torch.Tensor, dtype: torch.dtype) 
     if largest == 0 or not largest < float("inf"):
         return float("inf")
     exponent = torch.tensor(largest, dtype=torch.float64).frexp().exponent.item() - 1
-    ulp = 2.0 ** (exponent - _MANTISSA[dtype])
+    ulp = torch.finfo(dtype).eps * 2.0**exponent
     return float((got.double() - want.double()).abs().max()) / ulp
 
 
@@ -39,7 +39,7 @@ def reduce_order(e: Evidence) -> Cause | None:
     elements differ by one bfloat16 ulp at the tensor's largest magnitude; an element that nearly
     cancels keeps that absolute error and fails the relative tolerance, and a momentum buffer
     summing such gradients over steps can leave it while each gradient stays inside."""
-    if e.reduce_dtype not in _MANTISSA or e.world_size <= 2 or e.origin is None:
+    if e.reduce_dtype not in _LOW or e.world_size <= 2 or e.origin is None:
         return None
     if not e.failed & {"grad", "param", "optim_state"} or e.failed - {
         "grad",
