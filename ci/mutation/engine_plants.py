@@ -272,6 +272,19 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         tests=(_CAUSES,),
     ),
     Plant(
+        name="parity_figure_hides_the_cause",
+        bug="the figure's panel of a broken row shows only its id, so a rounding row (reduce_order) "
+        "looks like a sharding mistake unless the reader opens parity.md",
+        edits=(
+            _edit(
+                "report/plot.py",
+                "    if not r.causes:\n        return r.config.id\n",
+                "    if True:  # planted\n        return r.config.id\n",
+            ),
+        ),
+        tests=(f"{_REPORT}::test_a_broken_rows_panel_names_its_known_causes",),
+    ),
+    Plant(
         name="parity_reference_on_other_shapes",
         bug="the single-process sparse reference multiplies every rank's rows at once: another kernel "
         "path than a rank's own, bitwise on some CPUs only (a verdict that depends on the machine)",

@@ -3,6 +3,7 @@
 Regenerate after a deliberate change with ``EXPECTTEST_ACCEPT=1 pytest suites/parity/test_report.py``.
 """
 
+import dataclasses
 import json
 import math
 
@@ -172,6 +173,18 @@ def test_the_figure_is_written_when_something_ran(tmp_path):
     assert render_png(_results(), tmp_path / "parity.png")
     assert (tmp_path / "parity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not render_png(_results()[3:], tmp_path / "none.png")
+
+
+def test_a_broken_rows_panel_names_its_known_causes():
+    from harness.parity.judge.evidence import Cause
+    from harness.parity.report.plot import panel_title
+
+    def cause(name):
+        return Cause(name=name, evidence="e", explanation="x", reference="r")
+
+    diverged = dataclasses.replace(_results()[1], causes=(cause("reduce_order"), cause("optimizer_only")))
+    assert panel_title(diverged) == f"{diverged.config.id}\nknown cause: reduce_order, optimizer_only"
+    assert panel_title(_results()[0]) == _results()[0].config.id
 
 
 def test_the_markdown_report_says_which_fsdp_units_each_workload_got():

@@ -117,8 +117,16 @@ def _error_per_step(ax: Any, r: ParityResult) -> None:
     ax.set_ylim(_FLOOR / 2, max(10.0, max(errors) * 2))
     ax.set_xlabel("step", fontsize=7)
     ax.set_ylabel("max rel error", fontsize=7)
-    ax.set_title(r.config.id, fontsize=7, color="red")
+    ax.set_title(panel_title(r), fontsize=7, color="red")
     ax.legend(fontsize=6, loc="lower right")
+
+
+def panel_title(r: ParityResult) -> str:
+    """A broken row's panel title: its id, and on a second line the known causes that matched, so
+    the figure alone says whether a red row is rounding (``reduce_order``) or a sharding mistake."""
+    if not r.causes:
+        return r.config.id
+    return f"{r.config.id}\nknown cause: {', '.join(cause.name for cause in r.causes)}"
 
 
 def _modules(ax: Any, r: ParityResult) -> None:
