@@ -5,7 +5,9 @@ at collection, torch's known failures marked ``xfail(strict=True)``), and the mo
 calls, for all of the module's tests to read.
 
 A module may set ``SCALER_PINNED = True`` to keep each configuration's own scaler under
-``--scaler torch`` (the side-by-side module runs both scalers on purpose).
+``--scaler torch`` (the side-by-side module runs both scalers on purpose), and ``KEEP_TENSORS =
+True`` when its tests read the full tensors of every step (the records otherwise hold them only
+for the steps the known causes read: ``ranks/stepcheck.py``).
 """
 
 from __future__ import annotations
@@ -62,7 +64,13 @@ def parity_outcomes(request: pytest.FixtureRequest, module_ranks) -> dict[str, r
             config = callspec.params["parity_config"]
             if item.get_closest_marker("skip") is None:
                 wanted.setdefault(config.id, config)
-    outcomes = runner.run(wanted.values(), ranks_executor(module_ranks), gpus=_gpus(), batch_size=_BATCH)
+    outcomes = runner.run(
+        wanted.values(),
+        ranks_executor(module_ranks),
+        gpus=_gpus(),
+        batch_size=_BATCH,
+        keep_tensors=getattr(request.module, "KEEP_TENSORS", False),
+    )
     return {outcome.result.config.id: outcome for outcome in outcomes}
 
 

@@ -143,19 +143,20 @@ def test_the_gap_between_two_runs_is_their_largest_loss_and_parameter_difference
     assert found.describe() == "loss rel 0.25, params rel 0.5"
 
 
-def test_the_gap_measured_on_each_rank_and_merged_is_the_gap_of_the_merged_records():
-    from harness.parity.ranks.gap import gap, merge, of_rank_runs
+def test_the_gap_measured_on_each_rank_step_by_step_and_merged_is_the_gap_of_the_merged_records():
+    from harness.parity.ranks.gap import gap, merge, of_steps
 
-    def rank_run(steps, rank):
-        return {
-            "steps": [
-                {"loss": s.losses[rank], "tensors": {"params": s.params} if rank == 0 else None}
-                for s in steps
-            ]
-        }
+    def on_rank(rank: int) -> dict[str, float]:
+        """As ``stepcheck.Check`` measures it: one step at a time, the running maximum kept."""
+        found: dict[str, float] = {}
+        for want, got in zip(mine, other, strict=True):
+            params = (want.params, got.params) if rank == 0 else (None, None)
+            part = of_steps([(want.losses[rank], got.losses[rank], *params)])
+            found = {key: max(value, found.get(key, 0.0)) for key, value in part.items()}
+        return found
 
     other = [step(0), step(1)]
     mine = [replace_step(step(0), losses=(0.5, 0.75)), step(1, weight=1.5)]
-    merged = merge([of_rank_runs(rank_run(mine, r), rank_run(other, r)) for r in range(2)])
+    merged = merge([on_rank(r) for r in range(2)])
     assert merged == gap(run(*mine), run(*other))
     assert (merged.loss_max_abs, merged.param_max_rel) == (0.25, 0.5)

@@ -10,6 +10,7 @@ import torch
 from harness.parity.plan import matrix
 from suites.parity.support import describe
 
+KEEP_TENSORS = True  # the tests read every step's parameters and gradients
 CONFIGS = matrix.forced_inf(world_size=2)
 
 

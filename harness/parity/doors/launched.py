@@ -81,9 +81,8 @@ class Launched:
         import torch.distributed as dist
 
         from harness.parity.doors import runner
-        from harness.parity.ranks import entry, localize
 
-        run_batch = localize.run_batch if target == runner.LOCALIZE_TARGET else entry.run_batch
+        run_batch = runner.rank_function(target or runner.RANK_TARGET)
 
         assert backend == self.backend and world_size == self.world_size, (backend, world_size)
         self.batches += 1

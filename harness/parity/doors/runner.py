@@ -32,7 +32,17 @@ from harness.parity.ranks.record import RunRecord
 Executor = Callable[..., list[list[dict[str, Any]]]]
 """``execute(batch, backend, world_size, target=RANK_TARGET)``: every rank's list of results."""
 RANK_TARGET = "harness.parity.ranks.entry:run_batch"
+TENSORS_TARGET = "harness.parity.ranks.entry:run_batch_keeping_tensors"
+"""The same, with every step's full tensors in the records (``run(keep_tensors=True)``)."""
 LOCALIZE_TARGET = "harness.parity.ranks.localize:run_batch"
+
+
+def rank_function(target: str) -> Callable[..., Any]:
+    """The function a ``module:function`` target names (an executor that calls it in-process)."""
+    import importlib
+
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 class BatchFailed(RuntimeError):
@@ -103,9 +113,11 @@ def run(
     keep_records: bool = True,
     on_progress: Callable[[Progress], None] | None = None,
     localize: bool = True,
+    keep_tensors: bool = False,
 ) -> list[Outcome]:
     """Judge every configuration (in the given order), localizing each failure unless
-    ``localize`` is False; see the module docstring."""
+    ``localize`` is False; see the module docstring. The records hold full tensors only for the
+    steps the known causes read, unless ``keep_tensors`` (every step: for tests that read them)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     configs = list(configs)
@@ -137,7 +149,8 @@ def run(
             finish(Outcome(result=results.skipped(config, reason)))
     for (backend, world_size), group in by_world(runnable):
         for batch in _chunks(group, batch_size):
-            for verdict, reference, candidate in _judged_batch(batch, execute, backend, world_size, localize):
+            judged = _judged_batch(batch, execute, backend, world_size, localize, keep_tensors)
+            for verdict, reference, candidate in judged:
                 if keep_records:
                     finish(Outcome(result=verdict, reference=reference, candidate=candidate))
                 else:
@@ -149,7 +162,12 @@ Judged = tuple[ParityResult, "RunRecord | None", "RunRecord | None"]
 
 
 def _judged_batch(
-    batch: list[ParityConfig], execute: Executor, backend: str, world_size: int, localize: bool
+    batch: list[ParityConfig],
+    execute: Executor,
+    backend: str,
+    world_size: int,
+    localize: bool,
+    keep_tensors: bool = False,
 ) -> list[Judged]:
     """The verdicts of ``batch``. When the batch does not come back (a rank died mid-batch: a C++
     abort, a segfault, the OOM killer; or missed its deadline), each of its configurations runs
@@ -157,14 +175,17 @@ def _judged_batch(
     ``error`` row (with its own report: the rank, the signal, where each rank was) and the others
     get their own verdicts."""
     try:
-        per_rank = execute(batch, backend, world_size)
+        if keep_tensors:
+            per_rank = execute(batch, backend, world_size, target=TENSORS_TARGET)  # type: ignore[call-arg]
+        else:
+            per_rank = execute(batch, backend, world_size)
     except BatchFailed as failure:
         if len(batch) == 1:
             return [(results.failed_batch(batch[0], str(failure)), None, None)]
         return [
             judged
             for config in batch
-            for judged in _judged_batch([config], execute, backend, world_size, localize)
+            for judged in _judged_batch([config], execute, backend, world_size, localize, keep_tensors)
         ]
     judged: list[Judged] = [
         results.judge(config, [rank[index] for rank in per_rank]) for index, config in enumerate(batch)

@@ -88,7 +88,6 @@ def ranks_executor(ranks: Any) -> Any:
     """A runner executor on the session's warm pool (the ``ranks``/``module_ranks`` fixtures)."""
     from harness.outcome import RankFailure
     from harness.parity.doors import runner
-    from harness.parity.ranks import entry, localize
 
     def execute(
         batch: list[Any], backend: str, world_size: int, target: str = runner.RANK_TARGET
@@ -96,7 +95,7 @@ def ranks_executor(ranks: Any) -> Any:
         deadline = 30.0 + _SECONDS_PER_CONFIG * len(batch)
         try:
             return ranks.run(
-                localize.run_batch if target == runner.LOCALIZE_TARGET else entry.run_batch,
+                runner.rank_function(target),
                 batch,
                 world_size=world_size,
                 backend=backend,

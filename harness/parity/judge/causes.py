@@ -137,15 +137,24 @@ def _under(name: str, module: str | None) -> bool:
 def dtype_differences(reference: StepRecord, candidate: StepRecord, module: str | None = None) -> list[str]:
     """``name is A in the candidate and B in the reference`` for every parameter and (rank 0's)
     buffer whose dtype differs between the runs, inside ``module`` when given, by name."""
-    sides = [(reference.params, candidate.params)]
-    if reference.buffers and candidate.buffers:
-        sides.append((reference.buffers[0], candidate.buffers[0]))
+    sides = [(reference.shapes("param"), candidate.shapes("param"))]
+    rank0 = " [rank 0]"
+    buffers = [
+        {
+            name.removesuffix(rank0): meta
+            for name, meta in step.shapes("buffer").items()
+            if name.endswith(rank0)
+        }
+        for step in (reference, candidate)
+    ]
+    if buffers[0] and buffers[1]:
+        sides.append((buffers[0], buffers[1]))
     found = []
     for want, got in sides:
         for name in sorted(want.keys() & got.keys()):
-            if want[name].dtype != got[name].dtype and _under(name, module):
+            if want[name][1] != got[name][1] and _under(name, module):
                 found.append(
-                    f"{name} is {short(got[name].dtype)} in the candidate and {short(want[name].dtype)} in the reference"
+                    f"{name} is {short(got[name][1])} in the candidate and {short(want[name][1])} in the reference"
                 )
     return found
 

@@ -24,6 +24,7 @@ Messages read like ``pytest.approx``'s: ``step 3, grad inner.0.linear.weight (pr
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -170,22 +171,6 @@ def _loss_problems(
     return problems, worst
 
 
-def _flatten(step: StepRecord, kind: str) -> dict[str, torch.Tensor]:
-    if kind == "param":
-        return step.params
-    if kind == "grad":
-        return step.grads
-    if kind == "buffer":
-        return {
-            f"{name} [rank {rank}]": value
-            for rank, own in enumerate(step.buffers)
-            for name, value in own.items()
-        }
-    return {
-        f"{name}:{key}": value for name, state in step.optim_state.items() for key, value in state.items()
-    }
-
-
 def _aligned_dtypes(
     want: dict[str, torch.Tensor], got: dict[str, torch.Tensor]
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -199,33 +184,59 @@ def _aligned_dtypes(
     return want, got
 
 
+def _values_dtypes(kind: str, want: torch.dtype, got: torch.dtype) -> tuple[torch.dtype, torch.dtype]:
+    """Buffers are compared by value, not dtype (FSDP1 mixed precision casts buffers): two
+    floating-point dtypes count as their coarser one."""
+    if kind == "buffer" and want != got and want.is_floating_point and got.is_floating_point:
+        return ulp.coarser(want, got), ulp.coarser(want, got)
+    return want, got
+
+
 def _tensor_problems(
     ref: StepRecord, cand: StepRecord, profile: ToleranceProfile, kinds: tuple[str, ...]
 ) -> tuple[list[tuple[str, str]], list[TensorDiff]]:
+    """Names, shapes and dtypes of each kind, then each tensor's distance: as measured on the
+    ranks (``cand.diffs``), or measured here on full tensors (a record made whole)."""
     problems: list[tuple[str, str]] = []
     diffs: list[TensorDiff] = []
     for kind in kinds:
-        want, got = _flatten(ref, kind), _flatten(cand, kind)
-        if kind == "buffer":  # values, not dtypes (FSDP1 mixed precision casts buffers)
-            want, got = _aligned_dtypes(want, got)
+        want, got = ref.shapes(kind), cand.shapes(kind)
         if set(want) != set(got):
             missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
             problems.append(("names", f"{kind} names differ: missing {missing}, unexpected {extra}"))
+        measured = None if cand.diffs is None else cand.diffs.get(kind, {})
+        if measured is None:
+            whole = ref.tensors(kind), cand.tensors(kind)
+            if kind == "buffer":
+                whole = _aligned_dtypes(*whole)
         for name in sorted(set(want) & set(got)):
-            w, g = want[name], got[name]
-            if tuple(w.shape) != tuple(g.shape):
+            (want_shape, want_dtype), (got_shape, got_dtype) = want[name], got[name]
+            if tuple(want_shape) != tuple(got_shape):
                 problems.append(
-                    ("shape", f"{kind} {name}: shape {tuple(g.shape)}, reference {tuple(w.shape)}")
+                    ("shape", f"{kind} {name}: shape {tuple(got_shape)}, reference {tuple(want_shape)}")
                 )
                 continue
-            if w.dtype != g.dtype:
-                problems.append(("dtype", f"{kind} {name}: dtype {g.dtype}, reference {w.dtype}"))
+            want_dtype, got_dtype = _values_dtypes(kind, want_dtype, got_dtype)
+            if want_dtype != got_dtype:
+                problems.append(("dtype", f"{kind} {name}: dtype {got_dtype}, reference {want_dtype}"))
                 continue
-            diff = tensor_diff(w, g, profile, step=cand.step, kind=kind, name=name)
+            if measured is None:
+                diff = tensor_diff(
+                    whole[0][name], whole[1][name], profile, step=cand.step, kind=kind, name=name
+                )
+            else:
+                diff = measured.get(name) or _untouched(cand.step, kind, name, want_shape)
             diffs.append(diff)
             if diff.mismatched:
                 problems.append((kind, diff.describe()))
     return problems, diffs
+
+
+def _untouched(step: int, kind: str, name: str, shape: tuple[int, ...]) -> TensorDiff:
+    """A tensor no rank holds an element of (empty): nothing differs."""
+    return TensorDiff(
+        step=step, kind=kind, name=name, max_abs=0.0, max_rel=0.0, mismatched=0, numel=math.prod(shape)
+    )
 
 
 def compare_runs(

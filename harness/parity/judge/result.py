@@ -15,7 +15,7 @@ import torch
 
 from harness.parity.judge import causes, compare, pinpoint
 from harness.parity.plan import profiles
-from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.config import ParityConfig, poisoned_steps
 from harness.parity.ranks import gap, ulp
 from harness.parity.ranks.distance import TensorDiff
 from harness.parity.ranks.record import RunRecord, merge_rank_runs
@@ -43,6 +43,9 @@ class Curves:
     def of(cls, run: RunRecord) -> Curves:
         norms = []
         for step in run.steps:
+            if step.grad_norm is not None:  # from the ranks' sums of squares
+                norms.append(step.grad_norm)
+                continue
             total = 0.0
             for grad in step.grads.values():
                 total += float(grad.double().pow(2).sum())
@@ -157,16 +160,6 @@ def expected_failure(config: ParityConfig) -> str:
             "some ranks' gradient shards only"
         )
     return ""
-
-
-def poisoned_steps(config: ParityConfig) -> frozenset[int]:
-    """Steps whose gradients hold a planted non-finite value: the faults', and the sparse workload's
-    overflow step (one process unscales each finite duplicate before summing, DDP sums them scaled,
-    so the overflow shows in one run's gradient only; both must skip)."""
-    steps = {fault.step for fault in config.faults}
-    if registry.get(config.workload).sparse:
-        steps.add(registry.OVERFLOW_STEP)
-    return frozenset(steps)
 
 
 def localizable(result: ParityResult) -> int | None:

@@ -297,3 +297,14 @@ def by_world(configs: Iterable[ParityConfig]) -> Iterator[tuple[tuple[str, int],
     for config in configs:
         groups.setdefault((config.backend, config.world_size), []).append(config)
     yield from groups.items()
+
+
+def poisoned_steps(config: ParityConfig) -> frozenset[int]:
+    """Steps whose gradients hold a planted non-finite value: the faults', and the sparse workload's
+    overflow step (one process unscales each finite duplicate before summing, DDP sums them scaled,
+    so the overflow shows in one run's gradient only; both must skip). Their gradients are not
+    compared (the ranks compare where the data lives, so they need this as much as the judge)."""
+    steps = {fault.step for fault in config.faults}
+    if registry.get(config.workload).sparse:
+        steps.add(registry.OVERFLOW_STEP)
+    return frozenset(steps)

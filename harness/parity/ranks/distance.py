@@ -93,3 +93,27 @@ def tensor_diff(
         numel=ref.numel(),
         max_ulp=ulp.max_distance(ref, cand),
     )
+
+
+PARTIAL_FIELDS = ("max_abs", "max_rel", "mismatched", "numel", "max_ulp")
+"""What one rank measures of its piece of a tensor (plain numbers: what travels)."""
+
+
+def partial(diff: TensorDiff) -> dict[str, float]:
+    """``diff`` (of one rank's piece) as the numbers that travel to the judge."""
+    return {field: getattr(diff, field) for field in PARTIAL_FIELDS}
+
+
+def merged(parts: list[dict[str, float]], *, step: int, kind: str, name: str) -> TensorDiff:
+    """One tensor's distance from its pieces' (each element measured by one rank): largest
+    distances, summed counts. Exact: the same numbers :func:`tensor_diff` gives on the whole."""
+    return TensorDiff(
+        step=step,
+        kind=kind,
+        name=name,
+        max_abs=max((p["max_abs"] for p in parts), default=0.0),
+        max_rel=max((p["max_rel"] for p in parts), default=0.0),
+        mismatched=int(sum(p["mismatched"] for p in parts)),
+        numel=int(sum(p["numel"] for p in parts)),
+        max_ulp=max((p["max_ulp"] for p in parts), default=0.0),
+    )

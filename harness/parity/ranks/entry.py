@@ -13,27 +13,120 @@ Import target for the pool: ``harness.parity.ranks.entry:run_batch``.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import warnings
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks import gap, gather, train
+from harness.parity.ranks import gather, stepcheck, train
 from harness.rank import context
 from harness.rank.subtests import agree, all_ranks, leave_group
 
-_references: dict[tuple[Any, ...], tuple[dict[str, Any], str]] = {}
+KEEP_ENV = "SHARDSCALE_PARITY_KEEP_MB"
+"""How many MiB of a reference's full tensors each rank keeps (default 512): a reference that fits
+is kept and shared by every candidate of the batch that has the same reference; a larger one is
+compared with the candidate as both run, a step at a time, and trained again for each candidate."""
 
 
-def _reference(config: ParityConfig, device: Any) -> tuple[dict[str, Any], str, bool]:
-    """``(rank run, description, whether it came from the cache)``."""
+def keep_budget() -> int:
+    """:data:`KEEP_ENV` in bytes (a clear error when it is not a number of MiB)."""
+    text = os.environ.get(KEEP_ENV, "512")
+    try:
+        mib = float(text)
+    except ValueError:
+        raise ValueError(f"{KEEP_ENV} must be a number of MiB (e.g. {KEEP_ENV}=512), got {text!r}") from None
+    if mib < 0:
+        raise ValueError(f"{KEEP_ENV} must be >= 0 MiB, got {text!r}")
+    return int(mib * 2**20)
+
+
+@dataclasses.dataclass(slots=True)
+class _Kept:
+    """A finished reference run, kept: every step's full tensors and what travels of it."""
+
+    steps: list[dict[str, Any]]
+    wire: dict[str, Any]
+    description: str
+    nbytes: int
+
+
+_references: dict[tuple[Any, ...], _Kept] = {}
+
+
+def _nbytes(step: dict[str, Any]) -> int:
+    def walk(value: Any) -> int:
+        if isinstance(value, torch.Tensor):
+            return value.numel() * value.element_size()
+        if isinstance(value, dict):
+            return sum(walk(v) for v in value.values())
+        return 0
+
+    return walk(step.get("tensors")) + walk(step.get("buffers"))
+
+
+def _keep(key: tuple[Any, ...], kept: _Kept, budget: int) -> None:
+    """Keep ``kept``, dropping the oldest kept runs while all of them exceed ``budget``."""
+    _references[key] = kept
+    while sum(k.nbytes for k in _references.values()) > budget and len(_references) > 1:
+        del _references[next(iter(_references))]
+
+
+@dataclasses.dataclass(slots=True)
+class _Reference:
+    """One reference on this rank, ready to be compared with: kept, or running (``training``)."""
+
+    steps: stepcheck.ReferenceSteps
+    description: str
+    reused: bool
+    wire: dict[str, Any] | None = None
+    training: train.Run | None = None
+    """A run too large to keep, still going: its steps come as the candidate asks for them."""
+
+    @property
+    def error(self) -> str | None:
+        if self.wire is not None:
+            return self.wire["error"]
+        return self.training.error if self.training is not None else None
+
+    def rank_run(self) -> dict[str, Any]:
+        """What travels of the run (scalars, names, shapes and dtypes; no tensors)."""
+        if self.wire is not None:
+            return self.wire
+        assert self.training is not None
+        return self.training.rank_run()
+
+
+def _reference(config: ParityConfig, device: Any) -> _Reference:
+    """The reference of ``config`` on this rank: kept from an earlier configuration, or trained
+    now and kept when its full tensors fit :func:`keep_budget` (the same on every rank: the
+    reference is replicated, so its size is too), or else left running to be compared a step at
+    a time."""
     key = (context.group_generation(), *config.reference_key())
-    cached = _references.get(key)
-    if cached is not None:
-        return (*cached, True)
-    run, description = train.run(config, "reference", device)
-    if run["error"] is None:
-        _references[key] = (run, description)
-    return run, description, False
+    found = _references.get(key)
+    if found is not None:
+        return _Reference(stepcheck.ReferenceSteps(found.steps), found.description, True, found.wire)
+    budget = keep_budget()
+    training = train.Run(config, "reference", device)
+    rank = dist.get_rank()
+    steps = iter(training)
+    nbytes = 0
+    for step in steps:
+        nbytes += _nbytes(step)
+        if nbytes > budget:  # too large to keep: from here on the run keeps scalars only
+            training.slim = lambda full: stepcheck.wire_step(full, rank)
+            kept = list(training.steps)
+            training.steps[:] = [stepcheck.wire_step(full, rank) for full in kept]
+            live = stepcheck.ReferenceSteps(kept, live=steps)
+            return _Reference(live, training.description, False, training=training)
+    wire = training.rank_run()
+    wire["steps"] = [stepcheck.wire_step(full, rank) for full in training.steps]
+    if training.error is None:
+        _keep(key, _Kept(training.steps, wire, training.description, nbytes), budget)
+    return _Reference(stepcheck.ReferenceSteps(training.steps), training.description, False, wire)
 
 
 def forget() -> None:
@@ -53,38 +146,64 @@ def everywhere(key: str, ok: bool) -> bool:
     return all_ranks(ctx, key, ok=ok)
 
 
-def run_one(config: ParityConfig, index: int = 0) -> dict[str, Any]:
-    """Reference and candidate runs of ``config`` (the ``index``-th of its batch) on this rank
-    (never raises). Whether the candidate and the float32 twin run is agreed first: one rank's
-    error must not send it into collectives its peers skip (docs/architecture.md, section 4.5)."""
+def _with_kept(wire: dict[str, Any], kept: dict[int, dict[str, Any]], rank: int) -> dict[str, Any]:
+    """``wire`` (a kept reference's, shared) with the full tensors of the ``kept`` steps (rank 0)."""
+    if not kept or rank != 0:
+        return wire
+    steps = list(wire["steps"])
+    for index, full in kept.items():
+        if index < len(steps):
+            steps[index] = {**steps[index], "tensors": full["tensors"]}
+    return {**wire, "steps": steps}
+
+
+def run_one(config: ParityConfig, index: int = 0, *, keep_all: bool = False) -> dict[str, Any]:
+    """Reference and candidate runs of ``config`` (the ``index``-th of its batch) on this rank,
+    compared step by step where the data lives (``stepcheck.py``); never raises. Whether the
+    candidate runs is agreed first: one rank's error must not send it into collectives its peers
+    skip (docs/architecture.md, section 4.5). ``keep_all``: every step's full tensors travel."""
     device = context.current().device
-    reference, reference_description, reused = _reference(config, device)
-    reference_ok = everywhere(f"parity{index}/reference", reference["error"] is None)
-    candidate, candidate_description = (
-        train.run(config, "candidate", device, share_with=reference)
-        if reference_ok
-        else (None, "not run: the reference failed")
-    )
-    candidate_ok = reference_ok and everywhere(f"parity{index}/candidate", candidate["error"] is None)
-    fp32_gap = None
-    if config.precision != "fp32" and config.reference == "ddp" and candidate_ok:
+    rank = context.current().rank
+    reference = _reference(config, device)
+    running = reference.training is not None
+    reference_ok = running or everywhere(f"parity{index}/reference", reference.error is None)
+    twin = None
+    if config.precision != "fp32" and config.reference == "ddp" and reference_ok:
         # The expected mixed-precision gap: the same workload, optimizer and data in float32
-        # (cached like any reference: the fp32 configurations of the matrix share it), measured
-        # here so that only numbers travel.
-        fp32_run, _, _ = _reference(config.with_(precision="fp32", mixed=None), device)
-        fp32_gap = gap.of_rank_runs(reference, fp32_run) if fp32_run["error"] is None else None
+        # (kept like any reference: the fp32 configurations of the matrix share it), measured
+        # step by step as the candidate trains, so that only numbers travel.
+        twin = _reference(config.with_(precision="fp32", mixed=None), device)
+    candidate = None
+    check = None
+    if reference_ok:
+        check = stepcheck.Check(
+            config, reference.steps, twin=twin.steps if twin is not None else None, keep_all=keep_all
+        )
+        candidate = train.Run(config, "candidate", device, check=check)
+        for _ in candidate:
+            pass
+    candidate_ok = reference_ok and everywhere(f"parity{index}/candidate", candidate.error is None)
+    if candidate_ok:  # finish runs still going (no steps are left: the candidate took them all)
+        for still in (reference, twin):
+            if still is not None:
+                still.steps.finish()
+    if running:
+        reference_ok = everywhere(f"parity{index}/reference", reference.error is None)
+    twin_ok = twin is not None and twin.error is None and check is not None and check.twin is not None
     return {
         "id": config.id,
-        "fp32_gap": fp32_gap,
-        "reference": reference,
-        "reference_description": reference_description,
-        "reference_reused": reused,
-        "candidate": candidate,
-        "candidate_description": candidate_description,
+        "fp32_gap": check.gap if candidate_ok and reference_ok and twin_ok and check is not None else None,
+        "reference": _with_kept(reference.rank_run(), check.kept if check is not None else {}, rank),
+        "reference_description": reference.description,
+        "reference_reused": reference.reused,
+        "candidate": candidate.rank_run() if candidate is not None and reference_ok else None,
+        "candidate_description": candidate.description
+        if candidate is not None
+        else "not run: the reference failed",
     }
 
 
-def run_batch(configs: list[ParityConfig]) -> list[dict[str, Any]]:
+def run_batch(configs: list[ParityConfig], keep_all: bool = False) -> list[dict[str, Any]]:
     """Run every configuration of ``configs`` in order; one result dict per configuration.
 
     torch's deprecation notices (``FutureWarning``: NO_SHARD, ``all_gather_into_tensor``) are
@@ -92,10 +211,15 @@ def run_batch(configs: list[ParityConfig]) -> list[dict[str, Any]]:
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        return _run_batch(configs)
+        return _run_batch(configs, keep_all)
 
 
-def _run_batch(configs: list[ParityConfig]) -> list[dict[str, Any]]:
+def run_batch_keeping_tensors(configs: list[ParityConfig]) -> list[dict[str, Any]]:
+    """:func:`run_batch` with every step's full tensors travelling (tests that read them)."""
+    return run_batch(configs, keep_all=True)
+
+
+def _run_batch(configs: list[ParityConfig], keep_all: bool) -> list[dict[str, Any]]:
     ctx = context.current()
     results = []
     for index, config in enumerate(configs):
@@ -104,7 +228,7 @@ def _run_batch(configs: list[ParityConfig]) -> list[dict[str, Any]]:
                 f"configuration {config.id} needs {config.backend} world size {config.world_size}, "
                 f"but this batch runs on {ctx.backend} world size {ctx.world_size}"
             )
-        result = run_one(config, index)
+        result = run_one(config, index, keep_all=keep_all)
         failed = result["reference"]["error"] or (result["candidate"] or {}).get("error")
         if failed and ctx.world_size > 1:
             leave_group()  # unblock peers still waiting in a collective with this rank

@@ -42,15 +42,15 @@ class _Unit:
         return list(params) if params is not None else [self.flat] * len(self.flat._fqns)
 
 
-def _units(model: Any) -> list[_Unit]:
+def units(model: Any) -> list[_Unit]:
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    units = []
+    found = []
     for module_name, module in model.named_modules():
         if isinstance(module, FSDP) and module._handle is not None:
             prefix = clean_name(module_name)
-            units.append(_Unit(f"{prefix}." if prefix else "", module, module._handle.flat_param))
-    return units
+            found.append(_Unit(f"{prefix}." if prefix else "", module, module._handle.flat_param))
+    return found
 
 
 def _gather_rows(unit: _Unit, rows: list[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -82,10 +82,10 @@ def full_grads(model: Any, device: torch.device) -> dict[str, torch.Tensor]:
 
     Whether a unit's gather runs is agreed first (one all-reduce): a rank whose flat parameter
     has no gradient sends zeros rather than skipping a collective its peers run."""
-    units = _units(model)
-    held = anywhere([unit.flat.grad is not None for unit in units], device)
+    found = units(model)
+    held = anywhere([unit.flat.grad is not None for unit in found], device)
     full: dict[str, torch.Tensor] = {}
-    for unit, somewhere in zip(units, held, strict=True):
+    for unit, somewhere in zip(found, held, strict=True):
         if somewhere:
             grad = unit.flat.grad if unit.flat.grad is not None else torch.zeros_like(unit.flat)
             full.update(_split(unit, _gather_rows(unit, [grad], device)[0], grad.dtype))
@@ -133,7 +133,7 @@ def full_params_and_state(
     element_keys, scalar_keys = state_keys(optimizers)
     params: dict[str, torch.Tensor] = {}
     full: dict[str, dict[str, torch.Tensor]] = {}
-    for unit in _units(model):
+    for unit in units(model):
         rows, dtypes = [unit.flat.data], [unit.flat.dtype]
         if unit.flat.requires_grad:
             state_rows, state_dtypes = _state_rows(unit, state, element_keys, scalar_keys)

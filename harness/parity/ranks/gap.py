@@ -4,9 +4,9 @@ Why: a candidate that is bitwise equal to its bf16 reference says nothing about 
 itself is from float32, which is what users weigh when they ask whether "close" losses are
 acceptable. ``entry.run_one`` runs a float32 twin of each mixed-precision reference (same
 workload, optimizer, data and faults; a cached reference run) and measures the distance on the
-ranks (:func:`of_rank_runs`: each rank its own losses, rank 0 the parameters), so only four
-numbers per rank travel; :func:`merge` takes the largest over the ranks. :func:`gap` is the same
-measure over two merged records. Pure.
+ranks (:func:`of_steps`: each rank its own losses, rank 0 the parameters), so only four
+numbers per rank travel, step by step as the candidate trains (``stepcheck.Check``);
+:func:`merge` takes the largest over the ranks. :func:`gap` is the same measure over two merged records. Pure.
 """
 
 from __future__ import annotations
@@ -65,21 +65,15 @@ def gap(run: RunRecord, other: RunRecord) -> Gap:
     )
 
 
-def of_rank_runs(run: dict[str, Any], other: dict[str, Any]) -> dict[str, float]:
-    """:func:`gap` on one rank's ``record.rank_run`` dicts (its loss; parameters where it holds
-    them, rank 0), as plain numbers for :func:`merge`."""
-    pairs = [
-        (
-            [mine["loss"]],
-            [theirs["loss"]],
-            (mine["tensors"] or {}).get("params"),
-            (theirs["tensors"] or {}).get("params"),
-        )
-        for mine, theirs in zip(run["steps"], other["steps"], strict=False)
-    ]
-    return dataclasses.asdict(_losses_and_params(pairs))
+def of_steps(
+    steps: list[tuple[float, float, dict[str, Any] | None, dict[str, Any] | None]],
+) -> dict[str, float]:
+    """:func:`gap` on one rank's steps (``(loss, other's loss, parameters, other's parameters)``,
+    parameters where the rank measures them: rank 0), as plain numbers for :func:`merge`. The
+    measure is a running maximum, so steps may come one at a time and the largest of each kept."""
+    return dataclasses.asdict(_losses_and_params([([a], [b], p, q) for a, b, p, q in steps]))
 
 
 def merge(parts: list[dict[str, float]]) -> Gap:
-    """The largest of every rank's :func:`of_rank_runs`."""
+    """The largest of every rank's :func:`of_steps`."""
     return Gap(**{field.name: max(part[field.name] for part in parts) for field in dataclasses.fields(Gap)})

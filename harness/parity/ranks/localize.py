@@ -125,7 +125,9 @@ def _replay(config: ParityConfig, step: int, probes: dict[str, Any], part: dict[
     device = context.current().device
     for role in ("reference", "candidate"):
         try:
-            run, _ = train.run(config, role, device, observe=probes[role].observe, last_step=step)
+            run, _ = train.run(
+                config, role, device, observe=probes[role].observe, last_step=step, record=False
+            )
         except Exception:  # noqa: BLE001 - train.run records its own errors; this is the probe's
             run = {"error": prefix_lines(traceback.format_exc(), context.current().rank)}
         if run["error"] and part["error"] is None:

@@ -1,20 +1,27 @@
 """What one training run recorded, step by step, as plain data that crosses process boundaries.
 
 Why two shapes: every rank records its own scalars (loss, scale, growth tracker, found_inf, skip
-decisions), but only rank 0 gathers the full tensors (parameters, unscaled gradients, optimizer
-state), so the ranks send :func:`rank_run` dicts and the controller merges them into one
-:class:`RunRecord` per run with :func:`merge_rank_runs`. Records are keyed by (step, rank), never by
-arrival order; tensors are on the CPU in their own dtype (comparisons happen in float64 later).
+decisions) and its own distances from the reference (``stepcheck.py``: each rank compares its
+pieces of the candidate where they live), so the ranks send :func:`rank_run` dicts and the
+controller merges them into one :class:`RunRecord` per run with :func:`merge_rank_runs`: the
+distances of each tensor's pieces into one :class:`~harness.parity.ranks.distance.TensorDiff`, the
+gradients' sums of squares into one norm. Full tensors travel for the few steps the known causes
+read (rank 0; ``StepRecord.params`` and the others are empty elsewhere). Records are keyed by
+(step, rank), never by arrival order; tensors are on the CPU in their own dtype.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import torch
 
+from harness.parity.ranks.distance import TensorDiff, merged
+
 Tensors = dict[str, torch.Tensor]
+Meta = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -42,9 +49,41 @@ class StepRecord:
     buffers: tuple[Tensors, ...] = ()
     """By rank, each rank's own module buffers after the step, by name (buffers are replicated,
     never sharded, and DDP broadcasts rank 0's while FSDP does not, so each rank's count)."""
+    meta: dict[str, Meta] | None = None
+    """By kind (``grad``, ``param``, ``optim_state``, ``buffer``), each tensor's full shape and
+    dtype by the judge's name (``w:exp_avg``, ``bn.running_mean [rank 1]``); ``None``: read them
+    off the tensors (a record made whole, as the unit tests make them)."""
+    diffs: dict[str, dict[str, TensorDiff]] | None = None
+    """The candidate's distance from the reference by kind and name, measured on the ranks
+    (``None``: measure the full tensors)."""
+    grad_norm: float | None = None
+    """The 2-norm of the recorded gradients, from the ranks' sums of squares (``None``: from
+    :attr:`grads`)."""
 
     def skipped_anywhere(self) -> bool:
         return any(flag for flags in self.skipped for flag in flags)
+
+    def shapes(self, kind: str) -> Meta:
+        """:attr:`meta` of ``kind``, or read off the full tensors."""
+        if self.meta is not None and kind in self.meta:
+            return self.meta[kind]
+        return {name: (tuple(value.shape), value.dtype) for name, value in self.tensors(kind).items()}
+
+    def tensors(self, kind: str) -> Tensors:
+        """The full tensors of ``kind`` by the judge's names (empty where none travelled)."""
+        if kind == "param":
+            return self.params
+        if kind == "grad":
+            return self.grads
+        if kind == "buffer":
+            return {
+                f"{name} [rank {rank}]": value
+                for rank, own in enumerate(self.buffers)
+                for name, value in own.items()
+            }
+        return {
+            f"{name}:{key}": value for name, state in self.optim_state.items() for key, value in state.items()
+        }
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,7 +128,19 @@ def _step_from_dict(data: dict[str, Any]) -> StepRecord:
         grads=dict(data["grads"]),
         optim_state={name: dict(state) for name, state in data["optim_state"].items()},
         buffers=tuple(dict(own) for own in data.get("buffers", ())),
+        meta=data.get("meta"),
+        diffs=_diffs_from_wire(data.get("diffs")),
+        grad_norm=data.get("grad_norm"),
     )
+
+
+def _diffs_from_wire(diffs: Any) -> dict[str, dict[str, TensorDiff]] | None:
+    if diffs is None:
+        return None
+    return {
+        kind: {name: d if isinstance(d, TensorDiff) else TensorDiff(**d) for name, d in by_name.items()}
+        for kind, by_name in diffs.items()
+    }
 
 
 def rank_step(
@@ -129,13 +180,10 @@ def merge_rank_runs(role: str, description: str, parts: list[dict[str, Any]]) ->
     assert ranks == list(range(len(parts))), f"expected one part per rank, got ranks {ranks}"
     errors = [part["error"] for part in parts if part["error"]]
     count = min(len(part["steps"]) for part in parts)
-    assert all(s["tensors"] is not None for s in parts[0]["steps"][:count]), (
-        "rank 0 sends every step's tensors"
-    )
     steps = []
     for index in range(count):
         per_rank = [part["steps"][index] for part in parts]
-        tensors = per_rank[0]["tensors"]
+        tensors = per_rank[0]["tensors"] or {}
         steps.append(
             StepRecord(
                 step=index,
@@ -144,10 +192,13 @@ def merge_rank_runs(role: str, description: str, parts: list[dict[str, Any]]) ->
                 trackers=tuple(s["tracker"] for s in per_rank),
                 found_inf=tuple(tuple(s["found_inf"]) for s in per_rank),
                 skipped=tuple(tuple(s["skipped"]) for s in per_rank),
-                params=tensors["params"],
-                grads=tensors["grads"],
-                optim_state=tensors["optim_state"],
-                buffers=tuple(s.get("buffers") or {} for s in per_rank),
+                params=tensors.get("params") or {},
+                grads=tensors.get("grads") or {},
+                optim_state=tensors.get("optim_state") or {},
+                buffers=tuple(s.get("buffers") or {} for s in per_rank) if per_rank[0].get("buffers") else (),
+                meta=_merged_meta(per_rank),
+                diffs=_merged_diffs(index, per_rank),
+                grad_norm=_grad_norm(per_rank),
             )
         )
     return RunRecord(
@@ -158,3 +209,38 @@ def merge_rank_runs(role: str, description: str, parts: list[dict[str, Any]]) ->
         error="\n".join(errors) if errors else None,
         duration_s=max(part["duration_s"] for part in parts),
     )
+
+
+def _merged_meta(per_rank: list[dict[str, Any]]) -> dict[str, Meta] | None:
+    """Rank 0's names, shapes and dtypes (every rank states all of them), and each rank's buffers'."""
+    if "meta" not in per_rank[0]:
+        return None
+    meta = {kind: dict(found) for kind, found in per_rank[0]["meta"].items() if kind != "buffer"}
+    meta["buffer"] = {name: m for s in per_rank for name, m in s["meta"].get("buffer", {}).items()}
+    return meta
+
+
+def _merged_diffs(step: int, per_rank: list[dict[str, Any]]) -> dict[str, dict[str, TensorDiff]] | None:
+    """Each tensor's distance from its pieces' on every rank (``distance.merged``)."""
+    if not any("diffs" in s for s in per_rank):
+        return None
+    pieces: dict[str, dict[str, list[dict[str, float]]]] = {}
+    for s in per_rank:
+        for kind, by_name in s.get("diffs", {}).items():
+            for name, part in by_name.items():
+                pieces.setdefault(kind, {}).setdefault(name, []).append(part)
+    return {
+        kind: {name: merged(parts, step=step, kind=kind, name=name) for name, parts in by_name.items()}
+        for kind, by_name in pieces.items()
+    }
+
+
+def _grad_norm(per_rank: list[dict[str, Any]]) -> float | None:
+    """The 2-norm from every rank's sums of squares, tensor by tensor in rank 0's order."""
+    if not any("grad_squares" in s for s in per_rank):
+        return None
+    names = list((per_rank[0].get("meta") or {}).get("grad") or per_rank[0].get("grad_squares") or {})
+    total = 0.0
+    for name in names:
+        total += sum(s.get("grad_squares", {}).get(name, 0.0) for s in per_rank)
+    return math.sqrt(total) if math.isfinite(total) else total

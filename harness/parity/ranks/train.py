@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from harness.parity.plan.config import Fault, ParityConfig
-from harness.parity.ranks import engines, record, reuse
+from harness.parity.ranks import engines, record, stepcheck
 from harness.rank import context
 from harness.rank.execute import prefix_lines
 
@@ -76,11 +76,6 @@ def _faults_now(config: ParityConfig, role: str, step: int, rank: int) -> list[F
     return [f for f in config.faults if f.step == step and (role == "reference" or f.rank in (None, rank))]
 
 
-def _unscaled(grads: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
-    """Still-scaled gradients divided by the scale (a power of two: exact), in their own dtype."""
-    return {name: (g.double() / scale).to(g.dtype) for name, g in grads.items()}
-
-
 def _skipped(before: list[torch.Tensor], params: list[torch.Tensor], engine: engines.Engine) -> bool | None:
     after = [engine.local(p).detach() for p in params]
     if sum(t.numel() for t in after) == 0:
@@ -93,6 +88,130 @@ Observer = Callable[[engines.Engine, int], AbstractContextManager[Any]]
 puts hooks on every module inside it)."""
 
 
+class Run:
+    """One training run of ``config``'s ``role`` on this rank, a step at a time.
+
+    Iterate it to train: each iteration yields the step's record (``record.rank_step``) as the
+    step ends, so that a reference too large to keep can be compared as it runs
+    (``stepcheck.ReferenceSteps``). Without ``check``, a step's record holds the full parameters,
+    gradients and optimizer state on every rank (``record=False``: none; the localization's
+    replays record nothing). With ``check`` (a candidate's), it holds what the check measured
+    (``stepcheck.Check``). ``slim``: a function applied to each step before it is kept in
+    :attr:`steps` (a reference too large to keep keeps its scalars only).
+    """
+
+    def __init__(
+        self,
+        config: ParityConfig,
+        role: str,
+        device: torch.device,
+        *,
+        observe: Observer | None = None,
+        last_step: int | None = None,
+        check: stepcheck.Check | None = None,
+        record: bool = True,
+    ) -> None:
+        self.config, self.role, self.device = config, role, device
+        self.observe, self.check, self.record = observe, check, record
+        self.last = config.steps if last_step is None else min(config.steps, last_step + 1)
+        self.steps: list[dict[str, Any]] = []
+        self.error: str | None = None
+        self.description = role
+        self.counters: dict[str, int] = {}
+        self.duration_s = 0.0
+        self.slim: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        self.rank = dist.get_rank()  # kept: a failed run's rank leaves the group before it reports
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        started = time.perf_counter()
+        rank = self.rank
+        scaler = None
+        try:
+            engine = engines.build(self.config, self.role, self.device)
+            self.description = engine.description
+            groups = engine.param_groups(2 if self.config.path == "two_optimizers" else 1)
+            optimizers = [engine.make_optimizer(group) for group in groups]
+            scaler = make_scaler(self.config, self.role, self.device)
+            for step in range(self.last):
+                found = self._step(step, rank, engine, groups, optimizers, scaler)
+                self.steps.append(self.slim(found) if self.slim is not None else found)
+                context.heartbeat()  # a slow step of a large model is progress, not a hang
+                yield found
+            if scaler is not None:
+                self.counters = _counters(scaler)
+        except Exception:  # noqa: BLE001 - recorded; the caller decides what it means
+            self.error = prefix_lines(traceback.format_exc(), rank)
+        finally:
+            self.duration_s += time.perf_counter() - started
+
+    def _step(
+        self,
+        step: int,
+        rank: int,
+        engine: engines.Engine,
+        groups: list[list[torch.Tensor]],
+        optimizers: list[torch.optim.Optimizer],
+        scaler: Any,
+    ) -> dict[str, Any]:
+        config, check = self.config, self.check
+        if check is not None:
+            check.begin(step)
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
+        scale = scaler.get_scale()
+        with self.observe(engine, step) if self.observe is not None else contextlib.nullcontext():
+            loss, recorded_loss = engine.losses(step, scale)
+            scaler.scale(loss).backward()
+        engine.after_backward()
+        for fault in _faults_now(config, self.role, step, rank):
+            _poison(engine, groups[fault.optimizer], fault)
+        unscaled = config.path == "unscale_clip" or engine.unscales_first
+        if unscaled:
+            for opt in optimizers:
+                scaler.unscale_(opt)
+            engine.before_step()
+            if config.path == "unscale_clip":
+                engine.clip_grad_norm_(_CLIP_NORM)
+        grads = None
+        if check is not None:
+            check.grads(step, engine, None if unscaled else scale)
+        elif self.record:
+            grads = engine.full_grads() if unscaled else stepcheck.unscaled(engine.full_grads(), scale)
+        before = [[engine.local(p).detach().clone() for p in group] for group in groups]
+        found_inf = []
+        for opt in optimizers:
+            scaler.step(opt)
+            found_inf.append(sum(float(v.sum()) for v in scaler._found_inf_per_device(opt).values()))
+        scaler.update()
+        skipped = [_skipped(b, g, engine) for b, g in zip(before, groups, strict=True)]
+        tensors = None
+        if check is None and self.record:
+            params, state = engine.full_after_step(optimizers)
+            tensors = {"params": params, "grads": grads, "optim_state": state}
+        found = record.rank_step(
+            loss=recorded_loss,
+            scale=scaler.get_scale(),
+            tracker=int(scaler._get_growth_tracker()),
+            found_inf=found_inf,
+            skipped=skipped,
+            tensors=tensors,
+            buffers=engine.own_buffers() if check is None and self.record else None,
+        )
+        if check is not None:
+            check.after_step(step, engine, optimizers, found)
+        return found
+
+    def rank_run(self) -> dict[str, Any]:
+        """What this rank sends of the run (``record.rank_run``)."""
+        return record.rank_run(
+            rank=self.rank,
+            steps=self.steps,
+            counters=self.counters if self.error is None else {},
+            error=self.error,
+            duration_s=self.duration_s,
+        )
+
+
 def run(
     config: ParityConfig,
     role: str,
@@ -100,72 +219,11 @@ def run(
     *,
     observe: Observer | None = None,
     last_step: int | None = None,
-    share_with: dict[str, Any] | None = None,
+    record: bool = True,
 ) -> tuple[dict[str, Any], str]:
-    """Train ``config``'s ``role`` for ``config.steps`` steps (through ``last_step`` only, when
-    given); ``(rank_run dict, description)``. ``observe`` wraps each step's forward and backward.
-    ``share_with`` (this rank's reference run): each recorded tensor equal to its tensor of the
-    same step is replaced by it as the step is recorded (``reuse.py``)."""
-    started = time.perf_counter()
-    steps: list[dict[str, Any]] = []
-    error = None
-    description = role
-    scaler = None
-    rank = dist.get_rank()
-    try:
-        engine = engines.build(config, role, device)
-        description = engine.description
-        groups = engine.param_groups(2 if config.path == "two_optimizers" else 1)
-        optimizers = [engine.make_optimizer(group) for group in groups]
-        scaler = make_scaler(config, role, device)
-        for step in range(config.steps if last_step is None else min(config.steps, last_step + 1)):
-            for opt in optimizers:
-                opt.zero_grad(set_to_none=True)
-            scale = scaler.get_scale()
-            with observe(engine, step) if observe is not None else contextlib.nullcontext():
-                loss, recorded_loss = engine.losses(step, scale)
-                scaler.scale(loss).backward()
-            engine.after_backward()
-            for fault in _faults_now(config, role, step, rank):
-                _poison(engine, groups[fault.optimizer], fault)
-            if config.path == "unscale_clip" or engine.unscales_first:
-                for opt in optimizers:
-                    scaler.unscale_(opt)
-                engine.before_step()
-                if config.path == "unscale_clip":
-                    engine.clip_grad_norm_(_CLIP_NORM)
-                grads = engine.full_grads()
-            else:
-                grads = _unscaled(engine.full_grads(), scale)
-            before = [[engine.local(p).detach().clone() for p in group] for group in groups]
-            found_inf = []
-            for opt in optimizers:
-                scaler.step(opt)
-                found_inf.append(sum(float(v.sum()) for v in scaler._found_inf_per_device(opt).values()))
-            scaler.update()
-            skipped = [_skipped(b, g, engine) for b, g in zip(before, groups, strict=True)]
-            tensors = None
-            params, state = engine.full_after_step(optimizers)
-            if rank == 0:
-                tensors = {"params": params, "grads": grads, "optim_state": state}
-            steps.append(
-                record.rank_step(
-                    loss=recorded_loss,
-                    scale=scaler.get_scale(),
-                    tracker=int(scaler._get_growth_tracker()),
-                    found_inf=found_inf,
-                    skipped=skipped,
-                    tensors=tensors,
-                    buffers=engine.own_buffers(),
-                )
-            )
-            if share_with is not None and step < len(share_with["steps"]):
-                reuse.share_step(share_with["steps"][step], steps[-1])
-            context.heartbeat()  # a slow step of a large model is progress, not a hang
-    except Exception:  # noqa: BLE001 - recorded; the caller decides what it means
-        error = prefix_lines(traceback.format_exc(), rank)
-    counters = _counters(scaler) if scaler is not None and error is None else {}
-    part = record.rank_run(
-        rank=rank, steps=steps, counters=counters, error=error, duration_s=time.perf_counter() - started
-    )
-    return part, description
+    """Train ``config``'s ``role`` through (``last_step``, or) every step and keep every step's
+    record; ``(rank_run dict, description)``. A run never raises (see the module docstring)."""
+    training = Run(config, role, device, observe=observe, last_step=last_step, record=record)
+    for _ in training:
+        pass
+    return training.rank_run(), training.description

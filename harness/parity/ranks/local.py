@@ -1,0 +1,277 @@
+"""This rank's own elements of the candidate's tensors, where they live (rank side; no copies).
+
+Why: comparing where the data lives costs what training costs. A sharded candidate's parameter,
+gradient or optimizer-state tensor is held by the ranks in pieces, and each piece is one
+contiguous run of the full tensor's flattened elements: FSDP2 shards dim 0 (``Shard(0)``: rows
+``[r * chunk, (r + 1) * chunk)``), FSDP1 cuts each unit's flat parameter into equal shards that
+cover ``param.flatten()[intra_param_start_idx : intra_param_end_idx + 1]`` of each parameter
+(``_shard_param_infos``). So each rank compares its :class:`Piece` with the same run of its own
+reference's full tensor (the reference is replicated: every rank holds all of it), and only
+distances travel.
+
+Which rank compares what: each element is compared once. FSDP2 and FSDP1's sharded strategies
+give each element to one rank of a shard group; a replicated candidate (DDP, FSDP1 ``NO_SHARD``)
+and the replicas of ``HYBRID_SHARD`` are compared by the shard group holding global rank 0, the
+same elements a gather onto rank 0 would have seen. A rank that owns nothing of a tensor still
+states its global shape and dtype (``values=None``), so that names, shapes and dtypes are checked
+from any rank's view.
+
+Collective only where every rank must agree on what exists (``gather.anywhere``: a gradient or
+optimizer state that some ranks lack is zeros on those ranks, as in the full gathers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.parity.ranks import engines, flat, gather
+
+_Pieces = dict[str, "Piece"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Piece:
+    """One rank's contiguous run of a full tensor's flattened elements."""
+
+    shape: tuple[int, ...]
+    """The full tensor's shape."""
+    dtype: torch.dtype
+    start: int
+    """The flat index of ``values[0]`` in the full tensor."""
+    values: torch.Tensor | None
+    """This rank's elements, 1-D (``None``: another rank compares them)."""
+
+    @property
+    def numel(self) -> int:
+        return 0 if self.values is None else self.values.numel()
+
+
+def _whole(tensor: torch.Tensor, owner: bool) -> Piece:
+    values = gather.to_cpu(tensor)
+    return Piece(tuple(values.shape), values.dtype, 0, values.reshape(-1) if owner else None)
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+# -- grads ---------------------------------------------------------------------------------------
+def grads(engine: engines.Engine, scale: float | None) -> _Pieces:
+    """This rank's pieces of every gradient (``scale``: still scaled, divide by it exactly as
+    ``stepcheck.unscaled`` does), copied: they must outlive the optimizer step."""
+    if isinstance(engine, engines.FSDP2):
+        found = _fsdp2_grads(engine)
+    elif isinstance(engine, engines.FSDP1):
+        found = _fsdp1_grads(engine)
+    else:
+        owner = _rank() == 0
+        found = {name: _whole(p.grad, owner) for name, p in engine.named_trainable() if p.grad is not None}
+    if scale is None:
+        return {name: _copied(piece) for name, piece in found.items()}
+    return {
+        name: dataclasses.replace(
+            piece, values=None if piece.values is None else (piece.values.double() / scale).to(piece.dtype)
+        )
+        for name, piece in found.items()
+    }
+
+
+def _copied(piece: Piece) -> Piece:
+    if piece.values is None:
+        return piece
+    return dataclasses.replace(piece, values=piece.values.detach().to("cpu", copy=True))
+
+
+def _dtensor_piece(value: Any, param: Any) -> Piece:
+    """The local shard of a ``Shard(0)`` DTensor laid out like ``param`` (zeros when ``value`` is
+    ``None``: this rank lacks what another holds)."""
+    from torch.distributed.tensor import Shard
+
+    if param.device_mesh.ndim != 1 or tuple(param.placements) != (Shard(0),):
+        raise NotImplementedError(
+            f"comparing shards of a DTensor placed {param.placements} on a {param.device_mesh.ndim}-D mesh"
+        )
+    local = param.to_local() if value is None else value.to_local()
+    if value is None:
+        local = torch.zeros_like(local)
+    shape = tuple(param.shape)
+    row = 1
+    for size in shape[1:]:
+        row *= size
+    mesh_rank = param.device_mesh.get_local_rank()
+    chunk = -(-shape[0] // param.device_mesh.size()) if shape else 0
+    start = min(mesh_rank * chunk, shape[0] if shape else 0) * row
+    dtype = param.dtype if value is None else value.dtype
+    return Piece(shape, dtype, start, local.detach().reshape(-1))
+
+
+def _fsdp2_piece(value: Any, param: Any) -> Piece:
+    if hasattr(param, "device_mesh"):
+        return _dtensor_piece(value, param)
+    return _whole(value if value is not None else torch.zeros_like(param), _rank() == 0)
+
+
+def _fsdp2_grads(engine: engines.FSDP2) -> _Pieces:
+    trainable = engine.named_trainable()
+    held = gather.anywhere([p.grad is not None for _, p in trainable], engine.device)
+    return {
+        name: _fsdp2_piece(p.grad, p) for (name, p), anywhere in zip(trainable, held, strict=True) if anywhere
+    }
+
+
+def _fsdp1_owner(unit: Any) -> bool:
+    """Whether this rank compares ``unit``'s elements (see the module docstring)."""
+    handle = unit.module._handle
+    if not handle.uses_sharded_strategy:
+        return _rank() == 0
+    return 0 in dist.get_process_group_ranks(unit.module.process_group)
+
+
+def _fsdp1_cut(unit: Any, local: torch.Tensor | None, dtype: torch.dtype, owner: bool) -> _Pieces:
+    """``local`` (laid out like the unit's local flat shard) cut into each parameter's piece."""
+    out = {}
+    infos = unit.flat._shard_param_infos
+    for name, shape, info in zip(unit.names, unit.flat._shapes, infos, strict=True):
+        values = None
+        start = 0
+        if owner and info.in_shard and local is not None:
+            values = local.detach().reshape(-1)[
+                info.offset_in_shard : info.offset_in_shard + info.numel_in_shard
+            ]
+            start = info.intra_param_start_idx
+        out[name] = Piece(tuple(shape), dtype, start, values)
+    return out
+
+
+def _fsdp1_grads(engine: engines.FSDP1) -> _Pieces:
+    units = flat.units(engine.wrapped)
+    held = gather.anywhere([unit.flat.grad is not None for unit in units], engine.device)
+    found: _Pieces = {}
+    for unit, somewhere in zip(units, held, strict=True):
+        if somewhere:
+            grad = unit.flat.grad if unit.flat.grad is not None else torch.zeros_like(unit.flat)
+            found.update(_fsdp1_cut(unit, grad, grad.dtype, _fsdp1_owner(unit)))
+    return found
+
+
+# -- parameters and optimizer state -------------------------------------------------------------
+def params_and_state(
+    engine: engines.Engine, optimizers: list[torch.optim.Optimizer]
+) -> tuple[_Pieces, _Pieces]:
+    """``(parameters by name, optimizer state by "name:key")``: views, valid until the next step."""
+    if isinstance(engine, engines.FSDP2):
+        return _fsdp2_params_and_state(engine, optimizers)
+    if isinstance(engine, engines.FSDP1):
+        return _fsdp1_params_and_state(engine, optimizers)
+    owner = _rank() == 0
+    params, state = engine.full_after_step(optimizers)
+    pieces = {name: _whole(value, owner) for name, value in params.items()}
+    states = {
+        f"{name}:{key}": _whole(value, owner)
+        for name, values in state.items()
+        for key, value in values.items()
+    }
+    return pieces, states
+
+
+def _fsdp2_params_and_state(
+    engine: engines.FSDP2, optimizers: list[torch.optim.Optimizer]
+) -> tuple[_Pieces, _Pieces]:
+    element_keys, scalar_keys = gather.state_keys(optimizers)
+    state = {id(p): values for opt in optimizers for p, values in opt.state.items()}
+    trainable = engine.named_trainable()
+    params = {name: _fsdp2_piece(p, p) for name, p in engine.module.named_parameters()}
+    present = gather.anywhere([bool(state.get(id(p))) for _, p in trainable], engine.device)
+    states: _Pieces = {}
+    for (name, param), somewhere in zip(trainable, present, strict=True):
+        if not somewhere:
+            continue
+        values = state.get(id(param), {})
+        for key in element_keys:
+            states[f"{name}:{key}"] = _fsdp2_piece(values.get(key), param)
+        for key in scalar_keys:
+            states[f"{name}:{key}"] = _whole(values.get(key, torch.zeros(())), _rank() == 0)
+    return params, states
+
+
+def _fsdp1_params_and_state(
+    engine: engines.FSDP1, optimizers: list[torch.optim.Optimizer]
+) -> tuple[_Pieces, _Pieces]:
+    """FSDP1 keeps optimizer state on the flat parameter (laid out like its local shard) or, with
+    ``use_orig_params=True``, on each original parameter (its ``numel_in_shard`` elements). A
+    scalar key (Adam's ``step``) is the largest value any rank holds for the parameter, in
+    float32, as the full gather reports it (one all-reduce for every unit's names)."""
+    state = {id(p): values for opt in optimizers for p, values in opt.state.items()}
+    element_keys, scalar_keys = gather.state_keys(optimizers)
+    units = flat.units(engine.wrapped)
+    params: _Pieces = {}
+    states: _Pieces = {}
+    names: list[str] = []
+    local_rows: list[list[float]] = []
+    element: list[tuple[str, str, Piece]] = []
+    for unit in units:
+        owner = _fsdp1_owner(unit)
+        params.update(_fsdp1_cut(unit, unit.flat.data, unit.flat.dtype, owner))
+        if not unit.flat.requires_grad:
+            continue
+        infos = unit.flat._shard_param_infos
+        flat_values = state.get(id(unit.flat)) if getattr(unit.flat, "_params", None) is None else None
+        held = [
+            flat_values if flat_values is not None else state.get(id(unit.owners[index]))
+            for index in range(len(infos))
+        ]
+        # One dtype per unit and key, as one gathered row of the unit has: that of the state
+        # this rank holds (the flat parameter's when it holds none).
+        key_dtypes = {
+            key: values[key].dtype
+            for values, info in zip(held, infos, strict=True)
+            if values and info.in_shard
+            for key in element_keys
+            if key in values
+        }
+        for index, (name, shape) in enumerate(zip(unit.names, unit.flat._shapes, strict=True)):
+            info = infos[index]
+            owner_state = held[index]
+            has = bool(owner_state) and info.in_shard
+            names.append(name)
+            local_rows.append(
+                [float(has)]
+                + [float(owner_state[key]) if has and key in owner_state else 0.0 for key in scalar_keys]
+            )
+            for key in element_keys:
+                dtype = key_dtypes.get(key, unit.flat.dtype)
+                piece = Piece(tuple(shape), dtype, 0, None)
+                if owner and info.in_shard:
+                    if has and key in owner_state:
+                        value = owner_state[key].detach().reshape(-1)
+                        if flat_values is not None:
+                            value = value[info.offset_in_shard : info.offset_in_shard + info.numel_in_shard]
+                        piece = Piece(tuple(shape), dtype, info.intra_param_start_idx, value.to(dtype))
+                    else:
+                        zeros = torch.zeros(info.numel_in_shard, dtype=dtype)
+                        piece = Piece(tuple(shape), dtype, info.intra_param_start_idx, zeros)
+                element.append((name, key, piece))
+    agreed = _max_everywhere(local_rows, engine.device)
+    present = {name: row[0] > 0 for name, row in zip(names, agreed, strict=True)}
+    for name, key, piece in element:
+        if present[name]:
+            states[f"{name}:{key}"] = piece
+    for name, row in zip(names, agreed, strict=True):
+        if present[name]:
+            for index, key in enumerate(scalar_keys, start=1):
+                value = torch.tensor(row[index], dtype=torch.float32)
+                states[f"{name}:{key}"] = _whole(value, _rank() == 0)
+    return params, states
+
+
+def _max_everywhere(rows: list[list[float]], device: torch.device) -> list[list[float]]:
+    """The elementwise largest of every rank's ``rows`` (equal-sized on every rank)."""
+    if not rows or not dist.is_initialized() or dist.get_world_size() == 1:
+        return rows
+    values = torch.tensor(rows, dtype=torch.float64, device=device)
+    dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return values.tolist()

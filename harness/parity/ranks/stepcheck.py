@@ -1,0 +1,275 @@
+"""The candidate checked against its reference step by step, where the data lives (rank side).
+
+Why here and not in the judge: a full gather of every tensor at every step, shipped to the
+controller and compared there, costs memory in proportion to model size x steps on rank 0 and in
+the controller, and time far beyond the training it checks. Instead each rank compares its own
+pieces of the candidate (``local.py``) with the same elements of its own reference (a replicated
+run: every rank holds all of it) as each step ends, and sends only distances: per tensor the
+largest abs/rel/ULP distance and the mismatch count (``distance.partial``), which the judge merges
+exactly (``distance.merged``).
+
+Full tensors still travel for the two steps the known causes read (``judge/causes.py``): the
+*origin*, the first step whose gradients differ at all (not a step with a planted fault, nor an
+overflow of the reference), and the first step where a tensor check fails. Whether a step is one
+of them is agreed by all-reduces, so every rank joins the same gathers (docs/architecture.md,
+section 4.5). A test that reads every step's tensors asks for ``keep_all``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.parity.plan import profiles
+from harness.parity.plan.config import ParityConfig, poisoned_steps
+from harness.parity.ranks import distance, engines, gap, local, reuse, ulp
+
+Meta = dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+class ReferenceSteps:
+    """A reference run's steps (full tensors on every rank), served in step order: from a finished
+    run (a cached reference) or from one still running, a step at a time (``live``: the run is too
+    large to keep; each step is dropped once the candidate's step after it begins)."""
+
+    def __init__(self, steps: list[dict[str, Any]], live: Iterator[dict[str, Any]] | None = None) -> None:
+        self._steps = dict(enumerate(steps))
+        self._next = len(steps)
+        self._live = live
+        self._drops = live is not None
+
+    def step(self, index: int) -> dict[str, Any] | None:
+        while self._live is not None and index >= self._next:
+            found = next(self._live, None)
+            if found is None:
+                self._live = None
+                break
+            self._steps[self._next] = found
+            self._next += 1
+        if self._drops:
+            for old in [k for k in self._steps if k < index]:
+                del self._steps[old]
+        return self._steps.get(index)
+
+    def finish(self) -> None:
+        """Let a run still going end (it records its counters; no step is kept)."""
+        if self._live is not None:
+            for _ in self._live:
+                pass
+            self._live = None
+
+
+def meta(pieces: dict[str, local.Piece]) -> Meta:
+    return {name: (piece.shape, piece.dtype) for name, piece in pieces.items()}
+
+
+def full_meta(tensors: dict[str, torch.Tensor]) -> Meta:
+    return {name: (tuple(value.shape), value.dtype) for name, value in tensors.items()}
+
+
+def flat_state(state: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Optimizer state by ``name:key`` (the judge's names)."""
+    return {f"{name}:{key}": value for name, values in state.items() for key, value in values.items()}
+
+
+def own_buffers(buffers: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
+    """This rank's buffers by the judge's names (``bn.running_mean [rank 1]``)."""
+    return {f"{name} [rank {rank}]": value for name, value in buffers.items()}
+
+
+def wire_step(step: dict[str, Any], rank: int) -> dict[str, Any]:
+    """A reference's step as it travels: its scalars, its tensors' names, shapes and dtypes, and
+    (rank 0) its gradients' sums of squares; no tensors (see :meth:`Check.after_step` for the
+    steps whose tensors do travel)."""
+    out = {key: step[key] for key in ("loss", "scale", "tracker", "found_inf", "skipped")}
+    out["meta"] = {"buffer": full_meta(own_buffers(step["buffers"], rank))}
+    out["tensors"] = None
+    tensors = step.get("tensors")
+    if rank == 0 and tensors:
+        grads = tensors["grads"]
+        out["meta"].update(
+            grad=full_meta(grads),
+            param=full_meta(tensors["params"]),
+            optim_state=full_meta(flat_state(tensors["optim_state"])),
+        )
+        out["grad_squares"] = {name: float(g.double().pow(2).sum()) for name, g in grads.items()}
+    return out
+
+
+def squares(pieces: dict[str, local.Piece]) -> dict[str, float]:
+    """Per gradient, the sum of squares of this rank's elements in float64 (the norm's parts)."""
+    return {
+        name: float(piece.values.double().pow(2).sum())
+        for name, piece in pieces.items()
+        if piece.values is not None
+    }
+
+
+@dataclasses.dataclass(slots=True)
+class _Measured:
+    partials: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    differ: bool = False
+    """Some element (or a shape or dtype) is not bitwise equal."""
+    fail: bool = False
+    """Some element is outside the profile (or a name, shape or dtype differs)."""
+
+
+def _compare(
+    reference: dict[str, torch.Tensor], pieces: dict[str, local.Piece], profile: Any, *, align: bool = False
+) -> _Measured:
+    """Each piece against the same elements of ``reference`` (``align``: floating-point buffers
+    compared in the coarser of their dtypes, as the judge does)."""
+    found = _Measured()
+    if set(reference) != set(pieces):
+        found.differ = found.fail = True
+    for name in sorted(set(reference) & set(pieces)):
+        want, piece = reference[name], pieces[name]
+        dtype = piece.dtype
+        if align and want.dtype != dtype and want.is_floating_point() and dtype.is_floating_point:
+            dtype = ulp.coarser(want.dtype, dtype)
+        elif want.dtype != dtype:
+            found.differ = found.fail = True
+            continue
+        if tuple(want.shape) != piece.shape:
+            found.differ = found.fail = True
+            continue
+        if piece.values is None:
+            continue
+        got = piece.values.to("cpu", dtype)
+        want_part = want.reshape(-1)[piece.start : piece.start + got.numel()].to(dtype)
+        diff = distance.tensor_diff(want_part, got, profile, step=0, kind="", name=name)
+        found.partials[name] = distance.partial(diff)
+        found.differ |= not torch.equal(want_part, got)
+        found.fail |= diff.mismatched > 0
+    return found
+
+
+def _any_rank(flags: list[bool], device: torch.device) -> list[bool]:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return flags
+    values = torch.tensor([float(f) for f in flags], device=device)
+    dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return [bool(v) for v in values.tolist()]
+
+
+class Check:
+    """One candidate run measured against ``reference`` as it trains (``train.run``'s ``check``).
+
+    Per step: :meth:`begin` (the reference's step), :meth:`grads` (before the optimizer step),
+    :meth:`after_step` (fills the step's record). ``kept`` maps each step whose full tensors
+    travel to the reference's step there."""
+
+    def __init__(
+        self,
+        config: ParityConfig,
+        reference: ReferenceSteps,
+        *,
+        twin: ReferenceSteps | None = None,
+        keep_all: bool = False,
+    ) -> None:
+        self.twin = twin
+        """The float32 twin of a mixed-precision reference: :attr:`gap` measures the distance
+        between the two, step by step as the candidate trains."""
+        self.gap: dict[str, float] | None = None
+        self.profile = profiles.profile_for(config)
+        self.poisoned = poisoned_steps(config)
+        self.reference = reference
+        self.keep_all = keep_all
+        self.kept: dict[int, dict[str, Any]] = {}
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self._origin_found = False
+        self._failure_found = False
+        self._ref: dict[str, Any] = {}
+        self._grads: _Measured = _Measured()
+        self._grad_meta: Meta = {}
+        self._squares: dict[str, float] = {}
+        self._full_grads: dict[str, torch.Tensor] | None = None
+        self._origin = False
+
+    def begin(self, step: int) -> None:
+        found = self.reference.step(step)
+        if found is None:
+            raise RuntimeError(f"the reference recorded no step {step} to compare the candidate's with")
+        self._ref = found
+        if self.twin is not None:
+            self._measure_gap(step, self.twin.step(step))
+
+    def _measure_gap(self, step: int, twin: dict[str, Any] | None) -> None:
+        if twin is None:  # the float32 twin failed: no expected gap
+            self.twin, self.gap = None, None
+            return
+        params = (lambda s: s["tensors"]["params"]) if self.rank == 0 else (lambda s: None)
+        found = gap.of_steps([(self._ref["loss"], twin["loss"], params(self._ref), params(twin))])
+        self.gap = found if self.gap is None else {k: max(v, found[k]) for k, v in self.gap.items()}
+
+    def grads(self, step: int, engine: engines.Engine, scale: float | None) -> None:
+        """Measure this rank's gradients as the optimizer will receive them (``scale``: still
+        scaled by it); gather them whole when this step may be one whose tensors travel."""
+        pieces = local.grads(engine, scale)
+        reference = self._ref["tensors"]["grads"]
+        self._grads = _compare(reference, pieces, self.profile)
+        self._grad_meta = meta(pieces)
+        self._squares = squares(pieces)
+        finite = all(bool(value.isfinite().all()) for value in reference.values())
+        poisoned = step in self.poisoned
+        differ, fail, overflow = _any_rank([self._grads.differ, self._grads.fail, not finite], engine.device)
+        self._grads.fail = fail and not poisoned
+        self._origin = not self._origin_found and differ and not overflow and not poisoned
+        wanted = self.keep_all or (differ and not poisoned and not self._failure_found)
+        self._full_grads = None
+        if wanted:
+            full = engine.full_grads()
+            self._full_grads = full if scale is None else unscaled(full, scale)
+
+    def after_step(
+        self,
+        step: int,
+        engine: engines.Engine,
+        optimizers: list[torch.optim.Optimizer],
+        record: dict[str, Any],
+    ) -> None:
+        """Measure parameters, optimizer state and this rank's buffers; put the distances, the
+        tensors' names, shapes and dtypes and, on a kept step, the full tensors into ``record``."""
+        params, state = local.params_and_state(engine, optimizers)
+        ref = self._ref["tensors"]
+        measured = {
+            "grad": self._grads,
+            "param": _compare(ref["params"], params, self.profile),
+            "optim_state": _compare(flat_state(ref["optim_state"]), state, self.profile),
+        }
+        buffers = own_buffers(engine.own_buffers(), self.rank)
+        own = {name: local.Piece(tuple(v.shape), v.dtype, 0, v.reshape(-1)) for name, v in buffers.items()}
+        measured["buffer"] = _compare(
+            own_buffers(self._ref["buffers"], self.rank), own, self.profile, align=True
+        )
+        local_fail = any(m.fail for kind, m in measured.items() if kind != "grad") or self._grads.fail
+        (failed,) = _any_rank([local_fail], engine.device)
+        keep = self.keep_all or self._origin or (failed and not self._failure_found)
+        self._origin_found |= self._origin
+        self._failure_found |= failed
+        record["diffs"] = {kind: m.partials for kind, m in measured.items()}
+        record["meta"] = {"buffer": meta(own)}
+        if self.rank == 0:
+            record["meta"].update(
+                {"grad": self._grad_meta, "param": meta(params), "optim_state": meta(state)}
+            )
+        record["grad_squares"] = self._squares
+        if not keep:
+            return
+        full_params, full_state = engine.full_after_step(optimizers)  # collective: agreed above
+        self.kept[step] = self._ref
+        if self.rank == 0:
+            grads = self._full_grads
+            if grads is None:  # bitwise equal to the reference's (or not compared: a planted fault)
+                grads = {} if step in self.poisoned else ref["grads"]
+            record["tensors"] = {"params": full_params, "grads": grads, "optim_state": full_state}
+            reuse.share_step({"tensors": ref}, record)
+
+
+def unscaled(grads: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
+    """Still-scaled gradients divided by the scale (a power of two: exact), in their own dtype."""
+    return {name: (g.double() / scale).to(g.dtype) for name, g in grads.items()}
