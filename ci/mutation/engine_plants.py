@@ -23,6 +23,7 @@ _LOCALIZE = "suites/parity/test_localize.py"
 _POLICY = "suites/parity/test_reference_policy.py"
 _REUSE = "suites/parity/test_reuse.py"
 _GATHER = "suites/parity/test_gather_layout.py"
+_STEPCHECK = "suites/parity/test_stepcheck.py"
 
 
 def _edit(file: str, old: str, new: str) -> Edit:
@@ -327,6 +328,59 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
             ),
         ),
         tests=(_GATHER,),
+    ),
+    Plant(
+        name="parity_replicas_compared_twice",
+        bug="every rank compares a replicated candidate's elements (FSDP1 NO_SHARD): each element "
+        "is counted once per rank, and a replica that differs on rank 1 only would be judged by "
+        "another rank's numbers than the gather onto rank 0 shows",
+        edits=(
+            _edit(
+                "ranks/local.py",
+                "    if not handle.uses_sharded_strategy:\n        return _rank() == 0\n",
+                "    if not handle.uses_sharded_strategy:\n        return True  # planted\n",
+            ),
+        ),
+        tests=(_STEPCHECK,),
+    ),
+    Plant(
+        name="parity_shard_compared_with_the_first_rows",
+        bug="each rank compares its FSDP2 shard with the reference's first rows instead of the "
+        "rows it holds: every rank but 0 measures the wrong elements",
+        edits=(
+            _edit(
+                "ranks/local.py",
+                "    start = min(mesh_rank * chunk, shape[0] if shape else 0) * row\n",
+                "    start = 0  # planted\n",
+            ),
+        ),
+        tests=(_STEPCHECK,),
+    ),
+    Plant(
+        name="parity_lockstep_reference_kept_whole",
+        bug="a reference too large to keep is kept step after step anyway: rank memory grows "
+        "with the number of steps",
+        edits=(
+            _edit(
+                "ranks/stepcheck.py",
+                "        self._drops = live is not None\n",
+                "        self._drops = False  # planted\n",
+            ),
+        ),
+        tests=(_STEPCHECK,),
+    ),
+    Plant(
+        name="parity_origin_tensors_not_sent",
+        bug="the full tensors of the step whose gradients first differ do not travel: a rounding "
+        "difference that grows past the profile later can no longer be traced to where it began",
+        edits=(
+            _edit(
+                "ranks/stepcheck.py",
+                "        keep = self.keep_all or self._origin or (failed and not self._failure_found)\n",
+                "        keep = self.keep_all or (failed and not self._failure_found)  # planted\n",
+            ),
+        ),
+        tests=(_STEPCHECK,),
     ),
 )
 """The engine's plants, in the order ``make mutation`` runs them (after the scaler's)."""

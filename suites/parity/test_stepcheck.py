@@ -1,0 +1,228 @@
+"""Comparing where the data lives: each rank's pieces of the candidate cover every tensor once,
+the verdicts do not depend on whether the reference was kept or run in lockstep, and a reference
+run in lockstep holds one step at a time."""
+
+from __future__ import annotations
+
+import gc
+import os
+import weakref
+
+import pytest
+import torch
+
+import harness
+from harness.parity.judge import result as results
+from harness.parity.plan.config import Fault, ParityConfig
+from harness.parity.ranks import engines, entry, local, optimizers, stepcheck
+
+ENGINES = [
+    ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam", workload="uneven"),
+    ParityConfig(
+        engine="fsdp1", sharding="full_shard", use_orig_params=False, optimizer="adam", workload="uneven"
+    ),
+    ParityConfig(
+        engine="fsdp1", sharding="full_shard", use_orig_params=True, optimizer="sgd", workload="uneven"
+    ),
+    ParityConfig(engine="fsdp1", sharding="no_shard", use_orig_params=False, optimizer="sgd"),
+    ParityConfig(engine="ddp", optimizer="adam"),
+]
+
+
+def _pieces_after_one_step(config: ParityConfig) -> dict[str, list[tuple[int, int, bool]]]:
+    """Per tensor, this rank's ``(start, numel, equal to the same elements of the full gather)``."""
+    ctx = harness.current()
+    engine = engines.build(config, "candidate", ctx.device)
+    (group,) = engine.param_groups(1)
+    optimizer = optimizers.make_optimizer(config.optimizer, group)
+    loss, _ = engine.losses(0, 1.0)
+    loss.backward()
+    grads = local.grads(engine, None)
+    full_grads = engine.full_grads()
+    optimizer.step()
+    params, state = local.params_and_state(engine, [optimizer])
+    full_params, full_state = engine.full_after_step([optimizer])
+    wholes = {
+        **{f"grad {n}": t for n, t in full_grads.items()},
+        **{f"param {n}": t for n, t in full_params.items()},
+        **{f"state {n}": t for n, t in stepcheck.flat_state(full_state).items()},
+    }
+    pieces = {
+        **{f"grad {n}": p for n, p in grads.items()},
+        **{f"param {n}": p for n, p in params.items()},
+        **{f"state {n}": p for n, p in state.items()},
+    }
+    assert set(pieces) == set(wholes), set(pieces) ^ set(wholes)
+    found = {}
+    for name, piece in pieces.items():
+        whole = wholes[name]
+        assert piece.shape == tuple(whole.shape) and piece.dtype == whole.dtype, name
+        if piece.values is None:
+            found[name] = []
+            continue
+        same = whole.reshape(-1)[piece.start : piece.start + piece.numel].to(piece.dtype)
+        found[name] = [(piece.start, piece.numel, torch.equal(same, piece.values.cpu()))]
+    return {**found, "_numel": {name: whole.numel() for name, whole in wholes.items()}}
+
+
+@pytest.mark.parametrize("config", ENGINES, ids=lambda c: c.id)
+def test_each_element_of_every_tensor_is_compared_by_exactly_one_rank(ranks, config):
+    per_rank = ranks.run(_pieces_after_one_step, config, world_size=2)
+    numel = per_rank[0]["_numel"]
+    for name, total in numel.items():
+        runs = sorted(run for found in per_rank for run in found[name])
+        covered = 0
+        for start, count, equal in runs:
+            assert start == covered, f"{name}: pieces {runs} leave a gap or overlap at {covered}"
+            assert equal, f"{name}: the piece at {start} is not the full tensor's elements there"
+            covered += count
+        assert covered == total, f"{name}: pieces cover {covered} of {total} elements"
+
+
+CONFIGS = [
+    ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam"),
+    ParityConfig(
+        engine="fsdp1", sharding="full_shard", use_orig_params=True, precision="bf16", optimizer="sgd"
+    ),
+    ParityConfig(engine="fsdp2", reshard_after_forward=False, precision="fp16", optimizer="sgd"),
+    ParityConfig(
+        engine="fsdp1",
+        sharding="shard_grad_op",
+        use_orig_params=False,
+        suite="forced_inf",
+        faults=(Fault(step=2),),
+    ),
+]
+
+
+def _run_with_budget(configs: list[ParityConfig], mib: str) -> list[dict]:
+    entry.forget()
+    before = os.environ.get(entry.KEEP_ENV)
+    os.environ[entry.KEEP_ENV] = mib
+    try:
+        return entry.run_batch(configs)
+    finally:
+        entry.forget()
+        if before is None:
+            del os.environ[entry.KEEP_ENV]
+        else:
+            os.environ[entry.KEEP_ENV] = before
+
+
+def _verdicts(per_rank: list[list[dict]]) -> list[tuple]:
+    found = []
+    for index, config in enumerate(CONFIGS):
+        verdict, _, _ = results.judge(config, [rank[index] for rank in per_rank])
+        found.append(
+            (
+                verdict.status,
+                verdict.reason,
+                verdict.divergences,
+                verdict.worst,
+                verdict.max_ulp,
+                verdict.distances,
+                verdict.causes,
+                verdict.expected_gap,
+                verdict.curves,
+            )
+        )
+    return found
+
+
+def test_a_reference_too_large_to_keep_gives_the_verdicts_of_a_kept_one(ranks):
+    kept = ranks.run(_run_with_budget, CONFIGS, "512", world_size=2)
+    lockstep = ranks.run(_run_with_budget, CONFIGS, "0", world_size=2)
+    assert _verdicts(lockstep) == _verdicts(kept)
+    assert [v[0] for v in _verdicts(kept)] == ["pass"] * len(CONFIGS)
+    assert all(result["reference_reused"] is False for rank in lockstep for result in rank)
+
+
+class _Step(dict):
+    """A recorded step that can be watched for being freed."""
+
+
+def test_a_reference_compared_in_lockstep_holds_only_the_step_being_compared():
+    made: list[weakref.ref] = []
+
+    def run():
+        for index in range(5):
+            step = _Step(index=index)
+            made.append(weakref.ref(step))
+            yield step
+
+    steps = stepcheck.ReferenceSteps([], live=run())
+    for index in range(5):
+        assert steps.step(index)["index"] == index
+        gc.collect()
+        alive = [ref()["index"] for ref in made if ref() is not None]
+        assert alive == [index], f"at step {index} the reference still holds steps {alive}"
+
+
+def test_a_kept_reference_serves_every_step_again():
+    steps = stepcheck.ReferenceSteps([{"index": 0}, {"index": 1}])
+    assert [steps.step(i)["index"] for i in (0, 1, 0, 1)] == [0, 1, 0, 1]
+    assert steps.step(2) is None
+
+
+def test_a_keep_budget_that_is_not_a_number_of_mib_names_the_variable(monkeypatch):
+    monkeypatch.setenv(entry.KEEP_ENV, "lots")
+    with pytest.raises(ValueError, match=f"{entry.KEEP_ENV} must be a number of MiB"):
+        entry.keep_budget()
+
+
+class _FakeEngine:
+    """What ``stepcheck.Check`` asks of an engine, on one process: a weight and its gradient."""
+
+    device = torch.device("cpu")
+
+    def __init__(self) -> None:
+        self.grad = torch.zeros(4)
+        self.param = torch.zeros(4)
+
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        return {"w": self.grad.clone()}
+
+    def full_after_step(self, _optimizers) -> tuple[dict, dict]:
+        return {"w": self.param.clone()}, {}
+
+    def own_buffers(self) -> dict[str, torch.Tensor]:
+        return {}
+
+
+def _reference_step(value: float) -> dict:
+    tensors = {
+        "grads": {"w": torch.full((4,), value)},
+        "params": {"w": torch.full((4,), value)},
+        "optim_state": {},
+    }
+    return {"tensors": tensors, "buffers": {}}
+
+
+def test_full_tensors_travel_for_the_origin_and_the_first_failing_step_only(monkeypatch):
+    """Step 0 equal; step 1 the gradients differ within the profile (the origin); step 2 they
+    still do; step 3 the parameters fail; step 4 they fail again."""
+    tiny = 2.0**-23  # one float32 ulp at 1.0: within the fp32 profile, not bitwise
+    wanted = [(0.0, 0.0), (tiny, 0.0), (tiny, 0.0), (tiny, 1.0), (tiny, 2.0)]
+    engine = _FakeEngine()
+    monkeypatch.setattr(
+        local, "grads", lambda e, scale: {"w": local.Piece((4,), torch.float32, 0, e.grad.clone())}
+    )
+    monkeypatch.setattr(
+        local,
+        "params_and_state",
+        lambda e, opts: ({"w": local.Piece((4,), torch.float32, 0, e.param.clone())}, {}),
+    )
+    reference = stepcheck.ReferenceSteps([_reference_step(1.0) for _ in wanted])
+    check = stepcheck.Check(ParityConfig(engine="fsdp2", reshard_after_forward=True, world_size=4), reference)
+    sent = []
+    for step, (grad_off, param_off) in enumerate(wanted):
+        engine.grad = torch.full((4,), 1.0 + grad_off)
+        engine.param = torch.full((4,), 1.0 + param_off)
+        check.begin(step)
+        check.grads(step, engine, None)
+        record: dict = {}
+        check.after_step(step, engine, [], record)
+        if "tensors" in record:
+            sent.append(step)
+    assert sent == [1, 3]
+    assert sorted(check.kept) == [1, 3]
