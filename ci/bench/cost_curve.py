@@ -98,6 +98,7 @@ def plain_loops(workload_spec: str, steps: int) -> int:
     from harness.parity.ranks import gather
     from harness.parity.workload import registry
     from harness.parity.workload import units as unit_rules
+    from harness.rank import context
 
     torch.set_num_threads(1)
     workload = registry.get(workload_spec)
@@ -117,6 +118,7 @@ def plain_loops(workload_spec: str, steps: int) -> int:
             optimizer.zero_grad(set_to_none=True)
             workload.loss(net, registry.make_batch(workload, 0, rank, step)).backward()
             optimizer.step()
+            context.heartbeat()  # progress, as the tool's loop reports it: a slow step is no hang
     return count
 
 
@@ -187,7 +189,7 @@ def measure(sizes: tuple[str, ...] = DEFAULT_SIZES) -> dict[str, Any]:
     for size in sizes:
         plain, tool = _side("plain", size), _side("tool", size)
         row: dict[str, Any] = {"size": size, "steps": STEPS, "plain": plain, "tool": tool}
-        if "error" not in plain and "error" not in tool:
+        if all("error" not in side and side.get("status") == "pass" for side in (plain, tool)):
             row["time_ratio"] = tool["wall_s"] / plain["wall_s"]
             row["memory_ratio"] = tool["peak_bytes"] / plain["peak_bytes"]
         rows.append(row)
@@ -204,8 +206,10 @@ def render(m: dict[str, Any]) -> str:
     ]
     for row in m["rows"]:
         plain, tool = row["plain"], row["tool"]
-        if "error" in plain or "error" in tool:
-            lines.append(f"{row['size']:>5} not measured: {plain.get('error') or tool.get('error')}")
+        if "time_ratio" not in row:
+            broken = next(side for side in (plain, tool) if "error" in side or side.get("status") != "pass")
+            why = broken.get("error") or f"{broken['status']}: {broken['detail']}"
+            lines.append(f"{row['size']:>5} not measured: the {broken['side']} side {why}")
             continue
         lines.append(
             f"{row['size']:>5} {plain['wall_s']:9.1f} {tool['wall_s']:9.1f} {row['time_ratio']:6.1f}x "

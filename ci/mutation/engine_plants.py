@@ -215,7 +215,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
                 "        run_check=False,  # planted: shape and stride inferred from the local shard\n",
             ),
         ),
-        tests=("suites/parity/test_uneven.py",),
+        tests=("suites/parity/test_uneven.py", "suites/parity/test_engines.py"),
     ),
     Plant(
         name="parity_reference_casts_buffers",

@@ -117,7 +117,23 @@ def test_the_cost_curve_renders_from_its_json():
     }
     text = render(_document(cost=cost))
     assert "  10M       1.0       2.0    2.0x      1.00      3.00    3.0x  pass" in text, text
-    assert "  50M not measured: exit 1: killed" in text, text
+    assert "  50M not measured: the tool side exit 1: killed" in text, text
+
+
+def test_a_cost_curve_side_that_did_not_pass_is_not_measured():
+    """A plain loop that missed its deadline has no peak memory worth a ratio (issue 25's 50M row
+    once showed 0.21 GB for it)."""
+    passed = {"side": "tool", "status": "pass", "wall_s": 2.0, "peak_bytes": 3 * 1024**3}
+    late = {
+        "side": "plain",
+        "status": "failed",
+        "detail": "rank 0 did not finish",
+        "wall_s": 60.0,
+        "peak_bytes": 1,
+    }
+    row = {"size": "50M", "plain": late, "tool": passed}
+    text = render(_document(cost={"model": "m", "configuration": "c", "rows": [row]}))
+    assert "  50M not measured: the plain side failed: rank 0 did not finish" in text, text
 
 
 def test_the_cost_curves_plain_side_and_the_tool_train_the_same_model():

@@ -10,6 +10,9 @@ from harness.parity.ranks import engines, optimizers
 CANDIDATES = [
     ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam"),
     ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="sgd"),
+    # rows that do not divide by the world size: the zeros standing in for rank 1's missing state
+    # must state the global shape (gather.zeros_like_shards), or the gather's sizes differ
+    ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam", workload="uneven"),
     ParityConfig(engine="fsdp1", sharding="full_shard", use_orig_params=True, optimizer="adam"),
     ParityConfig(engine="fsdp1", sharding="full_shard", use_orig_params=False, optimizer="sgd"),
 ]

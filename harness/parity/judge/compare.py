@@ -7,8 +7,9 @@ this order, and the first failing check of the earliest step is *the* divergence
    scale and growth tracker (a rank that disagrees is named);
 2. scaler state against the reference: skip decisions, found_inf, scale, growth tracker (exact);
 3. the loss of every rank (under the profile);
-4. full tensors: names, shapes and dtypes first, then values of parameters, unscaled gradients
-   and optimizer state (under the profile), gathered on rank 0 from both runs;
+4. tensors: names, shapes and dtypes first, then values of parameters, unscaled gradients and
+   optimizer state (under the profile): the distances each rank measured on its own pieces
+   (``StepRecord.diffs``, merged), or, for a record made whole, measured here;
 5. module buffers (normalization statistics), every rank's own, as a kind of their own: DDP
    broadcasts rank 0's buffers before every forward, FSDP does not, so they may differ on rank 1
    only. Their values are compared (under the profile), not their dtypes: FSDP1's mixed precision

@@ -43,6 +43,9 @@ class ReferenceSteps:
         self._drops = live is not None
 
     def step(self, index: int) -> dict[str, Any] | None:
+        if self._drops:  # before the next step is trained: one step's tensors at a time
+            for old in [k for k in self._steps if k < index]:
+                del self._steps[old]
         while self._live is not None and index >= self._next:
             found = next(self._live, None)
             if found is None:
@@ -50,9 +53,6 @@ class ReferenceSteps:
                 break
             self._steps[self._next] = found
             self._next += 1
-        if self._drops:
-            for old in [k for k in self._steps if k < index]:
-                del self._steps[old]
         return self._steps.get(index)
 
     def finish(self) -> None:
@@ -191,6 +191,7 @@ class Check:
         self._origin = False
 
     def begin(self, step: int) -> None:
+        self._ref = {}  # let a reference compared in lockstep drop the step before
         found = self.reference.step(step)
         if found is None:
             raise RuntimeError(f"the reference recorded no step {step} to compare the candidate's with")

@@ -1,12 +1,14 @@
-"""One recorded training run on this rank (rank side): the loop every engine shares.
+"""One training run on this rank (rank side): the loop every engine shares, a step at a time.
 
 Each step::
 
     zero_grad -> loss -> scaler.scale(loss).backward() -> engine.after_backward()
     -> planned faults -> [unscale_ each optimizer, engine.before_step(), clip_grad_norm_]
                                           (path "unscale_clip"; the first two for some engines)
-    -> record unscaled gradients -> scaler.step(each optimizer) -> scaler.update()
-    -> record loss, scale, tracker, found_inf, skip decisions, full parameters and optimizer state
+    -> the unscaled gradients (a reference records them whole; a candidate's check measures
+       them where they live) -> scaler.step(each optimizer) -> scaler.update()
+    -> loss, scale, tracker, found_inf, skip decisions, then the parameters and optimizer state
+       (recorded whole, or measured: ``stepcheck.Check``)
 
 A run never raises: a failure is recorded as the run's ``error`` (prefixed ``[rank N]``) with the
 steps before it, so a candidate that crashes (torch's scaler on some paths) still gets a row.
@@ -137,6 +139,7 @@ class Run:
                 self.steps.append(self.slim(found) if self.slim is not None else found)
                 context.heartbeat()  # a slow step of a large model is progress, not a hang
                 yield found
+                del found  # a step compared in lockstep is dropped before the next one trains
             if scaler is not None:
                 self.counters = _counters(scaler)
         except Exception:  # noqa: BLE001 - recorded; the caller decides what it means
