@@ -18,6 +18,7 @@ section 4.5). A test that reads every step's tensors asks for ``keep_all``.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -175,6 +176,8 @@ class Check:
         """The float32 twin of a mixed-precision reference: :attr:`gap` measures the distance
         between the two, step by step as the candidate trains."""
         self.gap: dict[str, float] | None = None
+        self.waited_s = 0.0
+        """Time spent in the reference's (and the twin's) steps run in lockstep from :meth:`begin`."""
         self.profile = profiles.profile_for(config)
         self.poisoned = poisoned_steps(config)
         self.reference = reference
@@ -192,12 +195,15 @@ class Check:
 
     def begin(self, step: int) -> None:
         self._ref = {}  # let a reference compared in lockstep drop the step before
+        started = time.perf_counter()
         found = self.reference.step(step)
+        twin = self.twin.step(step) if self.twin is not None and found is not None else None
+        self.waited_s += time.perf_counter() - started  # the reference's time, not the candidate's
         if found is None:
             raise RuntimeError(f"the reference recorded no step {step} to compare the candidate's with")
         self._ref = found
         if self.twin is not None:
-            self._measure_gap(step, self.twin.step(step))
+            self._measure_gap(step, twin)
 
     def _measure_gap(self, step: int, twin: dict[str, Any] | None) -> None:
         if twin is None:  # the float32 twin failed: no expected gap

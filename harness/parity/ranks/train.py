@@ -138,7 +138,9 @@ class Run:
                 found = self._step(step, rank, engine, groups, optimizers, scaler)
                 self.steps.append(self.slim(found) if self.slim is not None else found)
                 context.heartbeat()  # a slow step of a large model is progress, not a hang
+                self.duration_s += time.perf_counter() - started
                 yield found
+                started = time.perf_counter()  # the time spent suspended is not this run's
                 del found  # a step compared in lockstep is dropped before the next one trains
             if scaler is not None:
                 self.counters = _counters(scaler)
@@ -211,7 +213,7 @@ class Run:
             steps=self.steps,
             counters=self.counters if self.error is None else {},
             error=self.error,
-            duration_s=self.duration_s,
+            duration_s=self.duration_s - (self.check.waited_s if self.check is not None else 0.0),
         )
 
 
