@@ -344,7 +344,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
     Plant(
         name="parity_recipes_share_a_reference",
         bug="a mixed recipe shares the pure recipe's cached reference: its twin never autocasts",
-        edits=(_edit("plan/config.py", "            self.autocast,\n", ""),),
+        edits=(_edit("plan/config.py", "            self.autocast,\n", "            None,  # planted\n"),),
         tests=(f"{_RECIPES}::test_every_recipe_has_a_reference_of_its_own",),
     ),
     Plant(
@@ -364,7 +364,9 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         name="parity_loss_dtype_cause_silent",
         bug="a loss computed in float16 on one side only (a twin without the recipe's autocast) is "
         "never named",
-        edits=(_edit("judge/causes.py", '    ("loss_dtype_differs", _loss_dtype_differs),\n', ""),),
+        edits=(
+            _edit("judge/causes.py", '    ("loss_dtype_differs", _loss_dtype_differs),\n', "    # planted\n"),
+        ),
         tests=("suites/parity/test_recipe_causes.py",),
     ),
     Plant(
