@@ -180,8 +180,8 @@ def test_the_cli_lists_the_declared_recipe_and_its_rows():
     done = _cli("--workload", DECLARED, "--recipe", "mixed-fp16", "--list", "-k", "mixed and fsdp2")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert "fsdp2-reshard-offload-mixed-fp16-sgd-resmlp_reduce32-w2" in lines
-    assert "recipe of resmlp_reduce32: mixed-fp16 (under every engine layout)" in lines
+    assert "fsdp2-reshard-offload-mixed-fp16-sgd-resmlp_declared-w2" in lines
+    assert "recipe of resmlp_declared: mixed-fp16 (under every engine layout)" in lines
 
 
 def test_recipe_without_a_workload_exits_2_naming_the_k_filter():
