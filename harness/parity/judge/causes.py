@@ -153,8 +153,8 @@ def _loss_dtype_differs(e: Evidence) -> Cause | None:
         name="loss_dtype_differs",
         evidence=(
             f"at step {e.candidate.step} every loss of the {side} is a {short(low)} value and the "
-            f"{other}'s are not (reference {short_losses(e.reference.losses)}, candidate "
-            f"{short_losses(e.candidate.losses)})"
+            f"{other}'s are not (reference {_short_losses(e.reference.losses)}, candidate "
+            f"{_short_losses(e.candidate.losses)})"
         ),
         explanation=(
             f"One run computes its loss in {short(low)} and the other in float32: torch.autocast "
@@ -166,7 +166,7 @@ def _loss_dtype_differs(e: Evidence) -> Cause | None:
     )
 
 
-def short_losses(losses: tuple[float, ...] | list[float]) -> str:
+def _short_losses(losses: tuple[float, ...] | list[float]) -> str:
     return "[" + ", ".join(f"{loss:.9g}" for loss in losses) + "]"
 
 

@@ -271,7 +271,7 @@ class FSDP1(Engine):
     def __init__(self, config: ParityConfig, device: torch.device) -> None:
         super().__init__(config, device)
         self.description = (
-            f"FSDP1 {config.sharding}, use_orig_params={config.use_orig_params}, {config.precision}"
+            f"FSDP1 {config.sharding}, use_orig_params={config.use_orig_params}, {config.recipe_name}"
             + (", CPUOffload" if config.offload else "")
         )
 
@@ -319,7 +319,7 @@ class FSDP2(Engine):
     def __init__(self, config: ParityConfig, device: torch.device) -> None:
         super().__init__(config, device)
         self.description = (
-            f"FSDP2 fully_shard, reshard_after_forward={config.reshard_after_forward}, {config.precision}"
+            f"FSDP2 fully_shard, reshard_after_forward={config.reshard_after_forward}, {config.recipe_name}"
             + (", CPUOffloadPolicy" if config.offload else "")
         )
 
