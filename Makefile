@@ -67,10 +67,10 @@ GATE_ARGS =
 gate: setup ## the CI gate: make test's suites with JUnit XML and parity reports, curves against ci/baselines; exits 1 on a regression
 	$(PY) -m ci.gate --out $(REPORTS)/gate $(GATE_ARGS)
 
-# make kernels [KERNELS=native,aten-default] [K='sparse']; outputs in $(REPORTS)/kernels
+# make kernels [KERNELS=native,aten-default] [K='sparse'] [WORKLOAD=llama]; outputs in $(REPORTS)/kernels
 KERNELS =
 kernels: setup ## the parity matrix under each CPU kernel family this machine reaches; exits 1 if a verdict differs
-	$(PY) -m ci.kernels --out $(REPORTS)/kernels $(if $(KERNELS),--settings $(KERNELS)) $(if $(K),-k "$(K)")
+	$(PY) -m ci.kernels --out $(REPORTS)/kernels $(if $(KERNELS),--settings $(KERNELS)) $(if $(K),-k "$(K)") $(if $(WORKLOAD),--workload "$(WORKLOAD)")
 
 mutation: setup ## plant known bugs into copies of scaler/ and harness/parity/ and check the gate catches each; exits 1 if one survives
 	$(PY) -m ci.mutation --out $(REPORTS)

@@ -38,6 +38,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("-k", dest="expression", default="", help="python -m harness.parity's -k selection")
     parser.add_argument("--world-size", type=int, default=2, help="ranks per configuration (default 2)")
     parser.add_argument(
+        "--workload",
+        action="append",
+        default=[],
+        metavar="NAME|MODULE:FUNCTION",
+        help="a workload's own matrix instead of the embedded one (every precision recipe included); repeatable",
+    )
+    parser.add_argument(
         "--out", type=Path, default=Path("reports/kernels"), help="output folder (default reports/kernels)"
     )
     options = parser.parse_args(argv)
@@ -57,14 +64,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return options
 
 
+def parity_command(options: argparse.Namespace, out: Path) -> list[str]:
+    """The ``python -m harness.parity`` run of one family, its reports in ``out``."""
+    command = [sys.executable, "-m", "harness.parity", "--out", str(out), "--no-plot"]
+    command += ["--world-size", str(options.world_size)]
+    for workload in options.workload:
+        command += ["--workload", workload]
+    if options.expression:
+        command += ["-k", options.expression]
+    return command
+
+
 def _run_family(setting: settings.KernelSetting, options: argparse.Namespace) -> dict[str, Any]:
     env = settings.environment(setting)
     out = (options.out / setting.name).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "harness.parity", "--out", str(out), "--no-plot"]
-    command += ["--world-size", str(options.world_size)]
-    if options.expression:
-        command += ["-k", options.expression]
+    command = parity_command(options, out)
     started = time.monotonic()
     with open(out / "parity.log", "w") as log:
         code = process.call(command, cwd=ROOT, env=env, stdout=log)

@@ -24,6 +24,8 @@ _POLICY = "suites/parity/test_reference_policy.py"
 _REUSE = "suites/parity/test_reuse.py"
 _GATHER = "suites/parity/test_gather_layout.py"
 _STEPCHECK = "suites/parity/test_stepcheck.py"
+_RECIPES = "suites/parity/test_recipes.py"
+_RECIPE_PARITY = "suites/parity/test_recipe_parity.py"
 
 
 def _edit(file: str, old: str, new: str) -> Edit:
@@ -381,6 +383,58 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
             ),
         ),
         tests=(_STEPCHECK,),
+    ),
+    Plant(
+        name="parity_recipe_unnamed_in_ids",
+        bug="an autocasting recipe's rows carry the ids of the pure rows of the same dtype (the "
+        "report, -k and the gate's curves cannot tell them apart)",
+        edits=(
+            _edit(
+                "plan/config.py", "            parts.append(self.recipe)\n", "            pass  # planted\n"
+            ),
+        ),
+        tests=(f"{_RECIPES}::test_a_recipe_beyond_pure_is_named_in_the_id",),
+    ),
+    Plant(
+        name="parity_recipes_share_a_reference",
+        bug="a mixed recipe shares the pure recipe's cached reference: its twin never autocasts",
+        edits=(_edit("plan/config.py", "            self.autocast,\n", "            None,  # planted\n"),),
+        tests=(f"{_RECIPES}::test_every_recipe_has_a_reference_of_its_own",),
+    ),
+    Plant(
+        name="parity_autocast_reference_in_low_precision",
+        bug="the autocast recipe's reference trains a low-precision working copy, though its "
+        "candidate keeps float32 parameters",
+        edits=(
+            _edit(
+                "ranks/engines.py",
+                "    elif config.policy is not None and not registry.get(config.workload).sparse:\n",
+                '    elif config.precision != "fp32" and not registry.get(config.workload).sparse:  # planted\n',
+            ),
+        ),
+        tests=(f"{_RECIPE_PARITY}::test_each_recipe_trains_like_its_twin_bitwise",),
+    ),
+    Plant(
+        name="parity_loss_dtype_cause_silent",
+        bug="a loss computed in float16 on one side only (a twin without the recipe's autocast) is "
+        "never named",
+        edits=(
+            _edit("judge/causes.py", '    ("loss_dtype_differs", _loss_dtype_differs),\n', "    # planted\n"),
+        ),
+        tests=("suites/parity/test_recipe_causes.py",),
+    ),
+    Plant(
+        name="parity_output_dtypes_not_localized",
+        bug="the localization drops each module output's dtype, so a forgotten autocast is only "
+        "'the forward differs'",
+        edits=(
+            _edit(
+                "judge/pinpoint.py",
+                "    dtypes = None if want.dtype == got.dtype else (short(want.dtype), short(got.dtype))\n",
+                "    dtypes = None  # planted\n",
+            ),
+        ),
+        tests=(f"{_RECIPE_PARITY}::test_the_forgotten_autocast_is_named_with_the_first_linears_dtypes",),
     ),
 )
 """The engine's plants, in the order ``make mutation`` runs them (after the scaler's)."""

@@ -23,6 +23,7 @@ from harness.parity.doors import launched, runner
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan import matrix, workload_matrix
 from harness.parity.plan.config import BACKENDS, SCALERS, ParityConfig, unique, unsupported_reason
+from harness.parity.plan.recipe import RECIPES
 from harness.parity.plan.select import ExpressionError, select
 from harness.parity.report import render
 from harness.parity.workload import registry, units
@@ -77,8 +78,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "harness.parity.Workload (e.g. my_workloads:resmlp, found from the current folder and "
         "PYTHONPATH) or a registered name (--list shows them); repeatable",
     )
+    parser.add_argument(
+        "--recipe",
+        choices=RECIPES,
+        default=None,
+        help="the precision recipe your --workload trains with (its matrix runs it under every engine, "
+        "plus the standard rows); replaces the workload's own recipe",
+    )
     options = parser.parse_args(argv)
     options.units = {}
+    if options.recipe is not None and not options.workload:
+        parser.error(
+            "--recipe declares the recipe of a --workload's matrix; the embedded matrix's rows of one "
+            f"recipe are -k recipe={options.recipe}"
+        )
     if options.world_size < 1:
         parser.error(f"--world-size must be >= 1, got {options.world_size}")
     if launched.launched() and options.world_size != launched.world_size():
@@ -106,6 +119,7 @@ def _matrix(options: argparse.Namespace) -> list[ParityConfig]:
     kwargs = {"world_size": options.world_size, "backend": options.backend, "scaler": options.scaler}
     if not options.workload:
         return matrix.default_matrix(**kwargs)
+    options.recipes = {}
     configs = []
     for name in options.workload:
         try:
@@ -114,7 +128,10 @@ def _matrix(options: argparse.Namespace) -> list[ParityConfig]:
 
                 check(registry.get(name))
             options.units[registry.get(name).name] = units.chosen(name)
-            configs += workload_matrix.for_workload(name, **kwargs)
+            configs += workload_matrix.for_workload(name, recipe=options.recipe, **kwargs)
+            declared = workload_matrix.declared_recipe(name, options.recipe)
+            if declared is not None:
+                options.recipes[registry.get(name).name] = declared
         except WorkloadError as error:
             raise BadWorkload(str(error)) from None
     return unique(configs)
@@ -163,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(config.id + (f"  (not here: {reason})" if reason else ""))
             for name, chosen in options.units.items():
                 print(f"units of {name}: {chosen}")
+            for name, declared in getattr(options, "recipes", {}).items():
+                print(f"recipe of {name}: {declared} (under every engine layout)")
             print("\n".join(list_workloads()))
         return 0
     import torch
@@ -224,6 +243,7 @@ def _finish(options: argparse.Namespace, results: list[ParityResult], wall: floa
         "filter": options.expression,
         "workloads": options.workload,
         "units": options.units,
+        "recipes": getattr(options, "recipes", {}),
         "launcher": launcher,
         "torch": torch.__version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -134,3 +134,12 @@ def test_bad_arguments_exit_2_naming_the_fix(tmp_path):
     )
     assert completed.returncode == 2
     assert "unknown kernel setting 'avx1024'" in completed.stderr
+
+
+def test_a_workloads_matrix_runs_under_each_family_with_its_recipes():
+    from ci.kernels.__main__ import parity_command, parse_args
+
+    options = parse_args(["--workload", "llama", "-k", "autocast", "--settings", "aten-default"])
+    command = parity_command(options, Path("out"))
+    assert command[command.index("--workload") + 1] == "llama"
+    assert command[command.index("-k") + 1] == "autocast"

@@ -98,7 +98,7 @@ def test_a_users_workload_runs_from_the_current_folder(user_folder):
         "--workload",
         "my_workloads:resmlp",
         "-k",
-        "fsdp2 and keep and bf16 and not offload and sgd",
+        "fsdp2 and keep and pure-bf16 and not offload and sgd",
         "--no-plot",
         cwd=user_folder,
     )

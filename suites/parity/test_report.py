@@ -94,17 +94,19 @@ Measured (passing configurations): 1 bitwise. `bitwise`: every value equal; `<= 
 
 Profiles: `exact` bitwise; `fp32` rtol 1.3e-06, atol 1e-05; `bf16` rtol 0.016, atol 0.001; `fp16` rtol 0.001, atol 0.001.
 
+Recipes (how the precision is applied; each row's is in its `recipe` column): `fp32` 3, `pure-bf16` 1.
+
 ## FSDP vs DDP
 
-| configuration | engine | sharding | precision | optimizer | offload | status | measured | profile | max loss diff | first diverging step | worst tensor | skipped steps | time |
+| configuration | engine | sharding | recipe | optimizer | offload | status | measured | profile | max loss diff | first diverging step | worst tensor | skipped steps | time |
 |---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 | `fsdp1-full_shard-flat-fp32-sgd-w2` | fsdp1 | full_shard flat | fp32 | sgd | - | pass | bitwise | exact | 0 | - | - | 1 | 0.50s |
-| `fsdp2-reshard-bf16-adam-w2` | fsdp2 | reshard | bf16 | adam | - | FAIL | - | exact | 0.12 | 1 | param layer.weight @1: abs 0.5, rel 0.5, 4.2e+06 ulp | 1 | 0.50s |
+| `fsdp2-reshard-bf16-adam-w2` | fsdp2 | reshard | pure-bf16 | adam | - | FAIL | - | exact | 0.12 | 1 | param layer.weight @1: abs 0.5, rel 0.5, 4.2e+06 ulp | 1 | 0.50s |
 | `fsdp1-hybrid_shard-orig-fp32-sgd-w2` | fsdp1 | hybrid_shard orig | fp32 | sgd | - | skip | - | exact | - | - | - | - | - |
 
 ## Forced-inf step skipping
 
-| configuration | engine | sharding | precision | optimizer | offload | status | measured | profile | max loss diff | first diverging step | worst tensor | skipped steps | time |
+| configuration | engine | sharding | recipe | optimizer | offload | status | measured | profile | max loss diff | first diverging step | worst tensor | skipped steps | time |
 |---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 | `fsdp2-reshard-fp32-adam_fused-unscale_clip-inf@r1s1-torch_scaler-w2` | fsdp2 | reshard | fp32 | adam_fused (unscale_clip) | - | xfail | - | fp32 | 0 | 1 | - | - | 0.50s |
 

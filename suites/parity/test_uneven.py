@@ -19,7 +19,7 @@ from suites.parity.support import describe, ranks_executor
 
 
 def _fast_row(config: ParityConfig) -> bool:
-    if config.optimizer != "sgd":
+    if config.optimizer != "sgd" or config.recipe != "pure":  # recipes: test_recipe_parity.py
         return False
     if config.suite == "forced_inf":
         return all(f.rank == 1 and f.value == "inf" for f in config.faults)

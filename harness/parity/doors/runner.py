@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from harness.parity.judge import causes, pinpoint
+from harness.parity.judge import causes, pinpoint, recipe_causes
 from harness.parity.judge import result as results
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan import profiles
@@ -223,6 +223,8 @@ def _with_localization(
     known = verdict.causes
     if found.first is not None and candidate is not None:
         known = causes.localized(known, reference, candidate, found.step, found.first.module)
+        autocast = recipe_causes.autocast_differs(reference, candidate, found.step, found.first)
+        known += (autocast,) if autocast is not None else ()
     return dataclasses.replace(verdict, localization=found, causes=known)
 
 

@@ -5,7 +5,7 @@ Usage (any test file of the user's; the plugin is loaded with the project)::
     from harness.parity import parity_test
     from my_workloads import resmlp
 
-    @parity_test(resmlp, k="not hybrid_shard")       # the workload's matrix, pytest -k style
+    @parity_test(resmlp, k="not hybrid_shard", recipe="bf16-reduce32")  # the workload's matrix
     def test_resmlp_trains_like_ddp(parity):
         assert parity.passed, parity.explanation     # parity: runner.Outcome (result, records)
 
@@ -36,17 +36,22 @@ def parity_test(
     world_size: int = 2,
     backend: str = "gloo",
     scaler: str = "ours",
+    recipe: str | None = None,
 ) -> Callable[[Any], Any]:
     """Expand the decorated test (which takes the ``parity`` fixture) over ``workload``'s matrix.
 
     ``workload``: a module-level factory, a ``module:function`` spec or a registered name; ``k``
-    narrows the configurations (``-k`` grammar); the other arguments are the CLI's."""
+    narrows the configurations (``-k`` grammar); ``recipe``: the precision recipe the user trains
+    with (``harness.parity.plan.recipe.RECIPES``; the workload's own when ``None``), run under
+    every engine; the other arguments are the CLI's."""
     import pytest
 
     from harness.parity.workload import registry
 
     spec = registry.spec_of(workload)
-    mark = pytest.mark.parity_workload(spec, k=k, world_size=world_size, backend=backend, scaler=scaler)
+    mark = pytest.mark.parity_workload(
+        spec, k=k, world_size=world_size, backend=backend, scaler=scaler, recipe=recipe
+    )
     return mark
 
 

@@ -10,6 +10,7 @@ so a reader can judge. Pure, controller side.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -126,6 +127,49 @@ def _forward_differs(e: Evidence) -> Cause | None:
     )
 
 
+def _low_dtype_of(losses: tuple[float, ...] | list[float]) -> torch.dtype | None:
+    """The low dtype every finite loss of ``losses`` is a value of (float16, then bfloat16), else
+    ``None``. A float32 loss is a float16 value by chance once in about 8000; whole numbers
+    (a zero loss) are every dtype's values, so they say nothing."""
+    finite = [loss for loss in losses if math.isfinite(loss)]
+    if all(loss == int(loss) for loss in finite):
+        return None
+    for dtype in (torch.float16, torch.bfloat16):
+        if all(torch.tensor(loss, dtype=torch.float64).to(dtype).item() == loss for loss in finite):
+            return dtype
+    return None
+
+
+def _loss_dtype_differs(e: Evidence) -> Cause | None:
+    if "loss" not in e.failed:
+        return None
+    want, got = _low_dtype_of(e.reference.losses), _low_dtype_of(e.candidate.losses)
+    if want == got:
+        return None
+    low, side, other = (
+        (got, "candidate", "reference") if got is not None else (want, "reference", "candidate")
+    )
+    return Cause(
+        name="loss_dtype_differs",
+        evidence=(
+            f"at step {e.candidate.step} every loss of the {side} is a {short(low)} value and the "
+            f"{other}'s are not (reference {_short_losses(e.reference.losses)}, candidate "
+            f"{_short_losses(e.candidate.losses)})"
+        ),
+        explanation=(
+            f"One run computes its loss in {short(low)} and the other in float32: torch.autocast "
+            "runs a loss such as cross_entropy in float32 (its float32 list), so a run without "
+            "autocast over low-precision logits keeps its loss low. The reference of an autocasting "
+            "recipe must autocast its forward and loss as the candidate does (its unsharded twin)"
+        ),
+        reference="torch.amp autocast op reference (ops that autocast to float32)",
+    )
+
+
+def _short_losses(losses: tuple[float, ...] | list[float]) -> str:
+    return "[" + ", ".join(f"{loss:.9g}" for loss in losses) + "]"
+
+
 def _under(name: str, module: str | None) -> bool:
     """Whether tensor ``name`` belongs to ``module`` (a localized name: ``#k`` and ``[i]`` dropped)."""
     if module is None:
@@ -231,6 +275,7 @@ CATALOGUE: tuple[tuple[str, _Pattern], ...] = (
     ("divide_factor", _divide_factor),
     ("forward_differs", _forward_differs),
     ("dtype_differs", _dtype_differs),
+    ("loss_dtype_differs", _loss_dtype_differs),
     ("reduce_order", rounding.reduce_order),
     ("noise_gradient", rounding.noise_gradient),
     ("optimizer_only", _optimizer_only),

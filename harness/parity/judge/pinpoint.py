@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from harness.parity.judge.evidence import short
 from harness.parity.plan.profiles import ToleranceProfile
 from harness.parity.ranks.distance import format_ulp, tensor_diff
 
@@ -42,6 +43,9 @@ class ModuleDiff:
     max_ulp: float
     mismatched: int
     numel: int
+    dtypes: tuple[str, str] | None = None
+    """``(reference, candidate)`` dtypes of the value where they differ (``float32``, ``float16``):
+    what ``causes.autocast_differs`` reads."""
 
     @property
     def failed(self) -> bool:
@@ -146,6 +150,7 @@ def _diff(
             numel=want.numel(),
         )
     diff = tensor_diff(want, got, profile, step=0, kind=phase, name=key)
+    dtypes = None if want.dtype == got.dtype else (short(want.dtype), short(got.dtype))
     return ModuleDiff(
         phase=phase,
         module=key,
@@ -156,6 +161,7 @@ def _diff(
         max_ulp=diff.max_ulp,
         mismatched=diff.mismatched,
         numel=diff.numel,
+        dtypes=dtypes,
     )
 
 

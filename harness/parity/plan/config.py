@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Iterator
 
-from harness.parity.plan import precision as mixed_precision
+from harness.parity.plan import recipe as recipes
 from harness.parity.plan.precision import PrecisionPolicy
 from harness.parity.workload import registry
 
@@ -98,6 +98,12 @@ class ParityConfig:
     """The candidate's mixed-precision policy in full (reduce dtype, buffers, input and output
     casts, low-precision grads); ``None``: the engine's default for ``precision``
     (``precision.default``). The reference emulates whichever applies (:attr:`policy`)."""
+    recipe: str = "pure"
+    """How ``precision`` is applied (``recipe.KINDS``): ``pure`` (FSDP's policy), ``reduce32`` (the
+    policy reducing in float32), ``autocast`` (float32 parameters, the forward under
+    ``torch.autocast``) or ``mixed`` (the policy and autocast); see ``recipe.py``. A float32
+    configuration has no recipe: it is reset to ``pure``, so ``with_(precision="fp32")`` is the
+    plain float32 twin of any recipe (the expected gap's run)."""
     optimizer: str = "sgd"
     offload: bool = False
     """FSDP2: ``CPUOffloadPolicy(pin_memory=False)``; FSDP1: ``CPUOffload(offload_params=True)``."""
@@ -127,6 +133,9 @@ class ParityConfig:
         _choice("scaler", self.scaler, SCALERS)
         _choice("reference", self.reference, REFERENCES)
         _choice("backend", self.backend, BACKENDS)
+        if self.precision == "fp32" and self.recipe != "pure":
+            object.__setattr__(self, "recipe", "pure")  # frozen: the one normalisation
+        recipes.check(self.recipe, self.engine, self.precision, self.mixed)
         if self.mixed is not None:
             if self.mixed.param != self.precision:
                 raise ValueError(
@@ -173,6 +182,10 @@ class ParityConfig:
             raise ValueError(
                 "reference='single' is for the sparse workload ('embedding'); use reference='ddp'"
             )
+        if registry.get(self.workload).sparse and self.recipe != "pure":
+            raise ValueError(
+                "the sparse 'embedding' workload trains in its precision throughout: recipe 'pure' only"
+            )
         if registry.get(self.workload).sparse and (self.engine != "ddp" or self.reference != "single"):
             raise ValueError(
                 "the sparse 'embedding' workload runs as engine='ddp' against reference='single' "
@@ -183,7 +196,9 @@ class ParityConfig:
     @property
     def id(self) -> str:
         """Readable and unique: ``fsdp1-full_shard-flat-fp16-adam_fused-w2``,
-        ``fsdp2-reshard-offload-bf16-sgd-w2``, ``ddp-fp32-sgd-unscale_clip-inf@r1s2-w2``."""
+        ``fsdp2-reshard-offload-bf16-sgd-w2``, ``ddp-fp32-sgd-unscale_clip-inf@r1s2-w2``. A recipe
+        other than ``pure`` is named where the precision is: ``fsdp2-reshard-autocast-fp16-sgd-w2``,
+        ``fsdp1-full_shard-flat-mixed-bf16-sgd-w2``, ``fsdp2-keep-bf16-reduce32-adam-w2``."""
         parts = [self.engine]
         if self.engine == "fsdp1":
             parts += [self.sharding, "orig" if self.use_orig_params else "flat"]  # type: ignore[list-item]
@@ -191,9 +206,13 @@ class ParityConfig:
             parts.append("reshard" if self.reshard_after_forward else "keep")
         if self.offload:
             parts.append("offload")
+        if self.recipe in recipes.AUTOCASTING:
+            parts.append(self.recipe)
         parts.append(self.precision)
+        if self.recipe == "reduce32":
+            parts.append("reduce32")
         if self.mixed is not None and (
-            word := self.mixed.word(mixed_precision.default(self.engine, self.precision))
+            word := self.mixed.word(recipes.policy(self.recipe, self.engine, self.precision, None))
         ):
             parts.append(word)
         parts.append(self.optimizer)
@@ -222,13 +241,25 @@ class ParityConfig:
             words.add("one_rank")
         if self.fused:
             words.add("fused")
+        words |= {self.recipe_name, f"recipe={self.recipe_name}"}
         return frozenset(words)
+
+    @property
+    def recipe_name(self) -> str:
+        """The recipe as users name it: ``fp32``, ``pure-bf16``, ``fp16-reduce32``, ``autocast-fp16``,
+        ``mixed-bf16`` (``recipe.RECIPES``)."""
+        return recipes.name(self.recipe, self.precision)
+
+    @property
+    def autocast(self) -> str | None:
+        """The dtype both sides' forward autocasts to (``fp16``/``bf16``), or ``None``."""
+        return self.precision if self.recipe in recipes.AUTOCASTING else None
 
     @property
     def policy(self) -> PrecisionPolicy | None:
         """The candidate's mixed precision (``None`` in float32): what the FSDP engines apply and
         the low-precision DDP reference emulates, field by field."""
-        return self.mixed or mixed_precision.default(self.engine, self.precision)
+        return recipes.policy(self.recipe, self.engine, self.precision, self.mixed)
 
     @property
     def fused(self) -> bool:
@@ -243,6 +274,7 @@ class ParityConfig:
             self.workload,
             self.precision,
             self.policy if self.reference == "ddp" else None,  # FSDP1 and FSDP2 references differ
+            self.autocast,
             # the candidate's engine: FSDP2's autograd nodes and each engine's divide factors (twin.py)
             self.engine if self.reference == "ddp" else None,
             self.optimizer,

@@ -8,7 +8,7 @@ a user workload's own matrix is in ``workload_matrix.py``.
 
 from __future__ import annotations
 
-from harness.parity.plan import workload_matrix
+from harness.parity.plan import recipe, workload_matrix
 from harness.parity.plan.config import (
     FAULT_VALUES,
     FSDP1_SHARDING,
@@ -88,6 +88,32 @@ def fsdp_vs_ddp(*, world_size: int = 2, backend: str = "gloo") -> list[ParityCon
                     precision=precision,
                     workload=workload,
                     **common,
+                )
+            )
+    return configs
+
+
+def recipes(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
+    """A few rows of each recipe beyond ``pure`` (``recipe.py``), FSDP1 and FSDP2 against their twin:
+    the MLP with SGD-momentum under each engine, and the tied-weight transformer (LayerNorm,
+    softmax, cross-entropy: the ops autocast keeps in float32) under FSDP2 for the autocasting
+    recipes. ``--workload NAME`` runs every recipe under every engine."""
+    common = {"world_size": world_size, "backend": backend, "optimizer": "sgd"}
+    configs = []
+    for name in recipe.RECIPES:
+        kind, precision = recipe.parse(name)
+        if kind == "pure":
+            continue
+        mine = {"recipe": kind, "precision": precision}
+        mlp = {**mine, "init_scale": _init_scale(precision, world_size, backend)}  # as its pure rows
+        configs += [
+            ParityConfig(engine="fsdp1", sharding="full_shard", use_orig_params=False, **mlp, **common),
+            ParityConfig(engine="fsdp2", reshard_after_forward=True, **mlp, **common),
+        ]
+        if kind in recipe.AUTOCASTING:  # the transformer starts at 2**16, as its pure rows do
+            configs.append(
+                ParityConfig(
+                    engine="fsdp2", reshard_after_forward=True, workload="transformer", **mine, **common
                 )
             )
     return configs
@@ -175,6 +201,7 @@ def default_matrix(*, world_size: int = 2, backend: str = "gloo", scaler: str = 
 
     configs = [
         *fsdp_vs_ddp(world_size=world_size, backend=backend),
+        *recipes(world_size=world_size, backend=backend),
         *forced_inf(world_size=world_size, backend=backend),
         *sparse(world_size=world_size, backend=backend),
         *cpu_offload(world_size=world_size, backend=backend),

@@ -6,12 +6,19 @@ the toys, on their model: FSDP1 (every sharding strategy, flat and original para
 (``reshard_after_forward``, ``CPUOffloadPolicy``) in fp32, fp16 and bf16 against DDP, plus inf and
 NaN planted into the user's own gradients on one rank and on every rank, for DDP, FSDP1 and FSDP2.
 The optimizer is the workload's own when it has one, else SGD with momentum and fused Adam.
+
+Recipes (``recipe.py``): the precisions above are the ``pure`` recipe. The user's own recipe (the
+workload's ``recipe``, or the CLI's ``--recipe``) runs under every engine layout of that grid;
+without one, every other recipe runs under FSDP1 FULL_SHARD (flat and original parameters) and
+FSDP2 (resharding or not), so the matrix says which recipes the model survives.
 """
 
 from __future__ import annotations
 
+from harness.parity.plan import recipe as recipes
 from harness.parity.plan.config import FAULT_VALUES, FSDP1_SHARDING, PRECISIONS, Fault, ParityConfig, unique
 from harness.parity.workload import registry
+from harness.parity.workload.spec import WorkloadError
 
 DEFAULT_STEPS = 6
 
@@ -28,10 +35,60 @@ def fault_steps(steps: int) -> tuple[int, ...]:
     return (first,) if steps - 1 <= first + 1 else (first, steps - 1)
 
 
+def declared_recipe(workload: str, recipe: str | None = None) -> str | None:
+    """The recipe the user runs: ``recipe`` (the CLI's ``--recipe``) or the workload's own; a
+    :class:`WorkloadError` naming the recipes for an unknown one."""
+    chosen = recipe or registry.get(workload).recipe
+    if chosen is None:
+        return None
+    try:
+        recipes.parse(chosen)
+    except ValueError as error:
+        raise WorkloadError(f"workload {registry.get(workload).name!r}: {error}") from None
+    return chosen
+
+
+def _layouts(full: bool) -> list[dict[str, object]]:
+    """The engine layouts a recipe runs under: every one of the precision grid's, or a compact four."""
+    if full:
+        fsdp1 = [(s, o) for s in FSDP1_SHARDING for o in (False, True)]
+        fsdp2 = [(r, off) for r in (True, False) for off in (False, True)]
+    else:
+        fsdp1 = [("full_shard", False), ("full_shard", True)]
+        fsdp2 = [(True, False), (False, False)]
+    return [{"engine": "fsdp1", "sharding": s, "use_orig_params": o} for s, o in fsdp1] + [
+        {"engine": "fsdp2", "reshard_after_forward": r, "offload": off} for r, off in fsdp2
+    ]
+
+
+def recipe_rows(workload: str, common: dict[str, object], recipe: str | None) -> list[ParityConfig]:
+    """The rows of the recipes beyond ``pure`` (whose rows are the precision grid's): the declared
+    ``recipe`` under every engine layout, or, with none declared, every recipe under four."""
+    names = [recipe] if recipe is not None else list(recipes.RECIPES)
+    configs = []
+    for name in names:
+        kind, precision = recipes.parse(name)
+        if kind == "pure":
+            continue
+        configs += [
+            ParityConfig(recipe=kind, precision=precision, optimizer=opt, **layout, **common)  # type: ignore[arg-type]
+            for opt in optimizers_of(workload)
+            for layout in _layouts(full=recipe is not None)
+        ]
+    return configs
+
+
 def for_workload(
-    workload: str, *, world_size: int = 2, backend: str = "gloo", scaler: str = "ours"
+    workload: str,
+    *,
+    world_size: int = 2,
+    backend: str = "gloo",
+    scaler: str = "ours",
+    recipe: str | None = None,
 ) -> list[ParityConfig]:
-    """Every configuration that checks ``workload`` (a registered name or ``module:function``)."""
+    """Every configuration that checks ``workload`` (a registered name or ``module:function``);
+    ``recipe`` (a name of ``recipe.RECIPES``) replaces the workload's declared one."""
+    declared = declared_recipe(workload, recipe)
     steps = registry.get(workload).steps or DEFAULT_STEPS
     common = {
         "workload": workload,
@@ -76,6 +133,7 @@ def for_workload(
                             **common,  # type: ignore[arg-type]
                         )
                     )
+    configs += recipe_rows(workload, common, declared)
     return unique(configs)
 
 
@@ -88,6 +146,8 @@ def _showcase_row(config: ParityConfig) -> bool:
     minute): FSDP1 FULL_SHARD with original parameters in fp32 and fp16, FSDP2 with resharding in
     fp32 and bf16; an inf on one rank under FSDP2 with SGD, and a NaN on every rank under FSDP1 with
     fused Adam. ``--workload llama`` runs the whole grid."""
+    if config.recipe != "pure":
+        return False
     if config.suite == "forced_inf":
         where = "one" if all(f.rank == 1 for f in config.faults) else "every"
         row = (config.engine, where, config.faults[0].value, config.optimizer)

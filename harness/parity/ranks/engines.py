@@ -10,6 +10,7 @@ reference and the candidate start from the same weights on every rank.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -115,6 +116,14 @@ class Engine:
         reference's: no engine draws from it between here and the model's own draws)."""
         return registry.seeded(registry.forward_seed(self.config.seed, self.rank, step), self.device)
 
+    def autocast(self) -> Any:
+        """The recipe's ``torch.autocast`` around the forward (``autocast``/``mixed`` recipes), on
+        the reference as on the candidate; a no-op otherwise. The backward needs none: autograd
+        runs each op's backward in the dtypes its forward chose."""
+        if self.config.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=DTYPES[self.config.autocast])
+
     def finish(self, batch: Any, scale: float) -> Any:
         if self.workload.finish_batch is None:
             return batch
@@ -123,7 +132,7 @@ class Engine:
     def losses(self, step: int, scale: float) -> tuple[torch.Tensor, float]:
         """``(loss to back-propagate, this rank's loss as recorded)``."""
         batch = to_device(self.finish(self.batch(step, self.rank), scale), self.device)
-        with self.forward_rng(step):
+        with self.forward_rng(step), self.autocast():
             loss = self.workload.loss(self.wrapped, batch)
         return loss, loss.item()
 
@@ -211,7 +220,7 @@ class LowPrecisionDDP(Engine):
             for low, master in zip(self.working.parameters(), self.module.parameters(), strict=True):
                 low.copy_(master)
         batch = to_device(self.batch(step, self.rank), self.device)
-        with self.forward_rng(step), self.wrapped.no_sync():  # type: ignore[operator]
+        with self.forward_rng(step), self.autocast(), self.wrapped.no_sync():  # type: ignore[operator]
             loss = self.workload.loss(self.wrapped, batch)  # reduced by hand in after_backward
         return loss, loss.item()
 
@@ -262,7 +271,7 @@ class FSDP1(Engine):
     def __init__(self, config: ParityConfig, device: torch.device) -> None:
         super().__init__(config, device)
         self.description = (
-            f"FSDP1 {config.sharding}, use_orig_params={config.use_orig_params}, {config.precision}"
+            f"FSDP1 {config.sharding}, use_orig_params={config.use_orig_params}, {config.recipe_name}"
             + (", CPUOffload" if config.offload else "")
         )
 
@@ -310,7 +319,7 @@ class FSDP2(Engine):
     def __init__(self, config: ParityConfig, device: torch.device) -> None:
         super().__init__(config, device)
         self.description = (
-            f"FSDP2 fully_shard, reshard_after_forward={config.reshard_after_forward}, {config.precision}"
+            f"FSDP2 fully_shard, reshard_after_forward={config.reshard_after_forward}, {config.recipe_name}"
             + (", CPUOffloadPolicy" if config.offload else "")
         )
 
@@ -380,11 +389,13 @@ def build(config: ParityConfig, role: str, device: torch.device) -> Engine:
         cls = {"ddp": Engine, "fsdp1": FSDP1, "fsdp2": FSDP2}[config.engine]
     elif config.reference == "single":
         cls = SingleProcess
-    elif config.precision != "fp32" and not registry.get(config.workload).sparse:
+    elif config.policy is not None and not registry.get(config.workload).sparse:
         cls = LowPrecisionDDP
     else:
         cls = Engine
     engine = cls(config, device)
+    if config.autocast is not None:
+        engine.description += f", forward under torch.autocast({config.autocast})"
     if role == "reference" and config.engine == "fsdp2" and cls is not SingleProcess:
         # The twin of FSDP2's autograd graph too: its units' inputs pass one identity node each.
         model = engine.trained_module()

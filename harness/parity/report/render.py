@@ -5,13 +5,15 @@
     {
       "schema": "shardscale.parity", "version": 2,
       "run": {"backend", "world_size", "scaler", "filter", "torch", "created", "wall_s",
-              "units": {workload name: the FSDP units chosen, in words}},
+              "units": {workload name: the FSDP units chosen, in words},
+              "recipes": {workload name: the recipe it declares}},
       "profiles": {"exact": {"rtol": 0.0, "atol": 0.0}, ...},
       "summary": {"total", "pass", "fail", "crash", "error", "skip", "expected_failures",
                   "closeness": {"bitwise" | "≤ N ulp" | "toleranced": count}},
       "configs": [{
         "id", "suite", "config": {every ParityConfig field; faults as ids; "policy": the
-                                  candidate's mixed precision, every field, or null},
+                                  candidate's mixed precision, every field, or null;
+                                  "recipe_name": "fp32", "pure-bf16", "autocast-fp16", ...},
         "status": "pass" | "fail" | "crash" | "error" | "skip",
         "profile", "reason", "expected_failure",
         "detail",                                      # the full text behind an error or crash
@@ -139,6 +141,7 @@ def result_to_json(result: ParityResult) -> dict[str, Any]:
     config["faults"] = [fault.id for fault in result.config.faults]
     policy = result.config.policy
     config["policy"] = dataclasses.asdict(policy) if policy is not None else None
+    config["recipe_name"] = result.config.recipe_name
     return {
         "id": result.config.id,
         "suite": result.config.suite,
@@ -204,7 +207,7 @@ def _measured_cell(result: ParityResult) -> str:
     ``bitwise; bf16 vs fp32: loss rel 3e-03, params rel 1e-02``."""
     cells = [result.closeness] if result.closeness else []
     if result.expected_gap is not None:
-        cells.append(f"{result.config.precision} vs fp32: {result.expected_gap.describe()}")
+        cells.append(f"{result.config.recipe_name} vs fp32: {result.expected_gap.describe()}")
     return "; ".join(cells) or "-"
 
 
@@ -240,7 +243,7 @@ def _row(result: ParityResult) -> str:
         f"`{c.id}`",
         c.engine,
         sharding,
-        c.precision,
+        c.recipe_name,
         c.optimizer + ("" if c.path == "plain" else f" ({c.path})"),
         "cpu" if c.offload else "-",
         label(result),
@@ -256,7 +259,7 @@ def _row(result: ParityResult) -> str:
 
 
 _HEADER = (
-    "| configuration | engine | sharding | precision | optimizer | offload | status | measured | profile "
+    "| configuration | engine | sharding | recipe | optimizer | offload | status | measured | profile "
     "| max loss diff | first diverging step | worst tensor | skipped steps | time |\n"
     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
@@ -281,6 +284,16 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
         "`toleranced`: farther apart, within the profile's rtol/atol.",
         "",
         "Profiles: " + "; ".join(f"`{n}` {p.describe()}" for n, p in profiles.PROFILES.items()) + ".",
+    ]
+    ran = Counter(r.config.recipe_name for r in results)
+    lines += [
+        "",
+        "Recipes (how the precision is applied; each row's is in its `recipe` column): "
+        + ", ".join(f"`{name}` {count}" for name, count in ran.items())
+        + "."
+        + "".join(
+            f" `{name}` declares `{declared}`." for name, declared in (run.get("recipes") or {}).items()
+        ),
     ]
     if run.get("units"):
         lines += [

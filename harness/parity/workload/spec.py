@@ -73,6 +73,11 @@ class Workload:
     one process training on every rank's batch (FSDP does not shard sparse gradients)."""
     finish_batch: Callable[[Any, torch.dtype, float], Any] | None = None
     """``(batch, dtype, current scale) -> batch``, for data that depends on the loss scale."""
+    recipe: str | None = None
+    """The precision recipe the user trains with (``pure-bf16``, ``bf16-reduce32``, ``autocast-fp16``,
+    ``mixed-bf16``, ...: ``harness.parity.plan.recipe.RECIPES``); the workload's matrix then runs
+    it under every engine layout. ``None``: every recipe under a few layouts. Checked by the
+    matrix (an unknown name is a :class:`WorkloadError` listing the names)."""
     joint_losses: Callable[[nn.Module, list[Any]], list[torch.Tensor]] | None = None
     """``(model, batches) -> one loss per batch`` from a single forward pass (for the sparse
     single-process reference, whose gradient must come out of one backward call)."""
