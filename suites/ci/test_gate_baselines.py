@@ -98,6 +98,7 @@ def _cpu_tier_configs():
         test_cpu_offload,
         test_forced_inf,
         test_fsdp_vs_ddp,
+        test_recipe_parity,
         test_showcase,
         test_side_by_side,
         test_sparse,
@@ -112,6 +113,7 @@ def _cpu_tier_configs():
         test_side_by_side,
         test_showcase,
         test_uneven,
+        test_recipe_parity,
     )
     return {c.id for module in modules for c in module.CONFIGS if unsupported_reason(c) is None}
 
