@@ -78,7 +78,9 @@ def _heatmap(ax: Any, rows: list[ParityResult]) -> Any:
             continue
         if start:
             ax.axhline(start - 0.5, color="black", linewidth=0.8)
-        ax.text(steps - 0.4, start + count / 2 - 0.5, f" {suite}", va="center", ha="left", fontsize=6)
+        ax.text(  # upright, so that it never runs into the colour bar beside the heatmap
+            steps - 0.45, start + count / 2 - 0.5, suite, va="center", ha="left", rotation=90, fontsize=6
+        )
         start += count
     return image
 
