@@ -78,19 +78,11 @@ def test_each_architecture_gets_the_units_its_class_names():
 def test_a_llama_whose_rotary_buffer_is_cast_by_hand_is_told_which_buffer_and_dtypes(module_ranks):
     """transformers#25681: a user casts the model's buffers to bf16 by hand under FSDP2 (which
     keeps them as they were): the report names the buffer, in the module that diverges first."""
-    from fixtures.parity_plants import Plant, localize_batch, run_batch
-    from harness import RankFailure
+    from fixtures.parity_plants import Plant, planted_executor
     from harness.parity.doors import runner
     from harness.parity.plan.config import ParityConfig
 
     plant = Plant(kind="cast_buffer", module="model.rotary_emb.inv_freq")
-
-    def execute(batch, backend, world_size, target=runner.RANK_TARGET):
-        call = localize_batch if target == runner.LOCALIZE_TARGET else run_batch
-        try:
-            return module_ranks.run(call, plant, batch, world_size=world_size, backend=backend, deadline=180)
-        except RankFailure as failure:
-            raise runner.BatchFailed(str(failure)) from failure
 
     config = ParityConfig(
         engine="fsdp2",
@@ -99,7 +91,7 @@ def test_a_llama_whose_rotary_buffer_is_cast_by_hand_is_told_which_buffer_and_dt
         workload="suites.models.workloads:llama",
         steps=2,
     )
-    (outcome,) = runner.run([config], execute)
+    (outcome,) = runner.run([config], planted_executor(module_ranks, plant))
     (cause,) = [c for c in outcome.result.causes if c.name == "dtype_differs"]
     assert (
         "model.rotary_emb.inv_freq is bfloat16 in the candidate and float32 in the reference"

@@ -4,8 +4,8 @@ a rank that skipped the first step has no optimizer state while its peer does.""
 import pytest
 
 import harness
+from fixtures import candidate_steps
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks import engines, optimizers
 
 CANDIDATES = [
     ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam"),
@@ -19,13 +19,8 @@ CANDIDATES = [
 
 
 def _gather_after_only_rank_0_stepped(config):
-    ctx = harness.current()
-    engine = engines.build(config, "candidate", ctx.device)
-    (group,) = engine.param_groups(1)
-    optimizer = optimizers.make_optimizer(config.optimizer, group)
-    loss, _ = engine.losses(0, 1.0)
-    loss.backward()
-    if ctx.rank == 0:
+    engine, optimizer = candidate_steps.after_backward(config)
+    if harness.current().rank == 0:
         optimizer.step()
     params, state = engine.full_after_step([optimizer])
     return sorted(params), {name: sorted(values) for name, values in state.items()}

@@ -6,8 +6,7 @@ and known cause. The plants live in ``fixtures/parity_plants.py``; the shipped e
 
 import pytest
 
-from fixtures.parity_plants import Plant, localize_batch, run_batch
-from harness import RankFailure
+from fixtures.parity_plants import Plant, planted_executor
 from harness.parity.doors import runner
 from harness.parity.plan.config import Fault, ParityConfig
 from harness.parity.report import render
@@ -63,23 +62,12 @@ CASES = {
 }
 
 
-def _planted_executor(ranks, plant):
-    def execute(batch, backend, world_size, target=runner.RANK_TARGET):
-        call = localize_batch if target == runner.LOCALIZE_TARGET else run_batch
-        try:
-            return ranks.run(call, plant, batch, world_size=world_size, backend=backend, deadline=180)
-        except RankFailure as failure:
-            raise runner.BatchFailed(str(failure)) from failure
-
-    return execute
-
-
 @pytest.fixture(scope="module")
 def planted(module_ranks):
     """``{case: ParityResult}``: each case's configuration run with its plant in the candidate."""
     found = {}
     for name, (config, plant) in CASES.items():
-        (outcome,) = runner.run([config], _planted_executor(module_ranks, plant))
+        (outcome,) = runner.run([config], planted_executor(module_ranks, plant))
         found[name] = outcome.result
     return found
 

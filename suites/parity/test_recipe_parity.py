@@ -8,8 +8,7 @@ transformer (LayerNorm, softmax and cross-entropy, which autocast upcasts to flo
 
 import pytest
 
-from fixtures.parity_plants import Plant, localize_batch, run_batch
-from harness import RankFailure
+from fixtures.parity_plants import Plant, planted_executor
 from harness.parity.doors import runner
 from harness.parity.plan import matrix
 from harness.parity.plan.config import ParityConfig
@@ -37,22 +36,11 @@ def test_each_recipe_row_names_its_recipe_in_what_ran(parity_config, outcome):
         assert "torch.autocast" in outcome.result.reference and "torch.autocast" in outcome.result.candidate
 
 
-def _planted_executor(ranks, plant):
-    def execute(batch, backend, world_size, target=runner.RANK_TARGET):
-        call = localize_batch if target == runner.LOCALIZE_TARGET else run_batch
-        try:
-            return ranks.run(call, plant, batch, world_size=world_size, backend=backend, deadline=180)
-        except RankFailure as failure:
-            raise runner.BatchFailed(str(failure)) from failure
-
-    return execute
-
-
 @pytest.fixture(scope="module")
 def forgotten(module_ranks):
     """``{case: ParityResult}`` against a reference that runs its forward without autocast."""
     plant = Plant(kind="reference_without_autocast")
-    outcomes = runner.run(FORGOTTEN.values(), _planted_executor(module_ranks, plant))
+    outcomes = runner.run(FORGOTTEN.values(), planted_executor(module_ranks, plant))
     return {case: outcome.result for case, outcome in zip(FORGOTTEN, outcomes, strict=True)}
 
 

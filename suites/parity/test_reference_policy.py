@@ -9,8 +9,7 @@ reference, and fails once the reference is made to ignore that field alone
 
 import pytest
 
-from fixtures.parity_plants import Plant, run_batch
-from harness import RankFailure
+from fixtures.parity_plants import Plant, planted_executor
 from harness.parity.doors import runner
 from harness.parity.plan.config import ParityConfig
 from harness.parity.plan.precision import PrecisionPolicy
@@ -55,16 +54,6 @@ CASES = {
 }
 
 
-def _planted_executor(ranks, plant):
-    def execute(batch, backend, world_size, target=runner.RANK_TARGET):
-        try:
-            return ranks.run(run_batch, plant, batch, world_size=world_size, backend=backend, deadline=180)
-        except RankFailure as failure:
-            raise runner.BatchFailed(str(failure)) from failure
-
-    return execute
-
-
 @pytest.fixture(scope="module")
 def faithful(module_ranks):
     """``{case: ParityResult}`` against the reference as shipped."""
@@ -79,7 +68,7 @@ def ignoring(module_ranks):
     found = {}
     for case, (config, field, value) in CASES.items():
         plant = Plant(kind="reference_ignores", field=field, value=value)
-        (outcome,) = runner.run([config], _planted_executor(module_ranks, plant), localize=False)
+        (outcome,) = runner.run([config], planted_executor(module_ranks, plant), localize=False)
         found[case] = outcome.result
     return found
 
@@ -135,7 +124,7 @@ def shared(module_ranks):
     """A value fed to a unit and the root, FSDP2 in float32: with and without FSDP2's nodes."""
     (faithful,) = runner.run([_SHARED], ranks_executor(module_ranks), localize=False)
     plant = Plant(kind="reference_without_fsdp2_nodes")
-    (planted,) = runner.run([_SHARED], _planted_executor(module_ranks, plant), localize=False)
+    (planted,) = runner.run([_SHARED], planted_executor(module_ranks, plant), localize=False)
     return faithful.result, planted.result
 
 

@@ -11,10 +11,10 @@ import weakref
 import pytest
 import torch
 
-import harness
+from fixtures import candidate_steps
 from harness.parity.judge import result as results
 from harness.parity.plan.config import Fault, ParityConfig
-from harness.parity.ranks import engines, entry, local, optimizers, stepcheck
+from harness.parity.ranks import entry, local, stepcheck
 
 ENGINES = [
     ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam", workload="uneven"),
@@ -31,12 +31,7 @@ ENGINES = [
 
 def _pieces_after_one_step(config: ParityConfig) -> dict[str, list[tuple[int, int, bool]]]:
     """Per tensor, this rank's ``(start, numel, equal to the same elements of the full gather)``."""
-    ctx = harness.current()
-    engine = engines.build(config, "candidate", ctx.device)
-    (group,) = engine.param_groups(1)
-    optimizer = optimizers.make_optimizer(config.optimizer, group)
-    loss, _ = engine.losses(0, 1.0)
-    loss.backward()
+    engine, optimizer = candidate_steps.after_backward(config)
     grads = local.grads(engine, None)
     full_grads = engine.full_grads()
     optimizer.step()
