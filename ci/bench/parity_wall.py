@@ -164,9 +164,22 @@ def measure() -> dict[str, object]:
         "ratio_spawn_per_warm": spawn_mean * len(configs) / wall,
         "spawn_sample": len(spawned),
         "spawn_failures": failed,
+        "by_recipe": cost_by_recipe(outcomes),
         "user_workload": measure_user_workload(),
         "localization": _localization_on_a_pool(),
     }
+
+
+def cost_by_recipe(outcomes: list[runner.Outcome]) -> dict[str, dict[str, float]]:
+    """What each precision recipe's rows cost in the matrix (``fp32``, ``pure-bf16``,
+    ``autocast-fp16``, ...): their count and their summed time in the row (the candidate's run,
+    plus the reference's where no earlier row shared it)."""
+    found: dict[str, dict[str, float]] = {}
+    for outcome in outcomes:
+        entry = found.setdefault(outcome.result.config.recipe_name, {"configs": 0, "time_s": 0.0})
+        entry["configs"] += 1
+        entry["time_s"] += outcome.result.time_s
+    return found
 
 
 def _planted_executor(pool: object, plant: object) -> runner.Executor:
@@ -240,10 +253,25 @@ def render(m: dict[str, object]) -> str:
             "-" * 72,
             f"ratio spawn per configuration / warm pool: {m['ratio_spawn_per_warm']:.0f}x",
             *(f"(spawn failed, left out of the mean: {failure})" for failure in m["spawn_failures"]),
+            *_render_recipes(m.get("by_recipe")),
             *_render_user(m.get("user_workload")),
             *_render_localization(m.get("localization")),
         ]
     )
+
+
+def _render_recipes(found: object) -> list[str]:
+    if not isinstance(found, dict) or not found:  # a bench.json written before the recipes
+        return []
+    total = sum(entry["time_s"] for entry in found.values()) or 1.0
+    lines = ["", "the matrix's rows by precision recipe (time in the rows; reference runs shared)"]
+    for name, entry in sorted(found.items(), key=lambda item: -item[1]["time_s"]):
+        each = entry["time_s"] / entry["configs"] * 1e3
+        lines.append(
+            f"  {name:<14} {entry['configs']:4d} rows {entry['time_s']:6.1f} s "
+            f"({each:4.0f} ms each, {entry['time_s'] / total:4.0%} of the matrix)"
+        )
+    return lines
 
 
 def _render_user(u: object) -> list[str]:

@@ -81,6 +81,42 @@ def test_the_distributed_test_case_rows_render_from_their_json():
     assert "ratio MultiProcessTestCase / DistributedTestCase (warm): 1000x" in text
 
 
+def test_the_parity_part_says_what_each_recipes_rows_cost():
+    parity = {
+        "configs": 3,
+        "broken": 0,
+        "matrix_wall_s": 3.0,
+        "per_config_warm_s": 1.0,
+        "spawn_per_config_s": 5.0,
+        "spawn_extrapolated_s": 15.0,
+        "ratio_spawn_per_warm": 5.0,
+        "spawn_sample": 3,
+        "spawn_failures": [],
+        "by_recipe": {"fp32": {"configs": 2, "time_s": 0.6}, "autocast-fp16": {"configs": 1, "time_s": 0.4}},
+    }
+    text = render(_document(parity=parity))
+    assert "  fp32              2 rows    0.6 s ( 300 ms each,  60% of the matrix)" in text, text
+    assert "  autocast-fp16     1 rows    0.4 s ( 400 ms each,  40% of the matrix)" in text, text
+
+
+def test_the_recipe_costs_are_counted_from_the_outcomes():
+    from ci.bench.parity_wall import cost_by_recipe
+    from harness.parity.doors.runner import Outcome
+    from harness.parity.judge.result import ParityResult
+    from harness.parity.plan.config import ParityConfig
+
+    def outcome(**fields: object) -> Outcome:
+        config = ParityConfig(engine="fsdp2", reshard_after_forward=True, **fields)
+        return Outcome(result=ParityResult(config=config, status="pass", profile="exact", time_s=0.5))
+
+    found = cost_by_recipe([outcome(), outcome(precision="bf16"), outcome(precision="bf16", recipe="mixed")])
+    assert found == {
+        "fp32": {"configs": 1, "time_s": 0.5},
+        "pure-bf16": {"configs": 1, "time_s": 0.5},
+        "mixed-bf16": {"configs": 1, "time_s": 0.5},
+    }
+
+
 def test_the_parity_part_says_what_localization_costs_per_failing_configuration():
     parity = {
         "configs": 190,
