@@ -25,6 +25,7 @@ from harness.parity.plan import matrix, workload_matrix
 from harness.parity.plan.config import BACKENDS, SCALERS, ParityConfig, unique, unsupported_reason
 from harness.parity.plan.recipe import RECIPES
 from harness.parity.plan.select import ExpressionError, select
+from harness.parity.ranks import entry
 from harness.parity.report import render
 from harness.parity.workload import registry, units
 from harness.parity.workload.spec import WorkloadError
@@ -103,6 +104,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--batch-size must be >= 1, got {options.batch_size}")
     if not options.deadline > 0:
         parser.error(f"--deadline must be > 0 seconds, got {options.deadline}")
+    try:  # read again on every rank, which inherit this environment
+        entry.keep_budget()
+    except ValueError as error:
+        parser.error(str(error))
     if os.getcwd() not in sys.path:  # the ranks get this sys.path: the workload imports there too
         sys.path.insert(0, os.getcwd())
     try:

@@ -43,6 +43,16 @@ def test_bad_arguments_exit_2_with_the_fix(tmp_path, args, complaint):
     assert done.returncode == 2 and complaint in done.stderr, done.stderr
 
 
+def test_a_keep_budget_that_is_not_a_number_exits_2_naming_the_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDSCALE_PARITY_KEEP_MB", "half")
+    done = parity("-k", "fsdp2-reshard-fp32-sgd-w2", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert (
+        "SHARDSCALE_PARITY_KEEP_MB must be a number of MiB (e.g. SHARDSCALE_PARITY_KEEP_MB=512), got 'half'"
+        in done.stderr
+    )
+
+
 @pytest.mark.e2e
 def test_a_passing_run_shows_progress_and_writes_the_three_reports(tmp_path):
     done = parity(
