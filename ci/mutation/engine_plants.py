@@ -26,6 +26,7 @@ _GATHER = "suites/parity/test_gather_layout.py"
 _STEPCHECK = "suites/parity/test_stepcheck.py"
 _RECIPES = "suites/parity/test_recipes.py"
 _RECIPE_PARITY = "suites/parity/test_recipe_parity.py"
+_CLIP = "suites/parity/test_clip_norm.py"
 
 
 def _edit(file: str, old: str, new: str) -> Edit:
@@ -435,6 +436,43 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
             ),
         ),
         tests=(f"{_RECIPE_PARITY}::test_the_forgotten_autocast_is_named_with_the_first_linears_dtypes",),
+    ),
+    Plant(
+        name="parity_clip_norm_not_compared",
+        bug="the total norm each rank's clip_grad_norm_ returned is recorded but never compared",
+        edits=(
+            _edit(
+                "judge/compare.py",
+                '            found += [("clip_norm", text) for text in clip_norm.problems(ref, cand, profile)]\n',
+                "            pass  # planted\n",
+            ),
+        ),
+        tests=(_CLIP,),
+    ),
+    Plant(
+        name="parity_clip_norm_sharded_silent",
+        bug="a rank that clipped with its own shard's norm as the total is never named",
+        edits=(
+            _edit(
+                "judge/causes.py",
+                '    ("clip_norm_sharded", loop_causes.clip_norm_sharded),\n',
+                "    # planted\n",
+            ),
+        ),
+        tests=(_CLIP,),
+    ),
+    Plant(
+        name="parity_clip_max_norm_ignored",
+        bug="the configured max norm is ignored: every run clips at 1.0, so a row said to clip at "
+        "0.05 checks a clip that never bites",
+        edits=(
+            _edit(
+                "ranks/train.py",
+                "                clip_norm = engine.clip_grad_norm_(config.clip)\n",
+                "                clip_norm = engine.clip_grad_norm_(1.0)  # planted\n",
+            ),
+        ),
+        tests=(f"{_CLIP}::test_the_optimizer_receives_gradients_clipped_to_the_configured_max_norm",),
     ),
 )
 """The engine's plants, in the order ``make mutation`` runs them (after the scaler's)."""

@@ -85,8 +85,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the precision recipe your --workload trains with (its matrix runs it under every engine, "
         "plus the standard rows); replaces the workload's own recipe",
     )
+    parser.add_argument(
+        "--clip",
+        type=float,
+        default=None,
+        metavar="NORM",
+        help="the max norm your --workload clips at after unscale_ (clip_grad_norm_, path unscale_clip): "
+        "its matrix runs it under every engine layout, with the total norm compared every step",
+    )
     options = parser.parse_args(argv)
     options.units = {}
+    if options.clip is not None and not options.workload:
+        parser.error(
+            "--clip declares the max norm of a --workload's matrix; the embedded matrix's clipping "
+            "rows are -k unscale_clip"
+        )
+    if options.clip is not None and not options.clip > 0:
+        parser.error(f"--clip must be a max norm > 0, got {options.clip}")
     if options.recipe is not None and not options.workload:
         parser.error(
             "--recipe declares the recipe of a --workload's matrix; the embedded matrix's rows of one "
@@ -128,7 +143,7 @@ def _matrix(options: argparse.Namespace) -> list[ParityConfig]:
 
                 check(registry.get(name))
             options.units[registry.get(name).name] = units.chosen(name)
-            configs += workload_matrix.for_workload(name, recipe=options.recipe, **kwargs)
+            configs += workload_matrix.for_workload(name, recipe=options.recipe, clip=options.clip, **kwargs)
             declared = workload_matrix.declared_recipe(name, options.recipe)
             if declared is not None:
                 options.recipes[registry.get(name).name] = declared

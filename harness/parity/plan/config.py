@@ -112,6 +112,9 @@ class ParityConfig:
     (``harness.parity.workload.registry``); a string, so a configuration pickles to the ranks, which
     resolve it themselves."""
     path: str = "plain"
+    clip: float = 1.0
+    """The ``max_norm`` of ``clip_grad_norm_`` on path ``unscale_clip`` (the CLI's ``--clip NORM``);
+    named in the id when it is not 1.0, so the rows that clip at 1.0 keep their ids."""
     faults: tuple[Fault, ...] = ()
     scaler: str = "ours"
     """The candidate's scaler: ``ours`` (``scaler.ShardedGradScaler``) or ``torch`` (torch's)."""
@@ -133,6 +136,10 @@ class ParityConfig:
         _choice("scaler", self.scaler, SCALERS)
         _choice("reference", self.reference, REFERENCES)
         _choice("backend", self.backend, BACKENDS)
+        if not self.clip > 0:
+            raise ValueError(f"clip must be a max norm > 0, got {self.clip}")
+        if self.clip != 1.0 and self.path != "unscale_clip":
+            raise ValueError(f"clip={self.clip} clips on path='unscale_clip' only, not {self.path!r}")
         if self.precision == "fp32" and self.recipe != "pure":
             object.__setattr__(self, "recipe", "pure")  # frozen: the one normalisation
         recipes.check(self.recipe, self.engine, self.precision, self.mixed)
@@ -220,6 +227,8 @@ class ParityConfig:
             parts.append(registry.get(self.workload).name)
         if self.path != "plain":
             parts.append(self.path)
+        if self.clip != 1.0:
+            parts.append(f"clip{self.clip:g}")
         parts += [fault.id for fault in self.faults]
         if self.scaler != "ours":
             parts.append(f"{self.scaler}_scaler")
@@ -279,6 +288,7 @@ class ParityConfig:
             self.engine if self.reference == "ddp" else None,
             self.optimizer,
             self.path,
+            self.clip,
             tuple((f.step, f.value, f.optimizer) for f in self.faults),
             self.scaler if self.reference == "single" else "torch.amp",
             self.world_size,

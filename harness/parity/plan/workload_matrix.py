@@ -15,6 +15,7 @@ FSDP2 (resharding or not), so the matrix says which recipes the model survives.
 
 from __future__ import annotations
 
+from harness.parity.plan import loop_matrix
 from harness.parity.plan import recipe as recipes
 from harness.parity.plan.config import FAULT_VALUES, FSDP1_SHARDING, PRECISIONS, Fault, ParityConfig, unique
 from harness.parity.workload import registry
@@ -85,9 +86,12 @@ def for_workload(
     backend: str = "gloo",
     scaler: str = "ours",
     recipe: str | None = None,
+    clip: float | None = None,
 ) -> list[ParityConfig]:
     """Every configuration that checks ``workload`` (a registered name or ``module:function``);
-    ``recipe`` (a name of ``recipe.RECIPES``) replaces the workload's declared one."""
+    ``recipe`` (a name of ``recipe.RECIPES``) replaces the workload's declared one; ``clip``: the
+    max norm the user clips at after ``unscale_`` (``loop_matrix.py``: under every engine layout,
+    where without it the loop rows clip at 1.0 under four)."""
     declared = declared_recipe(workload, recipe)
     steps = registry.get(workload).steps or DEFAULT_STEPS
     common = {
@@ -134,6 +138,8 @@ def for_workload(
                         )
                     )
     configs += recipe_rows(workload, common, declared)
+    layouts = _layouts(full=clip is not None)
+    configs += loop_matrix.workload_rows(common, layouts, optimizers, declared, clip)
     return unique(configs)
 
 
@@ -146,7 +152,7 @@ def _showcase_row(config: ParityConfig) -> bool:
     minute): FSDP1 FULL_SHARD with original parameters in fp32 and fp16, FSDP2 with resharding in
     fp32 and bf16; an inf on one rank under FSDP2 with SGD, and a NaN on every rank under FSDP1 with
     fused Adam. ``--workload llama`` runs the whole grid."""
-    if config.recipe != "pure":
+    if config.recipe != "pure" or config.path != "plain":
         return False
     if config.suite == "forced_inf":
         where = "one" if all(f.rank == 1 for f in config.faults) else "every"

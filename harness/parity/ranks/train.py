@@ -31,8 +31,6 @@ from harness.parity.ranks import engines, record, stepcheck
 from harness.rank import context
 from harness.rank.execute import prefix_lines
 
-_CLIP_NORM = 1.0
-
 
 def make_scaler(config: ParityConfig, role: str, device: torch.device) -> Any:
     """The candidate's scaler (``config.scaler``); a DDP reference's is ``torch.amp.GradScaler``."""
@@ -171,12 +169,13 @@ class Run:
         for fault in _faults_now(config, self.role, step, rank):
             _poison(engine, groups[fault.optimizer], fault)
         unscaled = config.path == "unscale_clip" or engine.unscales_first
+        clip_norm = None
         if unscaled:
             for opt in optimizers:
                 scaler.unscale_(opt)
             engine.before_step()
             if config.path == "unscale_clip":
-                engine.clip_grad_norm_(_CLIP_NORM)
+                clip_norm = engine.clip_grad_norm_(config.clip)
         grads = None
         if check is not None:
             check.grads(step, engine, None if unscaled else scale)
@@ -199,6 +198,7 @@ class Run:
             tracker=int(scaler._get_growth_tracker()),
             found_inf=found_inf,
             skipped=skipped,
+            clip_norm=clip_norm,
             tensors=tensors,
             buffers=engine.own_buffers() if check is None and self.record else None,
         )

@@ -244,7 +244,7 @@ def _row(result: ParityResult) -> str:
         c.engine,
         sharding,
         c.recipe_name,
-        c.optimizer + ("" if c.path == "plain" else f" ({c.path})"),
+        c.optimizer + ("" if c.path == "plain" else f" ({c.path}{'' if c.clip == 1.0 else f' {c.clip:g}'})"),
         "cpu" if c.offload else "-",
         label(result),
         _measured_cell(result),
