@@ -27,6 +27,7 @@ _STEPCHECK = "suites/parity/test_stepcheck.py"
 _RECIPES = "suites/parity/test_recipes.py"
 _RECIPE_PARITY = "suites/parity/test_recipe_parity.py"
 _CLIP = "suites/parity/test_clip_norm.py"
+_ACCUMULATE = "suites/parity/test_accumulate.py"
 
 
 def _edit(file: str, old: str, new: str) -> Edit:
@@ -473,6 +474,38 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
             ),
         ),
         tests=(f"{_CLIP}::test_the_optimizer_receives_gradients_clipped_to_the_configured_max_norm",),
+    ),
+    Plant(
+        name="parity_accumulation_twin_syncs_every_microbatch",
+        bug="the reference reduces every microbatch whatever the sync mode, so a candidate that "
+        "accumulates unsynced gradients is judged against another sum",
+        edits=(
+            _edit(
+                "ranks/accumulate.py",
+                '        if self.sync == "every":\n',
+                "        if True:  # planted\n",
+            ),
+        ),
+        tests=(f"{_ACCUMULATE}::test_fsdp_accumulating_microbatches_trains_bitwise_like_its_twin",),
+    ),
+    Plant(
+        name="parity_accumulation_candidate_never_skips_the_sync",
+        bug="the candidate reduces every microbatch on sync='last' (no no_sync()), so the rows "
+        "said to accumulate unsynced check nothing of it",
+        edits=(_edit("ranks/accumulate.py", "    if sync:\n", "    if True:  # planted\n"),),
+        tests=(f"{_ACCUMULATE}::test_fsdp_accumulating_microbatches_trains_bitwise_like_its_twin",),
+    ),
+    Plant(
+        name="parity_accumulation_dtype_cause_silent",
+        bug="a twin accumulating in another dtype than its candidate is never named",
+        edits=(
+            _edit(
+                "judge/causes.py",
+                '    ("accumulation_dtype", loop_causes.accumulation_dtype),\n',
+                "    # planted\n",
+            ),
+        ),
+        tests=(_ACCUMULATE,),
     ),
 )
 """The engine's plants, in the order ``make mutation`` runs them (after the scaler's)."""

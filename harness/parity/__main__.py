@@ -93,8 +93,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the max norm your --workload clips at after unscale_ (clip_grad_norm_, path unscale_clip): "
         "its matrix runs it under every engine layout, with the total norm compared every step",
     )
+    parser.add_argument(
+        "--accumulate",
+        type=int,
+        default=None,
+        metavar="K",
+        help="the microbatches per optimizer step your --workload accumulates: its matrix runs them "
+        "under every engine layout, syncing every microbatch and only the last (or --sync's)",
+    )
+    parser.add_argument(
+        "--sync",
+        choices=("every", "last"),
+        default=None,
+        help="with --accumulate: reduce every microbatch, or only the last (no_sync)",
+    )
     options = parser.parse_args(argv)
     options.units = {}
+    loop = [name for name in ("accumulate", "sync") if getattr(options, name) is not None]
+    if loop and not options.workload:
+        parser.error(
+            f"--{loop[0]} declares the loop of a --workload's matrix; the embedded matrix's "
+            "accumulation rows are -k 'accumulate=2'"
+        )
+    if options.accumulate is not None and options.accumulate < 2:
+        parser.error(f"--accumulate must be >= 2 microbatches, got {options.accumulate}")
     if options.clip is not None and not options.workload:
         parser.error(
             "--clip declares the max norm of a --workload's matrix; the embedded matrix's clipping "

@@ -38,6 +38,8 @@ def parity_test(
     scaler: str = "ours",
     recipe: str | None = None,
     clip: float | None = None,
+    accumulate: int | None = None,
+    sync: str | None = None,
 ) -> Callable[[Any], Any]:
     """Expand the decorated test (which takes the ``parity`` fixture) over ``workload``'s matrix.
 
@@ -45,14 +47,23 @@ def parity_test(
     narrows the configurations (``-k`` grammar); ``recipe``: the precision recipe the user trains
     with (``harness.parity.plan.recipe.RECIPES``; the workload's own when ``None``), run under
     every engine; ``clip``: the max norm the user clips at after ``unscale_`` (the CLI's ``--clip``);
-    the other arguments are the CLI's."""
+    ``accumulate``/``sync``: the microbatches per step and the sync mode (``every``, ``last``) the
+    user trains with (the CLI's ``--accumulate``, ``--sync``); the other arguments are the CLI's."""
     import pytest
 
     from harness.parity.workload import registry
 
     spec = registry.spec_of(workload)
     mark = pytest.mark.parity_workload(
-        spec, k=k, world_size=world_size, backend=backend, scaler=scaler, recipe=recipe, clip=clip
+        spec,
+        k=k,
+        world_size=world_size,
+        backend=backend,
+        scaler=scaler,
+        recipe=recipe,
+        clip=clip,
+        accumulate=accumulate,
+        sync=sync,
     )
     return mark
 

@@ -1,4 +1,4 @@
-"""Known causes that a training loop's features break: clipping, accumulation, checkpointing.
+"""Known causes that a training loop's features break: clipping, gradient accumulation.
 
 Why apart from ``causes.py``: each reads what only its loop feature records (the clip norms of
 path ``unscale_clip``, say), and the catalogue stays a list of names. Pure, controller side.
@@ -45,4 +45,34 @@ def clip_norm_sharded(e: Evidence) -> Cause | None:
             "partial norms across ranks first"
         ),
         reference="pytorch#88621",
+    )
+
+
+_BITS = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}
+
+
+def accumulation_dtype(e: Evidence) -> Cause | None:
+    """``accumulation_dtype``: the two runs summed their unreduced microbatch gradients in different
+    dtypes (``StepRecord.accumulated_in``) and the gradients or what follows from them differ."""
+    want, got = e.reference.accumulated_in, e.candidate.accumulated_in
+    if want is None or got is None or want == got or not (e.failed & {"grad", "param", "optim_state"}):
+        return None
+    lower, side, other = (got, "candidate", "reference")
+    if _BITS.get(got, 0) > _BITS.get(want, 0):
+        lower, side, other = (want, "reference", "candidate")
+    return Cause(
+        name="accumulation_dtype",
+        evidence=(
+            f"at step {e.candidate.step} the candidate summed its unreduced microbatch gradients in "
+            f"{got} and the reference in {want}: the {side} accumulated in the lower dtype, {lower}, "
+            f"where the {other} did not"
+        ),
+        explanation=(
+            "Gradient accumulation without a sync per microbatch sums the microbatches before the "
+            "reduction, in a dtype of each engine's own: FSDP1's no_sync() in the parameter dtype "
+            "(bfloat16 under a bf16 policy, even with an fp32 reduce), FSDP2's in the reduce dtype. "
+            "Each sum rounds to that dtype, so the reference must accumulate in the candidate's dtype "
+            "(its unsynced twin), or the user syncs every microbatch or reduces in float32 on FSDP2"
+        ),
+        reference="torch.distributed.fsdp no_sync(); FSDPParam.to_accumulated_grad_if_needed",
     )

@@ -1,4 +1,5 @@
-"""Rows of the training loop's features: ``clip_grad_norm_`` after ``unscale_`` at a chosen norm.
+"""Rows of the training loop's features: ``clip_grad_norm_`` after ``unscale_`` at a chosen norm, and
+gradient accumulation over microbatches, syncing every microbatch or only the last.
 
 Why apart from the precision matrices (``matrix.py``, ``workload_matrix.py``): a loop feature is
 one more axis over a few engine layouts, in the default matrix (a few rows, so ``make parity``
@@ -17,15 +18,58 @@ measured), so the clip scales them at every step: the default rows clip for real
 (``unscale_clip``'s default) never bites on the MLP."""
 
 
+DEFAULT_ACCUMULATE = 2
+"""Microbatches per step in the loop rows when the user names none."""
+SYNCS = ("every", "last")
+
+
 def default_rows(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
     """The default matrix's loop rows: FSDP1 (flat, fp16) and FSDP2 (resharding, bf16) clipping
-    at :data:`BITING_CLIP` after ``unscale_``."""
-    common = {"world_size": world_size, "backend": backend, "path": "unscale_clip", "clip": BITING_CLIP}
+    at :data:`BITING_CLIP` after ``unscale_``; two microbatches per step under ``bf16-reduce32``
+    syncing only the last (where FSDP1 and FSDP2 accumulate in different dtypes) under both, and
+    syncing every microbatch under FSDP1 in fp16."""
+    common: dict[str, object] = {"world_size": world_size, "backend": backend}
+    clip = {**common, "path": "unscale_clip", "clip": BITING_CLIP}
+    last = {
+        **common,
+        "recipe": "reduce32",
+        "precision": "bf16",
+        "accumulate": DEFAULT_ACCUMULATE,
+        "sync": "last",
+    }
+    every = {**common, "precision": "fp16", "accumulate": DEFAULT_ACCUMULATE}
+    fsdp1: dict[str, object] = {"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": False}
+    fsdp2: dict[str, object] = {"engine": "fsdp2", "reshard_after_forward": True}
+    rows = [(fsdp1, {**clip, "precision": "fp16"}), (fsdp2, {**clip, "precision": "bf16"})]
+    rows += [(fsdp1, last), (fsdp2, last), ({**fsdp1, "use_orig_params": True}, every)]
+    return [ParityConfig(**layout, **fields) for layout, fields in rows]  # type: ignore[arg-type]
+
+
+def accumulation_rows(
+    common: dict[str, object],
+    layouts: list[dict[str, object]],
+    optimizers: tuple[str, ...],
+    recipe: str | None,
+    accumulate: int | None,
+    sync: str | None,
+) -> list[ParityConfig]:
+    """A workload's accumulation rows: ``accumulate`` microbatches (:data:`DEFAULT_ACCUMULATE`
+    when the user named none) syncing as ``sync`` (both modes when ``None``), in the user's
+    ``recipe`` (float32 when none), under each of ``layouts``."""
+    kind, precision = recipes.parse(recipe) if recipe is not None else ("pure", "fp32")
     return [
         ParityConfig(
-            engine="fsdp1", sharding="full_shard", use_orig_params=False, precision="fp16", **common
-        ),  # type: ignore[arg-type]
-        ParityConfig(engine="fsdp2", reshard_after_forward=True, precision="bf16", **common),  # type: ignore[arg-type]
+            recipe=kind,
+            precision=precision,
+            optimizer=opt,
+            accumulate=DEFAULT_ACCUMULATE if accumulate is None else accumulate,
+            sync=mode,
+            **layout,  # type: ignore[arg-type]
+            **common,  # type: ignore[arg-type]
+        )
+        for mode in ((sync,) if sync is not None else SYNCS)
+        for opt in optimizers
+        for layout in layouts
     ]
 
 
@@ -36,7 +80,7 @@ def workload_rows(
     recipe: str | None,
     clip: float | None,
 ) -> list[ParityConfig]:
-    """A workload's loop rows: clipping after ``unscale_`` at ``clip`` (1.0 when the user named
+    """A workload's clipping rows: clipping after ``unscale_`` at ``clip`` (1.0 when the user named
     none) in the user's ``recipe`` (float32 when none), under each of ``layouts``."""
     kind, precision = recipes.parse(recipe) if recipe is not None else ("pure", "fp32")
     return [

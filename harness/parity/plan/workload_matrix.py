@@ -87,11 +87,14 @@ def for_workload(
     scaler: str = "ours",
     recipe: str | None = None,
     clip: float | None = None,
+    accumulate: int | None = None,
+    sync: str | None = None,
 ) -> list[ParityConfig]:
     """Every configuration that checks ``workload`` (a registered name or ``module:function``);
     ``recipe`` (a name of ``recipe.RECIPES``) replaces the workload's declared one; ``clip``: the
     max norm the user clips at after ``unscale_`` (``loop_matrix.py``: under every engine layout,
-    where without it the loop rows clip at 1.0 under four)."""
+    where without it the loop rows clip at 1.0 under four); ``accumulate``/``sync``: the user's
+    microbatches per step and sync mode, likewise (without them, two microbatches in both modes)."""
     declared = declared_recipe(workload, recipe)
     steps = registry.get(workload).steps or DEFAULT_STEPS
     common = {
@@ -140,6 +143,8 @@ def for_workload(
     configs += recipe_rows(workload, common, declared)
     layouts = _layouts(full=clip is not None)
     configs += loop_matrix.workload_rows(common, layouts, optimizers, declared, clip)
+    layouts = _layouts(full=accumulate is not None or sync is not None)
+    configs += loop_matrix.accumulation_rows(common, layouts, optimizers, declared, accumulate, sync)
     return unique(configs)
 
 
@@ -152,7 +157,7 @@ def _showcase_row(config: ParityConfig) -> bool:
     minute): FSDP1 FULL_SHARD with original parameters in fp32 and fp16, FSDP2 with resharding in
     fp32 and bf16; an inf on one rank under FSDP2 with SGD, and a NaN on every rank under FSDP1 with
     fused Adam. ``--workload llama`` runs the whole grid."""
-    if config.recipe != "pure" or config.path != "plain":
+    if config.recipe != "pure" or config.path != "plain" or config.accumulate > 1:
         return False
     if config.suite == "forced_inf":
         where = "one" if all(f.rank == 1 for f in config.faults) else "every"

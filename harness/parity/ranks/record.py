@@ -62,6 +62,9 @@ class StepRecord:
     clip_norms: tuple[float, ...] = ()
     """By rank, the total norm ``clip_grad_norm_`` returned (path ``unscale_clip``; empty: the
     run did not clip). Each rank's own: a clip that used its partial norm shows here."""
+    accumulated_in: str | None = None
+    """The dtype the run summed its unreduced microbatch gradients in (``accumulate > 1`` with
+    ``sync="last"``: ``bfloat16``, ``float32``), as rank 0 said; ``None``: it did not."""
 
     def skipped_anywhere(self) -> bool:
         return any(flag for flags in self.skipped for flag in flags)
@@ -135,6 +138,7 @@ def _step_from_dict(data: dict[str, Any]) -> StepRecord:
         diffs=_diffs_from_wire(data.get("diffs")),
         grad_norm=data.get("grad_norm"),
         clip_norms=tuple(data.get("clip_norms", ())),
+        accumulated_in=data.get("accumulated_in"),
     )
 
 
@@ -157,12 +161,15 @@ def rank_step(
     tensors: dict[str, Any] | None,
     buffers: Tensors | None = None,
     clip_norm: float | None = None,
+    accumulated_in: str | None = None,
 ) -> dict[str, Any]:
     """One rank's part of one step; ``tensors`` (``params``/``grads``/``optim_state``) on rank 0
     only, ``buffers`` (this rank's own) on every rank; ``clip_norm``: what this rank's
-    ``clip_grad_norm_`` returned (``None``: no clip)."""
+    ``clip_grad_norm_`` returned (``None``: no clip); ``accumulated_in``: the dtype unreduced
+    microbatch gradients were summed in (``None``: none were)."""
     return {
         "clip_norm": clip_norm,
+        "accumulated_in": accumulated_in,
         "loss": loss,
         "scale": scale,
         "tracker": tracker,
@@ -207,6 +214,7 @@ def merge_rank_runs(role: str, description: str, parts: list[dict[str, Any]]) ->
                 diffs=_merged_diffs(index, per_rank),
                 grad_norm=_grad_norm(per_rank),
                 clip_norms=_clip_norms(per_rank),
+                accumulated_in=per_rank[0].get("accumulated_in"),
             )
         )
     return RunRecord(
