@@ -28,6 +28,7 @@ _RECIPES = "suites/parity/test_recipes.py"
 _RECIPE_PARITY = "suites/parity/test_recipe_parity.py"
 _CLIP = "suites/parity/test_clip_norm.py"
 _ACCUMULATE = "suites/parity/test_accumulate.py"
+_CHECKPOINT = "suites/parity/test_checkpoint.py"
 
 
 def _edit(file: str, old: str, new: str) -> Edit:
@@ -506,6 +507,31 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
             ),
         ),
         tests=(_ACCUMULATE,),
+    ),
+    Plant(
+        name="parity_checkpoint_candidate_always_replays",
+        bug="the candidate replays the RNG state whatever the configuration says, so the row said "
+        "to checkpoint without replay checks a correct recompute",
+        edits=(
+            _edit(
+                "ranks/checkpoint.py",
+                "    replay = replays(config, role)\n",
+                '    replay = replays(config, "reference")  # planted\n',
+            ),
+        ),
+        tests=(
+            f"{_CHECKPOINT}::test_checkpointing_without_replay_under_dropout_fails_at_step_0_in_the_gradients",
+        ),
+    ),
+    Plant(
+        name="parity_checkpoint_rng_cause_silent",
+        bug="a recompute without RNG replay under dropout is never named",
+        edits=(
+            _edit(
+                "judge/causes.py", '    ("checkpoint_rng", loop_causes.checkpoint_rng),\n', "    # planted\n"
+            ),
+        ),
+        tests=(_CHECKPOINT,),
     ),
 )
 """The engine's plants, in the order ``make mutation`` runs them (after the scaler's)."""

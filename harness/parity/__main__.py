@@ -107,13 +107,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="with --accumulate: reduce every microbatch, or only the last (no_sync)",
     )
+    parser.add_argument(
+        "--checkpoint",
+        action="store_true",
+        help="your --workload checkpoints its units' activations (RNG state preserved): its matrix "
+        "runs that under every engine layout, on both sides",
+    )
     options = parser.parse_args(argv)
     options.units = {}
     loop = [name for name in ("accumulate", "sync") if getattr(options, name) is not None]
+    loop += ["checkpoint"] if options.checkpoint else []
     if loop and not options.workload:
+        rows = {
+            "accumulate": "-k 'accumulate=2'",
+            "sync": "-k 'sync=last'",
+            "checkpoint": "-k 'ckpt or ckpt_norng'",
+        }
         parser.error(
-            f"--{loop[0]} declares the loop of a --workload's matrix; the embedded matrix's "
-            "accumulation rows are -k 'accumulate=2'"
+            f"--{loop[0]} declares the loop of a --workload's matrix; the embedded matrix's rows of "
+            f"it are {rows[loop[0]]}"
         )
     if options.accumulate is not None and options.accumulate < 2:
         parser.error(f"--accumulate must be >= 2 microbatches, got {options.accumulate}")

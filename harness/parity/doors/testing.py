@@ -40,6 +40,7 @@ def parity_test(
     clip: float | None = None,
     accumulate: int | None = None,
     sync: str | None = None,
+    checkpoint: bool = False,
 ) -> Callable[[Any], Any]:
     """Expand the decorated test (which takes the ``parity`` fixture) over ``workload``'s matrix.
 
@@ -48,7 +49,8 @@ def parity_test(
     with (``harness.parity.plan.recipe.RECIPES``; the workload's own when ``None``), run under
     every engine; ``clip``: the max norm the user clips at after ``unscale_`` (the CLI's ``--clip``);
     ``accumulate``/``sync``: the microbatches per step and the sync mode (``every``, ``last``) the
-    user trains with (the CLI's ``--accumulate``, ``--sync``); the other arguments are the CLI's."""
+    user trains with (the CLI's ``--accumulate``, ``--sync``); ``checkpoint``: the user checkpoints
+    the units' activations (``--checkpoint``); the other arguments are the CLI's."""
     import pytest
 
     from harness.parity.workload import registry
@@ -64,6 +66,7 @@ def parity_test(
         clip=clip,
         accumulate=accumulate,
         sync=sync,
+        checkpoint=checkpoint,
     )
     return mark
 

@@ -276,6 +276,7 @@ CATALOGUE: tuple[tuple[str, _Pattern], ...] = (
     ("forward_differs", _forward_differs),
     ("clip_norm_sharded", loop_causes.clip_norm_sharded),
     ("accumulation_dtype", loop_causes.accumulation_dtype),
+    ("checkpoint_rng", loop_causes.checkpoint_rng),
     ("dtype_differs", _dtype_differs),
     ("loss_dtype_differs", _loss_dtype_differs),
     ("reduce_order", rounding.reduce_order),

@@ -1,4 +1,5 @@
-"""Known causes that a training loop's features break: clipping, gradient accumulation.
+"""Known causes that a training loop's features break: clipping, gradient accumulation,
+activation checkpointing.
 
 Why apart from ``causes.py``: each reads what only its loop feature records (the clip norms of
 path ``unscale_clip``, say), and the catalogue stays a list of names. Pure, controller side.
@@ -75,4 +76,29 @@ def accumulation_dtype(e: Evidence) -> Cause | None:
             "(its unsynced twin), or the user syncs every microbatch or reduces in float32 on FSDP2"
         ),
         reference="torch.distributed.fsdp no_sync(); FSDPParam.to_accumulated_grad_if_needed",
+    )
+
+
+def checkpoint_rng(e: Evidence) -> Cause | None:
+    """``checkpoint_rng``: the candidate recomputed its checkpointed units without replaying the
+    RNG state while the reference replayed, and gradients (or what follows) differ."""
+    if e.candidate.checkpoint != "no_replay" or e.reference.checkpoint != "replay":
+        return None
+    if not (e.failed & {"grad", "param", "optim_state"}):
+        return None
+    losses = "the losses match, " if "loss" not in e.failed else ""
+    return Cause(
+        name="checkpoint_rng",
+        evidence=(
+            f"at step {e.candidate.step} {losses}the gradients differ, and the candidate recomputed "
+            "its checkpointed units without replaying the RNG state (the reference replayed it)"
+        ),
+        explanation=(
+            "Activation checkpointing without RNG replay under dropout: the backward recomputes "
+            "each unit's forward, and without preserve_rng_state the recompute draws new dropout "
+            "masks, so the gradients belong to masks the forward never used. Keep "
+            "preserve_rng_state=True (checkpoint_wrapper's and torch.utils.checkpoint's default), or "
+            "seed the recompute as the forward was seeded"
+        ),
+        reference="OLMo-core PR#828; torch.utils.checkpoint(preserve_rng_state=...)",
     )

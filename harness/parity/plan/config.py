@@ -41,6 +41,9 @@ REFERENCES = ("ddp", "single")
 SUITES = ("fsdp_vs_ddp", "forced_inf", "sparse", "cpu_offload")
 BACKENDS = ("gloo", "nccl")
 SYNCS = ("every", "last")
+CHECKPOINTS = (None, "replay", "no_replay")
+"""Activation checkpointing of the units: none, with the RNG state replayed in the recompute
+(``preserve_rng_state=True``), or without (a bug under dropout)."""
 """When gradient accumulation reduces: every microbatch, or only the last (``no_sync()``)."""
 FAULT_VALUES = ("inf", "nan")
 
@@ -123,6 +126,10 @@ class ParityConfig:
     sync: str = "every"
     """With ``accumulate > 1``: reduce ``every`` microbatch, or only the ``last`` (DDP and FSDP1
     ``no_sync()``, FSDP2 ``set_requires_gradient_sync(False)``; ``synclast`` in the id)."""
+    checkpoint: str | None = None
+    """Activation checkpointing of the units on both sides (``ranks/checkpoint.py``): ``replay``
+    (RNG state preserved), ``no_replay`` (the candidate's recompute draws new dropout masks; the
+    reference always replays); ``ckpt``/``ckpt_norng`` in the id."""
     faults: tuple[Fault, ...] = ()
     scaler: str = "ours"
     """The candidate's scaler: ``ours`` (``scaler.ShardedGradScaler``) or ``torch`` (torch's)."""
@@ -145,6 +152,7 @@ class ParityConfig:
         _choice("reference", self.reference, REFERENCES)
         _choice("backend", self.backend, BACKENDS)
         _choice("sync", self.sync, SYNCS)
+        _choice("checkpoint", self.checkpoint, CHECKPOINTS)
         self._check_accumulation()
         if not self.clip > 0:
             raise ValueError(f"clip must be a max norm > 0, got {self.clip}")
@@ -256,6 +264,8 @@ class ParityConfig:
             parts.append(f"clip{self.clip:g}")
         if self.accumulate > 1:
             parts.append(f"acc{self.accumulate}" + ("-synclast" if self.sync == "last" else ""))
+        if self.checkpoint is not None:
+            parts.append("ckpt" if self.checkpoint == "replay" else "ckpt_norng")
         parts += [fault.id for fault in self.faults]
         if self.scaler != "ours":
             parts.append(f"{self.scaler}_scaler")
@@ -318,6 +328,7 @@ class ParityConfig:
             self.clip,
             self.accumulate,
             self.sync,
+            self.checkpoint is not None,  # the reference always replays
             tuple((f.step, f.value, f.optimizer) for f in self.faults),
             self.scaler if self.reference == "single" else "torch.amp",
             self.world_size,

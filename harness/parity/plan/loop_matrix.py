@@ -1,5 +1,6 @@
 """Rows of the training loop's features: ``clip_grad_norm_`` after ``unscale_`` at a chosen norm, and
-gradient accumulation over microbatches, syncing every microbatch or only the last.
+gradient accumulation over microbatches, syncing every microbatch or only the last, and activation
+checkpointing of the units.
 
 Why apart from the precision matrices (``matrix.py``, ``workload_matrix.py``): a loop feature is
 one more axis over a few engine layouts, in the default matrix (a few rows, so ``make parity``
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from harness.parity.plan import recipe as recipes
 from harness.parity.plan.config import ParityConfig
+from harness.parity.workload import registry
 
 BITING_CLIP = 0.05
 """A max norm the MLP's gradients exceed (their total norm is 0.06 to 0.14 over six steps,
@@ -27,7 +29,9 @@ def default_rows(*, world_size: int = 2, backend: str = "gloo") -> list[ParityCo
     """The default matrix's loop rows: FSDP1 (flat, fp16) and FSDP2 (resharding, bf16) clipping
     at :data:`BITING_CLIP` after ``unscale_``; two microbatches per step under ``bf16-reduce32``
     syncing only the last (where FSDP1 and FSDP2 accumulate in different dtypes) under both, and
-    syncing every microbatch under FSDP1 in fp16."""
+    syncing every microbatch under FSDP1 in fp16; the conv net (dropout in every unit) with its
+    units checkpointed under FSDP1 (bf16) and FSDP2 (fp32), and under FSDP2 without RNG replay:
+    the one loop row that must fail (an expected failure, ``result.expected_failure``)."""
     common: dict[str, object] = {"world_size": world_size, "backend": backend}
     clip = {**common, "path": "unscale_clip", "clip": BITING_CLIP}
     last = {
@@ -42,6 +46,9 @@ def default_rows(*, world_size: int = 2, backend: str = "gloo") -> list[ParityCo
     fsdp2: dict[str, object] = {"engine": "fsdp2", "reshard_after_forward": True}
     rows = [(fsdp1, {**clip, "precision": "fp16"}), (fsdp2, {**clip, "precision": "bf16"})]
     rows += [(fsdp1, last), (fsdp2, last), ({**fsdp1, "use_orig_params": True}, every)]
+    convnet = {**common, "workload": "convnet", "checkpoint": "replay"}  # dropout in every unit
+    rows += [({**fsdp1, "use_orig_params": True}, {**convnet, "precision": "bf16"}), (fsdp2, convnet)]
+    rows.append((fsdp2, {**convnet, "checkpoint": "no_replay"}))  # fails: checkpoint_rng
     return [ParityConfig(**layout, **fields) for layout, fields in rows]  # type: ignore[arg-type]
 
 
@@ -90,6 +97,32 @@ def workload_rows(
             optimizer=opt,
             path="unscale_clip",
             clip=1.0 if clip is None else clip,
+            **layout,  # type: ignore[arg-type]
+            **common,  # type: ignore[arg-type]
+        )
+        for opt in optimizers
+        for layout in layouts
+    ]
+
+
+def checkpoint_rows(
+    common: dict[str, object],
+    layouts: list[dict[str, object]],
+    optimizers: tuple[str, ...],
+    recipe: str | None,
+) -> list[ParityConfig]:
+    """A workload's checkpointing rows: its units checkpointed with RNG replay in the user's
+    ``recipe`` (float32 when none), under each of ``layouts`` (none for a workload without units:
+    nothing to checkpoint)."""
+    if not registry.get(str(common["workload"])).units:
+        return []
+    kind, precision = recipes.parse(recipe) if recipe is not None else ("pure", "fp32")
+    return [
+        ParityConfig(
+            recipe=kind,
+            precision=precision,
+            optimizer=opt,
+            checkpoint="replay",
             **layout,  # type: ignore[arg-type]
             **common,  # type: ignore[arg-type]
         )

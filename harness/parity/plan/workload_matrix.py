@@ -89,12 +89,15 @@ def for_workload(
     clip: float | None = None,
     accumulate: int | None = None,
     sync: str | None = None,
+    checkpoint: bool = False,
 ) -> list[ParityConfig]:
     """Every configuration that checks ``workload`` (a registered name or ``module:function``);
     ``recipe`` (a name of ``recipe.RECIPES``) replaces the workload's declared one; ``clip``: the
     max norm the user clips at after ``unscale_`` (``loop_matrix.py``: under every engine layout,
     where without it the loop rows clip at 1.0 under four); ``accumulate``/``sync``: the user's
-    microbatches per step and sync mode, likewise (without them, two microbatches in both modes)."""
+    microbatches per step and sync mode, likewise (without them, two microbatches in both modes);
+    ``checkpoint``: the user checkpoints the units (with RNG replay), likewise (without it, under
+    four layouts)."""
     declared = declared_recipe(workload, recipe)
     steps = registry.get(workload).steps or DEFAULT_STEPS
     common = {
@@ -145,6 +148,7 @@ def for_workload(
     configs += loop_matrix.workload_rows(common, layouts, optimizers, declared, clip)
     layouts = _layouts(full=accumulate is not None or sync is not None)
     configs += loop_matrix.accumulation_rows(common, layouts, optimizers, declared, accumulate, sync)
+    configs += loop_matrix.checkpoint_rows(common, _layouts(full=checkpoint), optimizers, declared)
     return unique(configs)
 
 
@@ -157,7 +161,7 @@ def _showcase_row(config: ParityConfig) -> bool:
     minute): FSDP1 FULL_SHARD with original parameters in fp32 and fp16, FSDP2 with resharding in
     fp32 and bf16; an inf on one rank under FSDP2 with SGD, and a NaN on every rank under FSDP1 with
     fused Adam. ``--workload llama`` runs the whole grid."""
-    if config.recipe != "pure" or config.path != "plain" or config.accumulate > 1:
+    if config.recipe != "pure" or config.path != "plain" or config.accumulate > 1 or config.checkpoint:
         return False
     if config.suite == "forced_inf":
         where = "one" if all(f.rank == 1 for f in config.faults) else "every"

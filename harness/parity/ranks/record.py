@@ -65,6 +65,9 @@ class StepRecord:
     accumulated_in: str | None = None
     """The dtype the run summed its unreduced microbatch gradients in (``accumulate > 1`` with
     ``sync="last"``: ``bfloat16``, ``float32``), as rank 0 said; ``None``: it did not."""
+    checkpoint: str | None = None
+    """How the run recomputed its checkpointed units: ``replay`` (the RNG state replayed),
+    ``no_replay``; ``None``: it did not checkpoint."""
 
     def skipped_anywhere(self) -> bool:
         return any(flag for flags in self.skipped for flag in flags)
@@ -139,6 +142,7 @@ def _step_from_dict(data: dict[str, Any]) -> StepRecord:
         grad_norm=data.get("grad_norm"),
         clip_norms=tuple(data.get("clip_norms", ())),
         accumulated_in=data.get("accumulated_in"),
+        checkpoint=data.get("checkpoint"),
     )
 
 
@@ -162,12 +166,15 @@ def rank_step(
     buffers: Tensors | None = None,
     clip_norm: float | None = None,
     accumulated_in: str | None = None,
+    checkpoint: str | None = None,
 ) -> dict[str, Any]:
     """One rank's part of one step; ``tensors`` (``params``/``grads``/``optim_state``) on rank 0
     only, ``buffers`` (this rank's own) on every rank; ``clip_norm``: what this rank's
     ``clip_grad_norm_`` returned (``None``: no clip); ``accumulated_in``: the dtype unreduced
-    microbatch gradients were summed in (``None``: none were)."""
+    microbatch gradients were summed in (``None``: none were); ``checkpoint``: how checkpointed
+    units were recomputed (``None``: none were)."""
     return {
+        "checkpoint": checkpoint,
         "clip_norm": clip_norm,
         "accumulated_in": accumulated_in,
         "loss": loss,
@@ -215,6 +222,7 @@ def merge_rank_runs(role: str, description: str, parts: list[dict[str, Any]]) ->
                 grad_norm=_grad_norm(per_rank),
                 clip_norms=_clip_norms(per_rank),
                 accumulated_in=per_rank[0].get("accumulated_in"),
+                checkpoint=per_rank[0].get("checkpoint"),
             )
         )
     return RunRecord(

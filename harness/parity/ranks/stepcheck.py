@@ -88,7 +88,16 @@ def wire_step(step: dict[str, Any], rank: int) -> dict[str, Any]:
     steps whose tensors do travel)."""
     out = {
         key: step.get(key)
-        for key in ("loss", "scale", "tracker", "found_inf", "skipped", "clip_norm", "accumulated_in")
+        for key in (
+            "loss",
+            "scale",
+            "tracker",
+            "found_inf",
+            "skipped",
+            "clip_norm",
+            "accumulated_in",
+            "checkpoint",
+        )
     }
     out["meta"] = {"buffer": full_meta(own_buffers(step["buffers"], rank))}
     out["tensors"] = None

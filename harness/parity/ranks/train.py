@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from harness.parity.plan.config import Fault, ParityConfig
-from harness.parity.ranks import accumulate, engines, record, stepcheck
+from harness.parity.ranks import accumulate, checkpoint, engines, record, stepcheck
 from harness.rank import context
 from harness.rank.execute import prefix_lines
 
@@ -129,6 +129,7 @@ class Run:
         scaler = None
         try:
             engine = engines.build(self.config, self.role, self.device)
+            checkpoint.install(engine, self.config, self.role)
             self.description = engine.description
             groups = engine.param_groups(2 if self.config.path == "two_optimizers" else 1)
             optimizers = [engine.make_optimizer(group) for group in groups]
@@ -209,6 +210,7 @@ class Run:
             skipped=skipped,
             clip_norm=clip_norm,
             accumulated_in=accumulate.accumulated_in(config, hand),
+            checkpoint=checkpoint.recorded(config, self.role),
             tensors=tensors,
             buffers=engine.own_buffers() if check is None and self.record else None,
         )
