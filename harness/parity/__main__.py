@@ -177,7 +177,15 @@ def _matrix(options: argparse.Namespace) -> list[ParityConfig]:
 
                 check(registry.get(name))
             options.units[registry.get(name).name] = units.chosen(name)
-            configs += workload_matrix.for_workload(name, recipe=options.recipe, clip=options.clip, **kwargs)
+            configs += workload_matrix.for_workload(
+                name,
+                recipe=options.recipe,
+                clip=options.clip,
+                accumulate=options.accumulate,
+                sync=options.sync,
+                checkpoint=options.checkpoint,
+                **kwargs,
+            )
             declared = workload_matrix.declared_recipe(name, options.recipe)
             if declared is not None:
                 options.recipes[registry.get(name).name] = declared

@@ -157,3 +157,37 @@ def test_fsdp1_accumulating_in_bfloat16_against_a_float32_twin_is_named_accumula
 ):
     names = [c.name for c in twin_in_reduce_dtype.result.causes]
     assert "accumulation_dtype" in names, describe(twin_in_reduce_dtype)
+
+
+def test_the_cli_lists_the_users_accumulation_under_every_layout():
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.parity",
+            "--workload",
+            "mlp",
+            "--accumulate",
+            "4",
+            "--sync",
+            "last",
+            "--list",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (
+        sum(line.split(" ")[0].endswith("-acc4-synclast-w2") for line in done.stdout.splitlines()) == 12 * 2
+    )
+
+
+def test_parity_test_passes_the_users_loop_to_the_workloads_matrix():
+    from harness.parity.doors import pytest_plugin
+
+    options = {"clip": 0.5, "accumulate": 4, "sync": "last", "checkpoint": True, "k": "fsdp2 and reshard"}
+    configs = pytest_plugin._configs("convnet", options)
+    assert {c.clip for c in configs if c.path == "unscale_clip"} == {0.5}
+    assert {(c.accumulate, c.sync) for c in configs if c.accumulate > 1} == {(4, "last")}
+    assert any(c.checkpoint == "replay" and c.offload for c in configs)  # every layout: offload too

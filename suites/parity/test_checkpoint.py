@@ -2,6 +2,9 @@
 train bitwise like their checkpointed twin; without replay the row fails at step 0 and is named
 ``checkpoint_rng`` (an expected failure in the matrix)."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -128,3 +131,24 @@ def test_checkpointing_without_replay_under_dropout_fails_at_step_0_in_the_gradi
 
 def test_checkpointing_without_replay_under_dropout_is_named_checkpoint_rng(checkpointed):
     assert [c.name for c in checkpointed["no_replay"].result.causes][:1] == ["checkpoint_rng"]
+
+
+def test_the_cli_checkpoints_a_workloads_units_under_every_layout():
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.parity",
+            "--workload",
+            "convnet",
+            "--checkpoint",
+            "--list",
+            "-k",
+            "ckpt",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert sum(line.split(" ")[0].endswith("-convnet-ckpt-w2") for line in done.stdout.splitlines()) == 12 * 2

@@ -3,6 +3,8 @@ step under a measured tolerance, and a rank that clipped with its own shard's no
 (``clip_norm_sharded``), from hand-made records and planted into a real FSDP1 candidate."""
 
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -147,3 +149,23 @@ def test_the_optimizer_receives_gradients_clipped_to_the_configured_max_norm(cli
     outcome = clipped[_FSDP1.with_(clip=0.05).id]
     for run_ in (outcome.reference, outcome.candidate):
         assert all(s.grad_norm <= 0.05 * (1 + 1e-5) for s in run_.steps), [s.grad_norm for s in run_.steps]
+
+
+def _cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "harness.parity", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_clip_without_a_workload_exits_2_naming_the_k_filter():
+    done = _cli("--clip", "0.5", "--list")
+    assert done.returncode == 2 and "-k unscale_clip" in done.stderr
+
+
+def test_the_cli_lists_the_users_max_norm_under_every_layout():
+    done = _cli("--workload", "mlp", "--clip", "0.5", "--list", "-k", "clip0.5")
+    assert done.returncode == 0, done.stderr
+    assert (
+        sum(line.split(" ")[0].endswith("-unscale_clip-clip0.5-w2") for line in done.stdout.splitlines())
+        == 12 * 2
+    )
