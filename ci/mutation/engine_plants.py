@@ -464,6 +464,18 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         tests=(_CLIP,),
     ),
     Plant(
+        name="parity_clip_unscale_order_silent",
+        bug="gradients clipped before unscale_, or unscaled twice, are only 'a clip norm that differs'",
+        edits=(
+            _edit(
+                "judge/causes.py",
+                '    ("clip_unscale_order", loop_causes.clip_unscale_order),\n',
+                "    # planted\n",
+            ),
+        ),
+        tests=(_CLIP,),
+    ),
+    Plant(
         name="parity_clip_max_norm_ignored",
         bug="the configured max norm is ignored: every run clips at 1.0, so a row said to clip at "
         "0.05 checks a clip that never bites",

@@ -169,3 +169,35 @@ def test_the_cli_lists_the_users_max_norm_under_every_layout():
         sum(line.split(" ")[0].endswith("-unscale_clip-clip0.5-w2") for line in done.stdout.splitlines())
         == 12 * 2
     )
+
+
+@pytest.fixture(scope="module")
+def misordered(module_ranks):
+    """``{plant kind: Outcome}``: FSDP2 clipping still scaled, and unscaled twice."""
+    found = {}
+    for kind in ("clip_scaled", "clip_unscaled_twice"):
+
+        def execute(batch, backend, world_size, target=runner.RANK_TARGET, kind=kind):
+            return module_ranks.run(
+                run_batch, Plant(kind=kind), batch, world_size=world_size, backend=backend, deadline=180
+            )
+
+        (found[kind],) = runner.run([_FSDP2], execute, localize=False)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [("clip_scaled", "clipped while still scaled"), ("clip_unscaled_twice", "unscaled once more")],
+)
+def test_a_clip_in_the_wrong_place_around_unscale_is_named_clip_unscale_order(misordered, kind, said):
+    outcome = misordered[kind]
+    assert outcome.result.status == "fail" and outcome.result.first_diverging_step == 0
+    cause = next(c for c in outcome.result.causes if c.name == "clip_unscale_order")
+    assert said in cause.evidence, describe(outcome)
+
+
+def test_norms_a_factor_of_sqrt_two_apart_are_no_unscale_order():
+    reference, candidate = _clipped(_NORM, _NORM), _clipped(_NORM * 2**0.5, _NORM * 2**0.5)
+    names = [c.name for c in causes.match(reference, candidate, _compare(reference, candidate))]
+    assert "clip_unscale_order" not in names

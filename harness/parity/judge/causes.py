@@ -275,6 +275,7 @@ CATALOGUE: tuple[tuple[str, _Pattern], ...] = (
     ("divide_factor", _divide_factor),
     ("forward_differs", _forward_differs),
     ("clip_norm_sharded", loop_causes.clip_norm_sharded),
+    ("clip_unscale_order", loop_causes.clip_unscale_order),
     ("accumulation_dtype", loop_causes.accumulation_dtype),
     ("checkpoint_rng", loop_causes.checkpoint_rng),
     ("dtype_differs", _dtype_differs),

@@ -102,3 +102,41 @@ def checkpoint_rng(e: Evidence) -> Cause | None:
         ),
         reference="OLMo-core PR#828; torch.utils.checkpoint(preserve_rng_state=...)",
     )
+
+
+def _power_of_two(ratio: float) -> int | None:
+    """``k`` when ``ratio`` is ``2**k`` to 1e-3, else ``None``."""
+    if not ratio > 0 or not math.isfinite(ratio):
+        return None
+    k = round(math.log2(ratio))
+    return k if abs(ratio / 2.0**k - 1) <= _SAME else None
+
+
+def clip_unscale_order(e: Evidence) -> Cause | None:
+    """``clip_unscale_order``: every rank's clip norm is the reference's times a power of two of
+    at least 16 (clipped while still scaled) or divided by one (unscaled twice before the clip)."""
+    if "clip_norm" not in e.failed or not e.candidate.clip_norms or not e.reference.clip_norms:
+        return None
+    want = e.reference.clip_norms[0]
+    if not (math.isfinite(want) and want > 0):
+        return None
+    powers = {_power_of_two(norm / want) for norm in e.candidate.clip_norms}
+    if len(powers) != 1 or (k := powers.pop()) is None or abs(k) < 4:
+        return None
+    if k > 0:
+        what = f"2**{k} times the reference's: the gradients were clipped while still scaled"
+        fix = "call scaler.unscale_(optimizer) before clip_grad_norm_, as torch.amp's recipe does"
+    else:
+        what = f"the reference's divided by 2**{-k}: the gradients were unscaled once more before the clip"
+        fix = "unscale once: scaler.unscale_ per optimizer per step, and no division by the scale by hand"
+    return Cause(
+        name="clip_unscale_order",
+        evidence=f"at step {e.candidate.step} every rank's clip norm is {what}",
+        explanation=(
+            "clip_grad_norm_ measured gradients in another scale than the reference's: a loss scale "
+            f"is a power of two, and so is the ratio of the norms. Clipping scaled gradients clips at "
+            f"max_norm times the scale (so nearly never, or every gradient to almost nothing once "
+            f"unscaled); {fix}"
+        ),
+        reference="torch.amp GradScaler docs (gradient clipping); pytorch#149768",
+    )
