@@ -99,6 +99,11 @@ def for_workload(
     ``checkpoint``: the user checkpoints the units (with RNG replay), likewise (without it, under
     four layouts)."""
     declared = declared_recipe(workload, recipe)
+    spec = registry.get(workload)  # the loop the workload declares, unless the caller names its own
+    clip = spec.clip if clip is None else clip
+    accumulate = spec.accumulate if accumulate is None else accumulate
+    sync = spec.sync if sync is None else sync
+    checkpoint = checkpoint or spec.checkpoint
     steps = registry.get(workload).steps or DEFAULT_STEPS
     common = {
         "workload": workload,
