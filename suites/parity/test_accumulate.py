@@ -191,3 +191,11 @@ def test_parity_test_passes_the_users_loop_to_the_workloads_matrix():
     assert {c.clip for c in configs if c.path == "unscale_clip"} == {0.5}
     assert {(c.accumulate, c.sync) for c in configs if c.accumulate > 1} == {(4, "last")}
     assert any(c.checkpoint == "replay" and c.offload for c in configs)  # every layout: offload too
+
+
+def test_the_report_says_each_rows_loop_beside_its_optimizer():
+    from harness.parity.report import render
+
+    config = _ROWS["fsdp1_last"].with_(path="unscale_clip", clip=0.05, checkpoint="replay")
+    assert render._loop_words(config) == " (unscale_clip 0.05, acc2 synclast, ckpt)"
+    assert render._loop_words(ParityConfig(**_FSDP1)) == ""

@@ -52,7 +52,7 @@ from typing import Any
 
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan import profiles
-from harness.parity.plan.config import SUITES
+from harness.parity.plan.config import SUITES, ParityConfig
 from harness.parity.ranks.distance import format_ulp
 
 SCHEMA = "shardscale.parity"
@@ -79,6 +79,19 @@ def _numbers(values: Any) -> Any:
     if isinstance(values, (list, tuple)):
         return [_numbers(v) for v in values]
     return values
+
+
+def _loop_words(config: ParityConfig) -> str:
+    """The loop a row ran beyond the plain step, beside its optimizer: `` (unscale_clip 0.05, acc2
+    synclast, ckpt)``; empty for a plain row."""
+    words = []
+    if config.path != "plain":
+        words.append(config.path + ("" if config.clip == 1.0 else f" {config.clip:g}"))
+    if config.accumulate > 1:
+        words.append(f"acc{config.accumulate}" + (" synclast" if config.sync == "last" else ""))
+    if config.checkpoint is not None:
+        words.append("ckpt" if config.checkpoint == "replay" else "ckpt without RNG replay")
+    return f" ({', '.join(words)})" if words else ""
 
 
 def label(result: ParityResult) -> str:
@@ -244,7 +257,7 @@ def _row(result: ParityResult) -> str:
         c.engine,
         sharding,
         c.recipe_name,
-        c.optimizer + ("" if c.path == "plain" else f" ({c.path}{'' if c.clip == 1.0 else f' {c.clip:g}'})"),
+        c.optimizer + _loop_words(c),
         "cpu" if c.offload else "-",
         label(result),
         _measured_cell(result),
