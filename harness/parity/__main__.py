@@ -169,6 +169,7 @@ def _matrix(options: argparse.Namespace) -> list[ParityConfig]:
     if not options.workload:
         return matrix.default_matrix(**kwargs)
     options.recipes = {}
+    options.loops = {}
     configs = []
     for name in options.workload:
         try:
@@ -186,6 +187,11 @@ def _matrix(options: argparse.Namespace) -> list[ParityConfig]:
                 checkpoint=options.checkpoint,
                 **kwargs,
             )
+            loop = workload_matrix.declared_loop(
+                name, options.clip, options.accumulate, options.sync, options.checkpoint
+            )
+            if loop is not None:
+                options.loops[registry.get(name).name] = loop
             declared = workload_matrix.declared_recipe(name, options.recipe)
             if declared is not None:
                 options.recipes[registry.get(name).name] = declared
@@ -239,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"units of {name}: {chosen}")
             for name, declared in getattr(options, "recipes", {}).items():
                 print(f"recipe of {name}: {declared} (under every engine layout)")
+            for name, loop in getattr(options, "loops", {}).items():
+                print(f"loop of {name}: {loop} (under every engine layout)")
             print("\n".join(list_workloads()))
         return 0
     import torch
@@ -301,6 +309,7 @@ def _finish(options: argparse.Namespace, results: list[ParityResult], wall: floa
         "workloads": options.workload,
         "units": options.units,
         "recipes": getattr(options, "recipes", {}),
+        "loops": getattr(options, "loops", {}),
         "launcher": launcher,
         "torch": torch.__version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

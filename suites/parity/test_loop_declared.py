@@ -2,9 +2,13 @@
 ``checkpoint``): its matrix runs each under every engine layout; the caller's choice replaces it;
 a declaration that cannot run is refused naming the fix."""
 
+import subprocess
+import sys
+
 import pytest
 
 from harness.parity.plan import workload_matrix
+from harness.parity.report import render
 from harness.parity.workload.spec import WorkloadError
 
 _DECLARED = "fixtures.loop_workloads:resmlp_loop"
@@ -40,3 +44,24 @@ def test_the_callers_loop_replaces_the_workloads_own():
 def test_one_microbatch_declared_is_refused_naming_the_fix():
     with pytest.raises(WorkloadError, match="accumulate must be >= 2 microbatches"):
         workload_matrix.for_workload("fixtures.loop_workloads:resmlp_one_microbatch")
+
+
+def test_the_cli_lists_the_declared_loop_in_words():
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.parity", "--workload", _DECLARED, "--list", "-k", "fsdp2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (
+        "loop of resmlp_loop: clip_grad_norm_ at 0.5 after unscale_; 4 microbatches per step, syncing "
+        "the last; units checkpointed (under every engine layout)"
+    ) in done.stdout
+
+
+def test_the_reports_header_says_the_declared_loop():
+    text = render.render_markdown(
+        [], {"backend": "gloo", "world_size": 2, "loops": {"resmlp_loop": "units checkpointed"}}
+    )
+    assert "`resmlp_loop` trains with units checkpointed." in text

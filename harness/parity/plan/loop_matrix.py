@@ -129,3 +129,17 @@ def checkpoint_rows(
         for opt in optimizers
         for layout in layouts
     ]
+
+
+def describe(clip: float | None, accumulate: int | None, sync: str | None, checkpoint: bool) -> str | None:
+    """The loop a user declared, in words (``None``: none): what ``--list`` and the report say."""
+    words = []
+    if clip is not None:
+        words.append(f"clip_grad_norm_ at {clip:g} after unscale_")
+    if accumulate is not None or sync is not None:
+        count = DEFAULT_ACCUMULATE if accumulate is None else accumulate
+        mode = {"last": ", syncing the last", "every": ", syncing every one"}.get(sync or "", ", both sync modes")
+        words.append(f"{count} microbatches per step{mode}")
+    if checkpoint:
+        words.append("units checkpointed")
+    return "; ".join(words) or None

@@ -49,6 +49,24 @@ def declared_recipe(workload: str, recipe: str | None = None) -> str | None:
     return chosen
 
 
+def declared_loop(
+    workload: str,
+    clip: float | None = None,
+    accumulate: int | None = None,
+    sync: str | None = None,
+    checkpoint: bool = False,
+) -> str | None:
+    """The loop the user runs, in words: the caller's choices over the workload's own
+    (``loop_matrix.describe``); ``None`` when neither declares one."""
+    spec = registry.get(workload)
+    return loop_matrix.describe(
+        spec.clip if clip is None else clip,
+        spec.accumulate if accumulate is None else accumulate,
+        spec.sync if sync is None else sync,
+        checkpoint or spec.checkpoint,
+    )
+
+
 def _layouts(full: bool) -> list[dict[str, object]]:
     """The engine layouts a recipe runs under: every one of the precision grid's, or a compact four."""
     if full:

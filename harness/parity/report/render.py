@@ -6,7 +6,8 @@
       "schema": "shardscale.parity", "version": 2,
       "run": {"backend", "world_size", "scaler", "filter", "torch", "created", "wall_s",
               "units": {workload name: the FSDP units chosen, in words},
-              "recipes": {workload name: the recipe it declares}},
+              "recipes": {workload name: the recipe it declares},
+              "loops": {workload name: the loop it declares, in words}},
       "profiles": {"exact": {"rtol": 0.0, "atol": 0.0}, ...},
       "summary": {"total", "pass", "fail", "crash", "error", "skip", "expected_failures",
                   "closeness": {"bitwise" | "≤ N ulp" | "toleranced": count}},
@@ -306,7 +307,8 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
         + "."
         + "".join(
             f" `{name}` declares `{declared}`." for name, declared in (run.get("recipes") or {}).items()
-        ),
+        )
+        + "".join(f" `{name}` trains with {loop}." for name, loop in (run.get("loops") or {}).items()),
     ]
     if run.get("units"):
         lines += [
