@@ -138,7 +138,9 @@ def describe(clip: float | None, accumulate: int | None, sync: str | None, check
         words.append(f"clip_grad_norm_ at {clip:g} after unscale_")
     if accumulate is not None or sync is not None:
         count = DEFAULT_ACCUMULATE if accumulate is None else accumulate
-        mode = {"last": ", syncing the last", "every": ", syncing every one"}.get(sync or "", ", both sync modes")
+        mode = {"last": ", syncing the last", "every": ", syncing every one"}.get(
+            sync or "", ", both sync modes"
+        )
         words.append(f"{count} microbatches per step{mode}")
     if checkpoint:
         words.append("units checkpointed")
