@@ -75,11 +75,9 @@ def test_the_row_without_replay_is_an_expected_failure_naming_its_cause():
     assert expected_failure(_ROWS["fsdp1_flat"]) == ""
 
 
-def test_the_default_matrix_checkpoints_the_conv_net_with_and_without_replay():
+def test_the_default_matrix_checkpoints_the_conv_net_with_replay_only():
     rows = [c for c in matrix.default_matrix() if c.checkpoint]
-    assert {c.checkpoint for c in rows} == {"replay", "no_replay"} and {c.workload for c in rows} == {
-        "convnet"
-    }
+    assert {c.checkpoint for c in rows} == {"replay"} and {c.workload for c in rows} == {"convnet"}
 
 
 def test_a_workloads_matrix_checkpoints_under_every_layout_when_the_user_does():
