@@ -5,11 +5,15 @@ Each step::
     zero_grad -> loss -> scaler.scale(loss).backward() -> engine.after_backward()
                      (``accumulate > 1``: every microbatch's, ``accumulate.py``)
     -> planned faults -> [unscale_ each optimizer, engine.before_step(), clip_grad_norm_]
-                                          (path "unscale_clip"; the first two for some engines)
+                                          (path "unscale_clip" at ``config.clip``, its total norm
+                                          recorded; the first two for some engines)
     -> the unscaled gradients (a reference records them whole; a candidate's check measures
        them where they live) -> scaler.step(each optimizer) -> scaler.update()
     -> loss, scale, tracker, found_inf, skip decisions, then the parameters and optimizer state
        (recorded whole, or measured: ``stepcheck.Check``)
+
+The units' activations are checkpointed on both sides when ``config.checkpoint`` says so
+(``checkpoint.install``, once the engine is built).
 
 A run never raises: a failure is recorded as the run's ``error`` (prefixed ``[rank N]``) with the
 steps before it, so a candidate that crashes (torch's scaler on some paths) still gets a row.
