@@ -165,6 +165,7 @@ def measure() -> dict[str, object]:
         "spawn_sample": len(spawned),
         "spawn_failures": failed,
         "by_recipe": cost_by_recipe(outcomes),
+        "loop_rows": loop_rows(outcomes),
         "user_workload": measure_user_workload(),
         "localization": _localization_on_a_pool(),
     }
@@ -239,6 +240,34 @@ def measure_localization(pool: object) -> dict[str, object]:
     }
 
 
+def _loop_feature(config: ParityConfig) -> str | None:
+    if config.clip != 1.0:
+        return "clip"
+    if config.accumulate > 1:
+        return "accumulate"
+    return "checkpoint" if config.checkpoint else None
+
+
+def loop_rows(outcomes: list[runner.Outcome]) -> dict[str, dict[str, float]]:
+    """What the default matrix's loop rows cost (issue 24): by feature, their count and the sum of
+    their configurations' times (reference runs they trigger included, cached ones shared)."""
+    found: dict[str, dict[str, float]] = {}
+    for outcome in outcomes:
+        feature = _loop_feature(outcome.result.config)
+        if feature is not None:
+            row = found.setdefault(feature, {"rows": 0, "time_s": 0.0})
+            row["rows"] += 1
+            row["time_s"] += outcome.result.time_s
+    return found
+
+
+def _render_loop(found: object) -> list[str]:
+    if not isinstance(found, dict) or not found:  # a bench.json written before the loop rows
+        return []
+    said = ", ".join(f"{name} {v['rows']:.0f} rows {v['time_s']:.2f} s" for name, v in found.items())
+    return [f"loop rows of the matrix:   {said}"]
+
+
 def render(m: dict[str, object]) -> str:
     extrapolated = m["spawn_extrapolated_s"]
     return "\n".join(
@@ -254,6 +283,7 @@ def render(m: dict[str, object]) -> str:
             f"ratio spawn per configuration / warm pool: {m['ratio_spawn_per_warm']:.0f}x",
             *(f"(spawn failed, left out of the mean: {failure})" for failure in m["spawn_failures"]),
             *_render_recipes(m.get("by_recipe")),
+            *_render_loop(m.get("loop_rows")),
             *_render_user(m.get("user_workload")),
             *_render_localization(m.get("localization")),
         ]

@@ -26,6 +26,9 @@ _GATHER = "suites/parity/test_gather_layout.py"
 _STEPCHECK = "suites/parity/test_stepcheck.py"
 _RECIPES = "suites/parity/test_recipes.py"
 _RECIPE_PARITY = "suites/parity/test_recipe_parity.py"
+_CLIP = "suites/parity/test_clip_norm.py"
+_ACCUMULATE = "suites/parity/test_accumulate.py"
+_CHECKPOINT = "suites/parity/test_checkpoint.py"
 
 
 def _edit(file: str, old: str, new: str) -> Edit:
@@ -435,6 +438,112 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
             ),
         ),
         tests=(f"{_RECIPE_PARITY}::test_the_forgotten_autocast_is_named_with_the_first_linears_dtypes",),
+    ),
+    Plant(
+        name="parity_clip_norm_not_compared",
+        bug="the total norm each rank's clip_grad_norm_ returned is recorded but never compared",
+        edits=(
+            _edit(
+                "judge/compare.py",
+                '            found += [("clip_norm", text) for text in clip_norm.problems(ref, cand, profile)]\n',
+                "            pass  # planted\n",
+            ),
+        ),
+        tests=(_CLIP,),
+    ),
+    Plant(
+        name="parity_clip_norm_sharded_silent",
+        bug="a rank that clipped with its own shard's norm as the total is never named",
+        edits=(
+            _edit(
+                "judge/causes.py",
+                '    ("clip_norm_sharded", loop_causes.clip_norm_sharded),\n',
+                "    # planted\n",
+            ),
+        ),
+        tests=(_CLIP,),
+    ),
+    Plant(
+        name="parity_clip_unscale_order_silent",
+        bug="gradients clipped before unscale_, or unscaled twice, are only 'a clip norm that differs'",
+        edits=(
+            _edit(
+                "judge/causes.py",
+                '    ("clip_unscale_order", loop_causes.clip_unscale_order),\n',
+                "    # planted\n",
+            ),
+        ),
+        tests=(_CLIP,),
+    ),
+    Plant(
+        name="parity_clip_max_norm_ignored",
+        bug="the configured max norm is ignored: every run clips at 1.0, so a row said to clip at "
+        "0.05 checks a clip that never bites",
+        edits=(
+            _edit(
+                "ranks/train.py",
+                "                clip_norm = engine.clip_grad_norm_(config.clip)\n",
+                "                clip_norm = engine.clip_grad_norm_(1.0)  # planted\n",
+            ),
+        ),
+        tests=(f"{_CLIP}::test_the_optimizer_receives_gradients_clipped_to_the_configured_max_norm",),
+    ),
+    Plant(
+        name="parity_accumulation_twin_syncs_every_microbatch",
+        bug="the reference reduces every microbatch whatever the sync mode, so a candidate that "
+        "accumulates unsynced gradients is judged against another sum",
+        edits=(
+            _edit(
+                "ranks/accumulate.py",
+                '        if self.sync == "every":\n',
+                "        if True:  # planted\n",
+            ),
+        ),
+        tests=(f"{_ACCUMULATE}::test_fsdp_accumulating_microbatches_trains_bitwise_like_its_twin",),
+    ),
+    Plant(
+        name="parity_accumulation_candidate_never_skips_the_sync",
+        bug="the candidate reduces every microbatch on sync='last' (no no_sync()), so the rows "
+        "said to accumulate unsynced check nothing of it",
+        edits=(_edit("ranks/accumulate.py", "    if sync:\n", "    if True:  # planted\n"),),
+        tests=(f"{_ACCUMULATE}::test_fsdp_accumulating_microbatches_trains_bitwise_like_its_twin",),
+    ),
+    Plant(
+        name="parity_accumulation_dtype_cause_silent",
+        bug="a twin accumulating in another dtype than its candidate is never named",
+        edits=(
+            _edit(
+                "judge/causes.py",
+                '    ("accumulation_dtype", loop_causes.accumulation_dtype),\n',
+                "    # planted\n",
+            ),
+        ),
+        tests=(_ACCUMULATE,),
+    ),
+    Plant(
+        name="parity_checkpoint_candidate_always_replays",
+        bug="the candidate replays the RNG state whatever the configuration says, so the row said "
+        "to checkpoint without replay checks a correct recompute",
+        edits=(
+            _edit(
+                "ranks/checkpoint.py",
+                "    replay = replays(config, role)\n",
+                '    replay = replays(config, "reference")  # planted\n',
+            ),
+        ),
+        tests=(
+            f"{_CHECKPOINT}::test_checkpointing_without_replay_under_dropout_fails_at_step_0_in_the_gradients",
+        ),
+    ),
+    Plant(
+        name="parity_checkpoint_rng_cause_silent",
+        bug="a recompute without RNG replay under dropout is never named",
+        edits=(
+            _edit(
+                "judge/causes.py", '    ("checkpoint_rng", loop_causes.checkpoint_rng),\n', "    # planted\n"
+            ),
+        ),
+        tests=(_CHECKPOINT,),
     ),
 )
 """The engine's plants, in the order ``make mutation`` runs them (after the scaler's)."""

@@ -86,8 +86,57 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the precision recipe your --workload trains with (its matrix runs it under every engine, "
         "plus the standard rows); replaces the workload's own recipe",
     )
+    parser.add_argument(
+        "--clip",
+        type=float,
+        default=None,
+        metavar="NORM",
+        help="the max norm your --workload clips at after unscale_ (clip_grad_norm_, path unscale_clip): "
+        "its matrix runs it under every engine layout, with the total norm compared every step",
+    )
+    parser.add_argument(
+        "--accumulate",
+        type=int,
+        default=None,
+        metavar="K",
+        help="the microbatches per optimizer step your --workload accumulates: its matrix runs them "
+        "under every engine layout, syncing every microbatch and only the last (or --sync's)",
+    )
+    parser.add_argument(
+        "--sync",
+        choices=("every", "last"),
+        default=None,
+        help="with --accumulate: reduce every microbatch, or only the last (no_sync)",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        action="store_true",
+        help="your --workload checkpoints its units' activations (RNG state preserved): its matrix "
+        "runs that under every engine layout, on both sides",
+    )
     options = parser.parse_args(argv)
     options.units = {}
+    loop = [name for name in ("accumulate", "sync") if getattr(options, name) is not None]
+    loop += ["checkpoint"] if options.checkpoint else []
+    if loop and not options.workload:
+        rows = {
+            "accumulate": "-k 'accumulate=2'",
+            "sync": "-k 'sync=last'",
+            "checkpoint": "-k 'ckpt or ckpt_norng'",
+        }
+        parser.error(
+            f"--{loop[0]} declares the loop of a --workload's matrix; the embedded matrix's rows of "
+            f"it are {rows[loop[0]]}"
+        )
+    if options.accumulate is not None and options.accumulate < 2:
+        parser.error(f"--accumulate must be >= 2 microbatches, got {options.accumulate}")
+    if options.clip is not None and not options.workload:
+        parser.error(
+            "--clip declares the max norm of a --workload's matrix; the embedded matrix's clipping "
+            "rows are -k unscale_clip"
+        )
+    if options.clip is not None and not options.clip > 0:
+        parser.error(f"--clip must be a max norm > 0, got {options.clip}")
     if options.recipe is not None and not options.workload:
         parser.error(
             "--recipe declares the recipe of a --workload's matrix; the embedded matrix's rows of one "
@@ -125,6 +174,7 @@ def _matrix(options: argparse.Namespace) -> list[ParityConfig]:
     if not options.workload:
         return matrix.default_matrix(**kwargs)
     options.recipes = {}
+    options.loops = {}
     configs = []
     for name in options.workload:
         try:
@@ -133,7 +183,20 @@ def _matrix(options: argparse.Namespace) -> list[ParityConfig]:
 
                 check(registry.get(name))
             options.units[registry.get(name).name] = units.chosen(name)
-            configs += workload_matrix.for_workload(name, recipe=options.recipe, **kwargs)
+            configs += workload_matrix.for_workload(
+                name,
+                recipe=options.recipe,
+                clip=options.clip,
+                accumulate=options.accumulate,
+                sync=options.sync,
+                checkpoint=options.checkpoint,
+                **kwargs,
+            )
+            loop = workload_matrix.declared_loop(
+                name, options.clip, options.accumulate, options.sync, options.checkpoint
+            )
+            if loop is not None:
+                options.loops[registry.get(name).name] = loop
             declared = workload_matrix.declared_recipe(name, options.recipe)
             if declared is not None:
                 options.recipes[registry.get(name).name] = declared
@@ -187,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"units of {name}: {chosen}")
             for name, declared in getattr(options, "recipes", {}).items():
                 print(f"recipe of {name}: {declared} (under every engine layout)")
+            for name, loop in getattr(options, "loops", {}).items():
+                print(f"loop of {name}: {loop} (under every engine layout)")
             print("\n".join(list_workloads()))
         return 0
     import torch
@@ -249,6 +314,7 @@ def _finish(options: argparse.Namespace, results: list[ParityResult], wall: floa
         "workloads": options.workload,
         "units": options.units,
         "recipes": getattr(options, "recipes", {}),
+        "loops": getattr(options, "loops", {}),
         "launcher": launcher,
         "torch": torch.__version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

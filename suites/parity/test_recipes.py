@@ -115,7 +115,7 @@ def test_a_ddp_candidate_runs_the_pure_recipe_only():
 
 def test_the_default_matrix_runs_every_recipe_in_a_few_rows():
     configs = matrix.default_matrix()
-    beyond_pure = [c for c in configs if c.recipe != "pure"]
+    beyond_pure = [c for c in configs if c.recipe != "pure" and c.accumulate == 1]  # not the loop rows
     assert {c.recipe_name for c in configs} == {"fp32", *recipe.RECIPES}
     assert len(beyond_pure) == 16
     assert {c.engine for c in beyond_pure} == {"fsdp1", "fsdp2"}
@@ -166,7 +166,9 @@ def test_an_unknown_declared_recipe_is_a_workload_error_listing_the_names():
 
 
 def test_parity_test_passes_its_recipe_to_the_workloads_matrix():
-    configs = pytest_plugin._configs("mlp", {"recipe": "mixed-bf16", "k": "mixed"})
+    configs = pytest_plugin._configs(
+        "mlp", {"recipe": "mixed-bf16", "k": "mixed and not (unscale_clip or ckpt) and accumulate=1"}
+    )
     assert {c.recipe_name for c in configs} == {"mixed-bf16"} and len(configs) == 12 * 2
 
 

@@ -37,20 +37,36 @@ def parity_test(
     backend: str = "gloo",
     scaler: str = "ours",
     recipe: str | None = None,
+    clip: float | None = None,
+    accumulate: int | None = None,
+    sync: str | None = None,
+    checkpoint: bool = False,
 ) -> Callable[[Any], Any]:
     """Expand the decorated test (which takes the ``parity`` fixture) over ``workload``'s matrix.
 
     ``workload``: a module-level factory, a ``module:function`` spec or a registered name; ``k``
     narrows the configurations (``-k`` grammar); ``recipe``: the precision recipe the user trains
     with (``harness.parity.plan.recipe.RECIPES``; the workload's own when ``None``), run under
-    every engine; the other arguments are the CLI's."""
+    every engine; ``clip``: the max norm the user clips at after ``unscale_`` (the CLI's ``--clip``);
+    ``accumulate``/``sync``: the microbatches per step and the sync mode (``every``, ``last``) the
+    user trains with (the CLI's ``--accumulate``, ``--sync``); ``checkpoint``: the user checkpoints
+    the units' activations (``--checkpoint``); the other arguments are the CLI's."""
     import pytest
 
     from harness.parity.workload import registry
 
     spec = registry.spec_of(workload)
     mark = pytest.mark.parity_workload(
-        spec, k=k, world_size=world_size, backend=backend, scaler=scaler, recipe=recipe
+        spec,
+        k=k,
+        world_size=world_size,
+        backend=backend,
+        scaler=scaler,
+        recipe=recipe,
+        clip=clip,
+        accumulate=accumulate,
+        sync=sync,
+        checkpoint=checkpoint,
     )
     return mark
 

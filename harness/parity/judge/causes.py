@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from harness.parity.judge import rounding
+from harness.parity.judge import loop_causes, rounding
 from harness.parity.judge.compare import Comparison
 from harness.parity.judge.evidence import Cause, Evidence, short
 from harness.parity.ranks.record import RunRecord, StepRecord
@@ -274,6 +274,10 @@ CATALOGUE: tuple[tuple[str, _Pattern], ...] = (
     ("skip_desync", _skip_desync),
     ("divide_factor", _divide_factor),
     ("forward_differs", _forward_differs),
+    ("clip_norm_sharded", loop_causes.clip_norm_sharded),
+    ("clip_unscale_order", loop_causes.clip_unscale_order),
+    ("accumulation_dtype", loop_causes.accumulation_dtype),
+    ("checkpoint_rng", loop_causes.checkpoint_rng),
     ("dtype_differs", _dtype_differs),
     ("loss_dtype_differs", _loss_dtype_differs),
     ("reduce_order", rounding.reduce_order),

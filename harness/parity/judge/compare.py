@@ -6,7 +6,8 @@ this order, and the first failing check of the earliest step is *the* divergence
 1. agreement: every rank of the candidate made the same skip decision, held the same found_inf,
    scale and growth tracker (a rank that disagrees is named);
 2. scaler state against the reference: skip decisions, found_inf, scale, growth tracker (exact);
-3. the loss of every rank (under the profile);
+3. the loss of every rank (under the profile), then each rank's clip norm (path ``unscale_clip``:
+   the total norm ``clip_grad_norm_`` returned, under ``clip_norm.py``'s measured tolerance);
 4. tensors: names, shapes and dtypes first, then values of parameters, unscaled gradients and
    optimizer state (under the profile): the distances each rank measured on its own pieces
    (``StepRecord.diffs``, merged), or, for a record made whole, measured here;
@@ -29,6 +30,7 @@ import math
 
 import torch
 
+from harness.parity.judge import clip_norm
 from harness.parity.plan.profiles import ToleranceProfile
 from harness.parity.ranks import ulp
 from harness.parity.ranks.distance import TensorDiff, tensor_diff
@@ -55,7 +57,7 @@ class Divergence:
 
     step: int
     what: str
-    """``agreement``, ``skipped``, ``found_inf``, ``scale``, ``tracker``, ``loss``, ``names``,
+    """``agreement``, ``skipped``, ``found_inf``, ``scale``, ``tracker``, ``loss``, ``clip_norm``, ``names``,
     ``shape``, ``dtype``, ``param``, ``grad``, ``optim_state``, ``buffer``, ``steps`` or ``crash``."""
     message: str
 
@@ -250,9 +252,10 @@ def compare_runs(
 ) -> Comparison:
     """Check ``candidate`` against ``reference`` step by step (see the module docstring).
 
-    ``poisoned_steps`` are steps with a planted inf/NaN: their gradients are not compared (they
-    hold the planted value, planted on one rank in the candidate and on every rank in the
-    reference), but everything else is, the unchanged parameters and optimizer state above all.
+    ``poisoned_steps`` are steps with a planted inf/NaN: their gradients and clip norms are not
+    compared (they hold the planted value, planted on one rank in the candidate and on every rank
+    in the reference: DDP's rank 0 clips a finite norm where the reference's is infinite), but
+    everything else is, the unchanged parameters and optimizer state above all.
     """
     divergences: list[Divergence] = []
     all_diffs: list[TensorDiff] = []
@@ -267,6 +270,8 @@ def compare_runs(
         losses, loss_diff = _loss_problems(ref, cand, profile, loss_diffs)
         max_loss = max(max_loss, loss_diff)
         found += [("loss", text) for text in losses]
+        if cand.step not in poisoned_steps:  # a planted value reaches one rank's norm, or every rank's
+            found += [("clip_norm", text) for text in clip_norm.problems(ref, cand, profile)]
         kinds = tuple(k for k in _TENSOR_KINDS if not (k == "grad" and cand.step in poisoned_steps))
         tensor_found, diffs = _tensor_problems(ref, cand, profile, (*kinds, "buffer"))
         found += tensor_found

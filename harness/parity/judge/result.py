@@ -125,7 +125,9 @@ class ParityResult:
 
 
 def expected_failure(config: ParityConfig) -> str:
-    """Why ``config`` must fail (empty: it must pass): torch's ShardedGradScaler where it is wrong.
+    """Why ``config`` must fail (empty: it must pass): a candidate checkpointing without RNG replay
+    (the rows that show the ``checkpoint_rng`` cause, on a workload with dropout), and torch's
+    ShardedGradScaler where it is wrong.
 
     Its fused-optimizer path never agrees found_inf across ranks, so any overflow that some ranks
     see and others do not makes them diverge: a planted inf on one rank, or, in fp16 starting at
@@ -135,6 +137,11 @@ def expected_failure(config: ParityConfig) -> str:
     dispatch, but ``unscale_`` followed by a fused step crashes there. And it coalesces only fp16
     sparse gradients before its check.
     """
+    if config.checkpoint == "no_replay":
+        return (
+            "checkpointing without RNG replay: under dropout the recompute draws other masks "
+            "(the checkpoint_rng cause)"
+        )
     if config.scaler != "torch":
         return ""
     if registry.get(config.workload).sparse and config.precision != "fp16":

@@ -40,6 +40,11 @@ SCALERS = ("ours", "torch")
 REFERENCES = ("ddp", "single")
 SUITES = ("fsdp_vs_ddp", "forced_inf", "sparse", "cpu_offload")
 BACKENDS = ("gloo", "nccl")
+SYNCS = ("every", "last")
+CHECKPOINTS = (None, "replay", "no_replay")
+"""Activation checkpointing of the units: none, with the RNG state replayed in the recompute
+(``preserve_rng_state=True``), or without (a bug under dropout)."""
+"""When gradient accumulation reduces: every microbatch, or only the last (``no_sync()``)."""
 FAULT_VALUES = ("inf", "nan")
 
 
@@ -112,6 +117,19 @@ class ParityConfig:
     (``harness.parity.workload.registry``); a string, so a configuration pickles to the ranks, which
     resolve it themselves."""
     path: str = "plain"
+    clip: float = 1.0
+    """The ``max_norm`` of ``clip_grad_norm_`` on path ``unscale_clip`` (the CLI's ``--clip NORM``);
+    named in the id when it is not 1.0, so the rows that clip at 1.0 keep their ids."""
+    accumulate: int = 1
+    """Microbatches per optimizer step (gradient accumulation, ``ranks/accumulate.py``); named in
+    the id when more than 1 (``acc4``)."""
+    sync: str = "every"
+    """With ``accumulate > 1``: reduce ``every`` microbatch, or only the ``last`` (DDP and FSDP1
+    ``no_sync()``, FSDP2 ``set_requires_gradient_sync(False)``; ``synclast`` in the id)."""
+    checkpoint: str | None = None
+    """Activation checkpointing of the units on both sides (``ranks/checkpoint.py``): ``replay``
+    (RNG state preserved), ``no_replay`` (the candidate's recompute draws new dropout masks; the
+    reference always replays); ``ckpt``/``ckpt_norng`` in the id."""
     faults: tuple[Fault, ...] = ()
     scaler: str = "ours"
     """The candidate's scaler: ``ours`` (``scaler.ShardedGradScaler``) or ``torch`` (torch's)."""
@@ -133,6 +151,13 @@ class ParityConfig:
         _choice("scaler", self.scaler, SCALERS)
         _choice("reference", self.reference, REFERENCES)
         _choice("backend", self.backend, BACKENDS)
+        _choice("sync", self.sync, SYNCS)
+        _choice("checkpoint", self.checkpoint, CHECKPOINTS)
+        self._check_accumulation()
+        if not self.clip > 0:
+            raise ValueError(f"clip must be a max norm > 0, got {self.clip}")
+        if self.clip != 1.0 and self.path != "unscale_clip":
+            raise ValueError(f"clip={self.clip} clips on path='unscale_clip' only, not {self.path!r}")
         if self.precision == "fp32" and self.recipe != "pure":
             object.__setattr__(self, "recipe", "pure")  # frozen: the one normalisation
         recipes.check(self.recipe, self.engine, self.precision, self.mixed)
@@ -192,6 +217,21 @@ class ParityConfig:
                 "(FSDP does not shard sparse gradients)"
             )
 
+    def _check_accumulation(self) -> None:
+        if self.accumulate < 1:
+            raise ValueError(f"accumulate must be >= 1 microbatch, got {self.accumulate}")
+        if self.accumulate == 1:
+            if self.sync != "every":
+                raise ValueError(f"sync={self.sync!r} needs accumulate > 1 (one microbatch always syncs)")
+            return
+        if self.engine == "ddp" or self.reference != "ddp":
+            raise ValueError(
+                "accumulate > 1 checks an FSDP candidate against its DDP reference (engine='fsdp1' "
+                "or 'fsdp2'): DDP's own reducer re-reduces the earlier microbatches' sum"
+            )
+        if self.mixed is not None and self.mixed.keep_low_precision_grads:
+            raise ValueError("accumulate > 1 with keep_low_precision_grads is not emulated by the reference")
+
     # -- naming -----------------------------------------------------------------------------------
     @property
     def id(self) -> str:
@@ -220,6 +260,12 @@ class ParityConfig:
             parts.append(registry.get(self.workload).name)
         if self.path != "plain":
             parts.append(self.path)
+        if self.clip != 1.0:
+            parts.append(f"clip{self.clip:g}")
+        if self.accumulate > 1:
+            parts.append(f"acc{self.accumulate}" + ("-synclast" if self.sync == "last" else ""))
+        if self.checkpoint is not None:
+            parts.append("ckpt" if self.checkpoint == "replay" else "ckpt_norng")
         parts += [fault.id for fault in self.faults]
         if self.scaler != "ours":
             parts.append(f"{self.scaler}_scaler")
@@ -279,6 +325,10 @@ class ParityConfig:
             self.engine if self.reference == "ddp" else None,
             self.optimizer,
             self.path,
+            self.clip,
+            self.accumulate,
+            self.sync,
+            self.checkpoint is not None,  # the reference always replays
             tuple((f.step, f.value, f.optimizer) for f in self.faults),
             self.scaler if self.reference == "single" else "torch.amp",
             self.world_size,

@@ -15,6 +15,7 @@ FSDP2 (resharding or not), so the matrix says which recipes the model survives.
 
 from __future__ import annotations
 
+from harness.parity.plan import loop_matrix
 from harness.parity.plan import recipe as recipes
 from harness.parity.plan.config import FAULT_VALUES, FSDP1_SHARDING, PRECISIONS, Fault, ParityConfig, unique
 from harness.parity.workload import registry
@@ -46,6 +47,24 @@ def declared_recipe(workload: str, recipe: str | None = None) -> str | None:
     except ValueError as error:
         raise WorkloadError(f"workload {registry.get(workload).name!r}: {error}") from None
     return chosen
+
+
+def declared_loop(
+    workload: str,
+    clip: float | None = None,
+    accumulate: int | None = None,
+    sync: str | None = None,
+    checkpoint: bool = False,
+) -> str | None:
+    """The loop the user runs, in words: the caller's choices over the workload's own
+    (``loop_matrix.describe``); ``None`` when neither declares one."""
+    spec = registry.get(workload)
+    return loop_matrix.describe(
+        spec.clip if clip is None else clip,
+        spec.accumulate if accumulate is None else accumulate,
+        spec.sync if sync is None else sync,
+        checkpoint or spec.checkpoint,
+    )
 
 
 def _layouts(full: bool) -> list[dict[str, object]]:
@@ -85,10 +104,24 @@ def for_workload(
     backend: str = "gloo",
     scaler: str = "ours",
     recipe: str | None = None,
+    clip: float | None = None,
+    accumulate: int | None = None,
+    sync: str | None = None,
+    checkpoint: bool = False,
 ) -> list[ParityConfig]:
     """Every configuration that checks ``workload`` (a registered name or ``module:function``);
-    ``recipe`` (a name of ``recipe.RECIPES``) replaces the workload's declared one."""
+    ``recipe`` (a name of ``recipe.RECIPES``) replaces the workload's declared one; ``clip``: the
+    max norm the user clips at after ``unscale_`` (``loop_matrix.py``: under every engine layout,
+    where without it the loop rows clip at 1.0 under four); ``accumulate``/``sync``: the user's
+    microbatches per step and sync mode, likewise (without them, two microbatches in both modes);
+    ``checkpoint``: the user checkpoints the units (with RNG replay), likewise (without it, under
+    four layouts)."""
     declared = declared_recipe(workload, recipe)
+    spec = registry.get(workload)  # the loop the workload declares, unless the caller names its own
+    clip = spec.clip if clip is None else clip
+    accumulate = spec.accumulate if accumulate is None else accumulate
+    sync = spec.sync if sync is None else sync
+    checkpoint = checkpoint or spec.checkpoint
     steps = registry.get(workload).steps or DEFAULT_STEPS
     common = {
         "workload": workload,
@@ -134,6 +167,11 @@ def for_workload(
                         )
                     )
     configs += recipe_rows(workload, common, declared)
+    layouts = _layouts(full=clip is not None)
+    configs += loop_matrix.workload_rows(common, layouts, optimizers, declared, clip)
+    layouts = _layouts(full=accumulate is not None or sync is not None)
+    configs += loop_matrix.accumulation_rows(common, layouts, optimizers, declared, accumulate, sync)
+    configs += loop_matrix.checkpoint_rows(common, _layouts(full=checkpoint), optimizers, declared)
     return unique(configs)
 
 
@@ -146,7 +184,7 @@ def _showcase_row(config: ParityConfig) -> bool:
     minute): FSDP1 FULL_SHARD with original parameters in fp32 and fp16, FSDP2 with resharding in
     fp32 and bf16; an inf on one rank under FSDP2 with SGD, and a NaN on every rank under FSDP1 with
     fused Adam. ``--workload llama`` runs the whole grid."""
-    if config.recipe != "pure":
+    if config.recipe != "pure" or config.path != "plain" or config.accumulate > 1 or config.checkpoint:
         return False
     if config.suite == "forced_inf":
         where = "one" if all(f.rank == 1 for f in config.faults) else "every"

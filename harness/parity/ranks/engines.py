@@ -145,8 +145,11 @@ class Engine:
     def before_step(self) -> None:
         """Called after ``unscale_`` (when the loop unscales first), before ``step``."""
 
-    def clip_grad_norm_(self, max_norm: float) -> None:
-        torch.nn.utils.clip_grad_norm_([p for _, p in self.named_trainable()], max_norm)
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Clip the unscaled gradients to ``max_norm``; the total norm the clip measured (FSDP2's
+        over DTensors comes back replicated: read as a plain tensor)."""
+        norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.named_trainable()], max_norm)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
     # -- tensors ------------------------------------------------------------------------------------
     @staticmethod
@@ -301,8 +304,8 @@ class FSDP1(Engine):
     def named_trainable(self) -> list[tuple[str, torch.Tensor]]:
         return [(gather.clean_name(n), p) for n, p in self.wrapped.named_parameters() if p.requires_grad]
 
-    def clip_grad_norm_(self, max_norm: float) -> None:
-        self.wrapped.clip_grad_norm_(max_norm)  # type: ignore[operator]
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        return float(self.wrapped.clip_grad_norm_(max_norm))  # type: ignore[operator]
 
     def full_grads(self) -> dict[str, torch.Tensor]:
         return flat.full_grads(self.wrapped, self.device)

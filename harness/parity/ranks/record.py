@@ -59,6 +59,15 @@ class StepRecord:
     grad_norm: float | None = None
     """The 2-norm of the recorded gradients, from the ranks' sums of squares (``None``: from
     :attr:`grads`)."""
+    clip_norms: tuple[float, ...] = ()
+    """By rank, the total norm ``clip_grad_norm_`` returned (path ``unscale_clip``; empty: the
+    run did not clip). Each rank's own: a clip that used its partial norm shows here."""
+    accumulated_in: str | None = None
+    """The dtype the run summed its unreduced microbatch gradients in (``accumulate > 1`` with
+    ``sync="last"``: ``bfloat16``, ``float32``), as rank 0 said; ``None``: it did not."""
+    checkpoint: str | None = None
+    """How the run recomputed its checkpointed units: ``replay`` (the RNG state replayed),
+    ``no_replay``; ``None``: it did not checkpoint."""
 
     def skipped_anywhere(self) -> bool:
         return any(flag for flags in self.skipped for flag in flags)
@@ -131,6 +140,9 @@ def _step_from_dict(data: dict[str, Any]) -> StepRecord:
         meta=data.get("meta"),
         diffs=_diffs_from_wire(data.get("diffs")),
         grad_norm=data.get("grad_norm"),
+        clip_norms=tuple(data.get("clip_norms", ())),
+        accumulated_in=data.get("accumulated_in"),
+        checkpoint=data.get("checkpoint"),
     )
 
 
@@ -152,10 +164,19 @@ def rank_step(
     skipped: list[bool | None],
     tensors: dict[str, Any] | None,
     buffers: Tensors | None = None,
+    clip_norm: float | None = None,
+    accumulated_in: str | None = None,
+    checkpoint: str | None = None,
 ) -> dict[str, Any]:
     """One rank's part of one step; ``tensors`` (``params``/``grads``/``optim_state``) on rank 0
-    only, ``buffers`` (this rank's own) on every rank."""
+    only, ``buffers`` (this rank's own) on every rank; ``clip_norm``: what this rank's
+    ``clip_grad_norm_`` returned (``None``: no clip); ``accumulated_in``: the dtype unreduced
+    microbatch gradients were summed in (``None``: none were); ``checkpoint``: how checkpointed
+    units were recomputed (``None``: none were)."""
     return {
+        "checkpoint": checkpoint,
+        "clip_norm": clip_norm,
+        "accumulated_in": accumulated_in,
         "loss": loss,
         "scale": scale,
         "tracker": tracker,
@@ -199,6 +220,9 @@ def merge_rank_runs(role: str, description: str, parts: list[dict[str, Any]]) ->
                 meta=_merged_meta(per_rank),
                 diffs=_merged_diffs(index, per_rank),
                 grad_norm=_grad_norm(per_rank),
+                clip_norms=_clip_norms(per_rank),
+                accumulated_in=per_rank[0].get("accumulated_in"),
+                checkpoint=per_rank[0].get("checkpoint"),
             )
         )
     return RunRecord(
@@ -244,3 +268,12 @@ def _grad_norm(per_rank: list[dict[str, Any]]) -> float | None:
     for name in names:
         total += sum(s.get("grad_squares", {}).get(name, 0.0) for s in per_rank)
     return math.sqrt(total) if math.isfinite(total) else total
+
+
+def _clip_norms(per_rank: list[dict[str, Any]]) -> tuple[float, ...]:
+    """Each rank's clip norm, or none when no rank clipped (a step recorded before clipping was
+    recorded has no ``clip_norm`` key)."""
+    norms = [s.get("clip_norm") for s in per_rank]
+    if all(norm is None for norm in norms):
+        return ()
+    return tuple(float("nan") if norm is None else float(norm) for norm in norms)

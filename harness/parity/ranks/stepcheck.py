@@ -86,7 +86,19 @@ def wire_step(step: dict[str, Any], rank: int) -> dict[str, Any]:
     """A reference's step as it travels: its scalars, its tensors' names, shapes and dtypes, and
     (rank 0) its gradients' sums of squares; no tensors (see :meth:`Check.after_step` for the
     steps whose tensors do travel)."""
-    out = {key: step[key] for key in ("loss", "scale", "tracker", "found_inf", "skipped")}
+    out = {
+        key: step.get(key)
+        for key in (
+            "loss",
+            "scale",
+            "tracker",
+            "found_inf",
+            "skipped",
+            "clip_norm",
+            "accumulated_in",
+            "checkpoint",
+        )
+    }
     out["meta"] = {"buffer": full_meta(own_buffers(step["buffers"], rank))}
     out["tensors"] = None
     tensors = step.get("tensors")

@@ -3,12 +3,17 @@
 Each step::
 
     zero_grad -> loss -> scaler.scale(loss).backward() -> engine.after_backward()
+                     (``accumulate > 1``: every microbatch's, ``accumulate.py``)
     -> planned faults -> [unscale_ each optimizer, engine.before_step(), clip_grad_norm_]
-                                          (path "unscale_clip"; the first two for some engines)
+                                          (path "unscale_clip" at ``config.clip``, its total norm
+                                          recorded; the first two for some engines)
     -> the unscaled gradients (a reference records them whole; a candidate's check measures
        them where they live) -> scaler.step(each optimizer) -> scaler.update()
     -> loss, scale, tracker, found_inf, skip decisions, then the parameters and optimizer state
        (recorded whole, or measured: ``stepcheck.Check``)
+
+The units' activations are checkpointed on both sides when ``config.checkpoint`` says so
+(``checkpoint.install``, once the engine is built).
 
 A run never raises: a failure is recorded as the run's ``error`` (prefixed ``[rank N]``) with the
 steps before it, so a candidate that crashes (torch's scaler on some paths) still gets a row.
@@ -27,11 +32,9 @@ import torch
 import torch.distributed as dist
 
 from harness.parity.plan.config import Fault, ParityConfig
-from harness.parity.ranks import engines, record, stepcheck
+from harness.parity.ranks import accumulate, checkpoint, engines, record, stepcheck
 from harness.rank import context
 from harness.rank.execute import prefix_lines
-
-_CLIP_NORM = 1.0
 
 
 def make_scaler(config: ParityConfig, role: str, device: torch.device) -> Any:
@@ -130,12 +133,16 @@ class Run:
         scaler = None
         try:
             engine = engines.build(self.config, self.role, self.device)
+            checkpoint.install(engine, self.config, self.role)
             self.description = engine.description
             groups = engine.param_groups(2 if self.config.path == "two_optimizers" else 1)
             optimizers = [engine.make_optimizer(group) for group in groups]
             scaler = make_scaler(self.config, self.role, self.device)
+            hand = None
+            if self.config.accumulate > 1 and self.role == "reference":
+                hand = accumulate.HandAccumulation(self.config, engine)
             for step in range(self.last):
-                found = self._step(step, rank, engine, groups, optimizers, scaler)
+                found = self._step(step, rank, engine, groups, optimizers, scaler, hand)
                 self.steps.append(self.slim(found) if self.slim is not None else found)
                 context.heartbeat()  # a slow step of a large model is progress, not a hang
                 self.duration_s += time.perf_counter() - started
@@ -157,6 +164,7 @@ class Run:
         groups: list[list[torch.Tensor]],
         optimizers: list[torch.optim.Optimizer],
         scaler: Any,
+        hand: accumulate.HandAccumulation | None = None,
     ) -> dict[str, Any]:
         config, check = self.config, self.check
         if check is not None:
@@ -165,18 +173,23 @@ class Run:
             opt.zero_grad(set_to_none=True)
         scale = scaler.get_scale()
         with self.observe(engine, step) if self.observe is not None else contextlib.nullcontext():
-            loss, recorded_loss = engine.losses(step, scale)
-            scaler.scale(loss).backward()
-        engine.after_backward()
+            if config.accumulate > 1:
+                recorded_loss = accumulate.forward_backward(engine, self.role, config, step, scaler, hand)
+            else:
+                loss, recorded_loss = engine.losses(step, scale)
+                scaler.scale(loss).backward()
+        if hand is None:
+            engine.after_backward()
         for fault in _faults_now(config, self.role, step, rank):
             _poison(engine, groups[fault.optimizer], fault)
         unscaled = config.path == "unscale_clip" or engine.unscales_first
+        clip_norm = None
         if unscaled:
             for opt in optimizers:
                 scaler.unscale_(opt)
             engine.before_step()
             if config.path == "unscale_clip":
-                engine.clip_grad_norm_(_CLIP_NORM)
+                clip_norm = engine.clip_grad_norm_(config.clip)
         grads = None
         if check is not None:
             check.grads(step, engine, None if unscaled else scale)
@@ -199,6 +212,9 @@ class Run:
             tracker=int(scaler._get_growth_tracker()),
             found_inf=found_inf,
             skipped=skipped,
+            clip_norm=clip_norm,
+            accumulated_in=accumulate.accumulated_in(config, hand),
+            checkpoint=checkpoint.recorded(config, self.role),
             tensors=tensors,
             buffers=engine.own_buffers() if check is None and self.record else None,
         )

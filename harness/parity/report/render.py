@@ -6,7 +6,8 @@
       "schema": "shardscale.parity", "version": 2,
       "run": {"backend", "world_size", "scaler", "filter", "torch", "created", "wall_s",
               "units": {workload name: the FSDP units chosen, in words},
-              "recipes": {workload name: the recipe it declares}},
+              "recipes": {workload name: the recipe it declares},
+              "loops": {workload name: the loop it declares, in words}},
       "profiles": {"exact": {"rtol": 0.0, "atol": 0.0}, ...},
       "summary": {"total", "pass", "fail", "crash", "error", "skip", "expected_failures",
                   "closeness": {"bitwise" | "≤ N ulp" | "toleranced": count}},
@@ -52,7 +53,7 @@ from typing import Any
 
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan import profiles
-from harness.parity.plan.config import SUITES
+from harness.parity.plan.config import SUITES, ParityConfig
 from harness.parity.ranks.distance import format_ulp
 
 SCHEMA = "shardscale.parity"
@@ -79,6 +80,19 @@ def _numbers(values: Any) -> Any:
     if isinstance(values, (list, tuple)):
         return [_numbers(v) for v in values]
     return values
+
+
+def _loop_words(config: ParityConfig) -> str:
+    """The loop a row ran beyond the plain step, beside its optimizer: `` (unscale_clip 0.05, acc2
+    synclast, ckpt)``; empty for a plain row."""
+    words = []
+    if config.path != "plain":
+        words.append(config.path + ("" if config.clip == 1.0 else f" {config.clip:g}"))
+    if config.accumulate > 1:
+        words.append(f"acc{config.accumulate}" + (" synclast" if config.sync == "last" else ""))
+    if config.checkpoint is not None:
+        words.append("ckpt" if config.checkpoint == "replay" else "ckpt without RNG replay")
+    return f" ({', '.join(words)})" if words else ""
 
 
 def label(result: ParityResult) -> str:
@@ -244,7 +258,7 @@ def _row(result: ParityResult) -> str:
         c.engine,
         sharding,
         c.recipe_name,
-        c.optimizer + ("" if c.path == "plain" else f" ({c.path})"),
+        c.optimizer + _loop_words(c),
         "cpu" if c.offload else "-",
         label(result),
         _measured_cell(result),
@@ -293,7 +307,8 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
         + "."
         + "".join(
             f" `{name}` declares `{declared}`." for name, declared in (run.get("recipes") or {}).items()
-        ),
+        )
+        + "".join(f" `{name}` trains with {loop}." for name, loop in (run.get("loops") or {}).items()),
     ]
     if run.get("units"):
         lines += [

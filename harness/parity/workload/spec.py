@@ -78,6 +78,16 @@ class Workload:
     ``mixed-bf16``, ...: ``harness.parity.plan.recipe.RECIPES``); the workload's matrix then runs
     it under every engine layout. ``None``: every recipe under a few layouts. Checked by the
     matrix (an unknown name is a :class:`WorkloadError` listing the names)."""
+    clip: float | None = None
+    """The max norm the user clips at after ``unscale_`` (``clip_grad_norm_``); the workload's
+    matrix then clips at it under every engine layout (the CLI's ``--clip`` replaces it)."""
+    accumulate: int | None = None
+    """Microbatches per optimizer step the user accumulates (>= 2), run under every engine layout
+    (``--accumulate`` replaces it)."""
+    sync: str | None = None
+    """With ``accumulate``: ``every`` microbatch reduced, or only the ``last``; ``None``: both."""
+    checkpoint: bool = False
+    """The user checkpoints the units' activations (RNG state preserved): run under every layout."""
     joint_losses: Callable[[nn.Module, list[Any]], list[torch.Tensor]] | None = None
     """``(model, batches) -> one loss per batch`` from a single forward pass (for the sparse
     single-process reference, whose gradient must come out of one backward call)."""
@@ -93,6 +103,7 @@ class Workload:
                 raise WorkloadError(
                     f"Workload {self.name!r}: {field} must be callable, got {type(getattr(self, field)).__name__}"
                 )
+        self._check_loop()
         if isinstance(self.units, (list, set, frozenset)):
             object.__setattr__(self, "units", tuple(self.units))  # frozen: the one normalisation
         if self.units != "auto" and (
@@ -118,3 +129,17 @@ class Workload:
         if self.joint_losses is not None:
             return self.joint_losses(model, batches)
         return [self.loss(model, batch) for batch in batches]
+
+    def _check_loop(self) -> None:
+        """The declared loop features, each refused with the fix when it cannot run."""
+        if self.clip is not None and not (isinstance(self.clip, (int, float)) and self.clip > 0):
+            raise WorkloadError(f"Workload {self.name!r}: clip must be a max norm > 0, got {self.clip!r}")
+        if self.accumulate is not None and not (isinstance(self.accumulate, int) and self.accumulate >= 2):
+            raise WorkloadError(
+                f"Workload {self.name!r}: accumulate must be >= 2 microbatches (None: no accumulation), "
+                f"got {self.accumulate!r}"
+            )
+        if self.sync not in (None, "every", "last"):
+            raise WorkloadError(
+                f"Workload {self.name!r}: sync must be 'every', 'last' or None, got {self.sync!r}"
+            )

@@ -1,0 +1,67 @@
+"""A workload declares the loop it trains with (``Workload.clip``, ``accumulate``, ``sync``,
+``checkpoint``): its matrix runs each under every engine layout; the caller's choice replaces it;
+a declaration that cannot run is refused naming the fix."""
+
+import subprocess
+import sys
+
+import pytest
+
+from harness.parity.plan import workload_matrix
+from harness.parity.report import render
+from harness.parity.workload.spec import WorkloadError
+
+_DECLARED = "fixtures.loop_workloads:resmlp_loop"
+
+
+def test_a_declared_max_norm_is_clipped_at_under_every_layout():
+    rows = [c for c in workload_matrix.for_workload(_DECLARED) if c.path == "unscale_clip"]
+    assert {c.clip for c in rows} == {0.5} and len(
+        {(c.engine, c.sharding, c.use_orig_params, c.reshard_after_forward, c.offload) for c in rows}
+    ) == 12
+
+
+def test_a_declared_accumulation_runs_its_microbatches_and_sync_mode_only():
+    rows = [c for c in workload_matrix.for_workload(_DECLARED) if c.accumulate > 1]
+    assert {(c.accumulate, c.sync) for c in rows} == {(4, "last")}
+
+
+def test_a_declared_checkpoint_runs_under_every_layout():
+    rows = [c for c in workload_matrix.for_workload(_DECLARED) if c.checkpoint]
+    assert {c.checkpoint for c in rows} == {"replay"} and any(c.offload for c in rows)
+
+
+def test_the_callers_loop_replaces_the_workloads_own():
+    rows = [
+        c
+        for c in workload_matrix.for_workload(_DECLARED, clip=2.0, accumulate=2)
+        if c.clip != 1.0 or c.accumulate > 1
+    ]
+    assert {c.clip for c in rows if c.path == "unscale_clip"} == {2.0}
+    assert {c.accumulate for c in rows if c.accumulate > 1} == {2}
+
+
+def test_one_microbatch_declared_is_refused_naming_the_fix():
+    with pytest.raises(WorkloadError, match="accumulate must be >= 2 microbatches"):
+        workload_matrix.for_workload("fixtures.loop_workloads:resmlp_one_microbatch")
+
+
+def test_the_cli_lists_the_declared_loop_in_words():
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.parity", "--workload", _DECLARED, "--list", "-k", "fsdp2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (
+        "loop of resmlp_loop: clip_grad_norm_ at 0.5 after unscale_; 4 microbatches per step, syncing "
+        "the last; units checkpointed (under every engine layout)"
+    ) in done.stdout
+
+
+def test_the_reports_header_says_the_declared_loop():
+    text = render.render_markdown(
+        [], {"backend": "gloo", "world_size": 2, "loops": {"resmlp_loop": "units checkpointed"}}
+    )
+    assert "`resmlp_loop` trains with units checkpointed." in text
