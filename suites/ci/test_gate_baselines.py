@@ -98,6 +98,7 @@ def _cpu_tier_configs():
         test_cpu_offload,
         test_forced_inf,
         test_fsdp_vs_ddp,
+        test_loop_parity,
         test_recipe_parity,
         test_showcase,
         test_side_by_side,
@@ -114,6 +115,7 @@ def _cpu_tier_configs():
         test_showcase,
         test_uneven,
         test_recipe_parity,
+        test_loop_parity,
     )
     return {c.id for module in modules for c in module.CONFIGS if unsupported_reason(c) is None}
 
