@@ -2,9 +2,6 @@
 FSDP2 train bitwise like their hand-reduced DDP twin, a skipped step discards every microbatch,
 and a twin that accumulates in another dtype than its candidate is named (``accumulation_dtype``)."""
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -16,7 +13,7 @@ from harness.parity.judge.compare import compare_runs
 from harness.parity.plan import matrix, profiles, workload_matrix
 from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks import accumulate
-from suites.parity.support import describe, ranks_executor
+from suites.parity.support import cli_in_process, describe, ranks_executor
 
 _FSDP1 = {"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": False}
 _FSDP2 = {"engine": "fsdp2", "reshard_after_forward": True}
@@ -79,12 +76,7 @@ def test_a_workloads_matrix_runs_the_users_accumulation_under_every_layout():
 
 
 def test_accumulate_without_a_workload_exits_2_naming_the_k_filter():
-    done = subprocess.run(
-        [sys.executable, "-m", "harness.parity", "--accumulate", "2", "--list"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = cli_in_process("--accumulate", "2", "--list")
     assert done.returncode == 2 and "-k 'accumulate=2'" in done.stderr
 
 
@@ -160,23 +152,7 @@ def test_fsdp1_accumulating_in_bfloat16_against_a_float32_twin_is_named_accumula
 
 
 def test_the_cli_lists_the_users_accumulation_under_every_layout():
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness.parity",
-            "--workload",
-            "mlp",
-            "--accumulate",
-            "4",
-            "--sync",
-            "last",
-            "--list",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = cli_in_process("--workload", "mlp", "--accumulate", "4", "--sync", "last", "--list")
     assert done.returncode == 0, done.stderr
     assert (
         sum(line.split(" ")[0].endswith("-acc4-synclast-w2") for line in done.stdout.splitlines()) == 12 * 2

@@ -2,9 +2,6 @@
 train bitwise like their checkpointed twin; without replay the row fails at step 0 and is named
 ``checkpoint_rng`` (an expected failure in the matrix)."""
 
-import subprocess
-import sys
-
 import pytest
 import torch
 from torch import nn
@@ -18,7 +15,7 @@ from harness.parity.plan import matrix, profiles, workload_matrix
 from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks import checkpoint
 from harness.parity.report import render
-from suites.parity.support import describe, ranks_executor
+from suites.parity.support import cli_in_process, describe, ranks_executor
 
 _CONV = {"workload": "convnet", "checkpoint": "replay"}
 _ROWS = {
@@ -132,21 +129,6 @@ def test_checkpointing_without_replay_under_dropout_is_named_checkpoint_rng(chec
 
 
 def test_the_cli_checkpoints_a_workloads_units_under_every_layout():
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness.parity",
-            "--workload",
-            "convnet",
-            "--checkpoint",
-            "--list",
-            "-k",
-            "ckpt",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = cli_in_process("--workload", "convnet", "--checkpoint", "--list", "-k", "ckpt")
     assert done.returncode == 0, done.stderr
     assert sum(line.split(" ")[0].endswith("-convnet-ckpt-w2") for line in done.stdout.splitlines()) == 12 * 2

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fixtures import user_workloads
+from suites.parity.support import cli_in_process
 
 
 def parity(*args, cwd):
@@ -18,8 +19,8 @@ def parity(*args, cwd):
     )
 
 
-def test_list_prints_the_selected_ids_and_why_some_cannot_run_here(tmp_path):
-    done = parity("--list", "-k", "sparse", cwd=tmp_path)
+def test_list_prints_the_selected_ids_and_why_some_cannot_run_here():
+    done = cli_in_process("--list", "-k", "sparse")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[:3] == [
         "ddp-fp32-sgd-embedding-w2",
@@ -38,14 +39,14 @@ def test_list_prints_the_selected_ids_and_why_some_cannot_run_here(tmp_path):
         (["--scaler", "apex"], "argument --scaler: invalid choice: 'apex'"),
     ],
 )
-def test_bad_arguments_exit_2_with_the_fix(tmp_path, args, complaint):
-    done = parity(*args, cwd=tmp_path)
+def test_bad_arguments_exit_2_with_the_fix(args, complaint):
+    done = cli_in_process(*args)
     assert done.returncode == 2 and complaint in done.stderr, done.stderr
 
 
-def test_a_keep_budget_that_is_not_a_number_exits_2_naming_the_variable(tmp_path, monkeypatch):
+def test_a_keep_budget_that_is_not_a_number_exits_2_naming_the_variable(monkeypatch):
     monkeypatch.setenv("SHARDSCALE_PARITY_KEEP_MB", "half")
-    done = parity("-k", "fsdp2-reshard-fp32-sgd-w2", cwd=tmp_path)
+    done = cli_in_process("-k", "fsdp2-reshard-fp32-sgd-w2")
     assert done.returncode == 2, done.stderr
     assert (
         "SHARDSCALE_PARITY_KEEP_MB must be a number of MiB (e.g. SHARDSCALE_PARITY_KEEP_MB=512), got 'half'"

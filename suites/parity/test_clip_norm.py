@@ -3,8 +3,6 @@ step under a measured tolerance, and a rank that clipped with its own shard's no
 (``clip_norm_sharded``), from hand-made records and planted into a real FSDP1 candidate."""
 
 import math
-import subprocess
-import sys
 
 import pytest
 
@@ -15,7 +13,7 @@ from harness.parity.judge import causes, clip_norm
 from harness.parity.judge.compare import compare_runs
 from harness.parity.plan import matrix, profiles, workload_matrix
 from harness.parity.plan.config import ParityConfig
-from suites.parity.support import describe, ranks_executor
+from suites.parity.support import cli_in_process, describe, ranks_executor
 
 _NORM = 0.13837067782878876
 
@@ -152,9 +150,7 @@ def test_the_optimizer_receives_gradients_clipped_to_the_configured_max_norm(cli
 
 
 def _cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "harness.parity", *args], capture_output=True, text=True, timeout=300
-    )
+    return cli_in_process(*args)
 
 
 def test_clip_without_a_workload_exits_2_naming_the_k_filter():

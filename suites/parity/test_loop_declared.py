@@ -2,14 +2,12 @@
 ``checkpoint``): its matrix runs each under every engine layout; the caller's choice replaces it;
 a declaration that cannot run is refused naming the fix."""
 
-import subprocess
-import sys
-
 import pytest
 
 from harness.parity.plan import workload_matrix
 from harness.parity.report import render
 from harness.parity.workload.spec import WorkloadError
+from suites.parity.support import cli_in_process
 
 _DECLARED = "fixtures.loop_workloads:resmlp_loop"
 
@@ -47,12 +45,7 @@ def test_one_microbatch_declared_is_refused_naming_the_fix():
 
 
 def test_the_cli_lists_the_declared_loop_in_words():
-    done = subprocess.run(
-        [sys.executable, "-m", "harness.parity", "--workload", _DECLARED, "--list", "-k", "fsdp2"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = cli_in_process("--workload", _DECLARED, "--list", "-k", "fsdp2")
     assert done.returncode == 0, done.stderr
     assert (
         "loop of resmlp_loop: clip_grad_norm_ at 0.5 after unscale_; 4 microbatches per step, syncing "
