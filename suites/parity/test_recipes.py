@@ -1,9 +1,6 @@
 """Precision recipes are a dimension of the matrix: named in ids, ``--list`` and ``-k``; each with a
 reference of its own; declared by a user's workload, the CLI or ``parity_test`` (no ranks here)."""
 
-import subprocess
-import sys
-
 import pytest
 
 from harness.parity.doors import pytest_plugin
@@ -12,6 +9,7 @@ from harness.parity.plan.config import ParityConfig
 from harness.parity.plan.precision import PrecisionPolicy
 from harness.parity.plan.select import select
 from harness.parity.workload.spec import WorkloadError
+from suites.parity.support import cli_in_process
 
 FSDP2 = {"engine": "fsdp2", "reshard_after_forward": True}
 FSDP1 = {"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": False}
@@ -173,9 +171,7 @@ def test_parity_test_passes_its_recipe_to_the_workloads_matrix():
 
 
 def _cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "harness.parity", *args], capture_output=True, text=True, timeout=300
-    )
+    return cli_in_process(*args)
 
 
 def test_the_cli_lists_the_declared_recipe_and_its_rows():
