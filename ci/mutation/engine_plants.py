@@ -545,5 +545,18 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         ),
         tests=(_CHECKPOINT,),
     ),
+    Plant(
+        name="parity_loop_features_never_combined",
+        bug="a user who clips, accumulates and checkpoints gets one row per feature and never "
+        "the three together, the loop they train with",
+        edits=(
+            _edit(
+                "plan/loop_matrix.py",
+                "    if sum(declared) < 2:\n        return []\n",
+                "    if True:  # planted\n        return []\n",
+            ),
+        ),
+        tests=("suites/parity/test_loop_declared.py",),
+    ),
 )
 """The engine's plants, in the order ``make mutation`` runs them (after the scaler's)."""

@@ -58,3 +58,28 @@ def test_the_reports_header_says_the_declared_loop():
         [], {"backend": "gloo", "world_size": 2, "loops": {"resmlp_loop": "units checkpointed"}}
     )
     assert "`resmlp_loop` trains with units checkpointed." in text
+
+
+def _layout(config):
+    return (
+        config.engine,
+        config.sharding,
+        config.use_orig_params,
+        config.reshard_after_forward,
+        config.offload,
+    )
+
+
+def test_a_declared_loop_of_several_features_also_runs_them_together_under_every_layout():
+    together = [
+        c
+        for c in workload_matrix.for_workload(_DECLARED)
+        if c.path == "unscale_clip" and c.accumulate > 1 and c.checkpoint
+    ]
+    assert {(c.clip, c.accumulate, c.sync, c.checkpoint) for c in together} == {(0.5, 4, "last", "replay")}
+    assert len({_layout(c) for c in together}) == 12
+
+
+def test_a_single_loop_feature_gets_no_combined_rows():
+    rows = workload_matrix.for_workload("fixtures.user_workloads:resmlp", clip=0.5)
+    assert not [c for c in rows if c.path == "unscale_clip" and (c.accumulate > 1 or c.checkpoint)]

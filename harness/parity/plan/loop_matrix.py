@@ -145,3 +145,43 @@ def describe(clip: float | None, accumulate: int | None, sync: str | None, check
     if checkpoint:
         words.append("units checkpointed")
     return "; ".join(words) or None
+
+
+def combined_rows(
+    common: dict[str, object],
+    layouts: list[dict[str, object]],
+    optimizers: tuple[str, ...],
+    recipe: str | None,
+    *,
+    clip: float | None,
+    accumulate: int | None,
+    sync: str | None,
+    checkpoint: bool,
+) -> list[ParityConfig]:
+    """The user's whole loop in one row, under each of ``layouts``, when they train with two or
+    more of its features (clipping, accumulation, checkpointing): a user who clips *and*
+    accumulates runs both in the same step, and the rows of one feature each would never show how
+    they combine. None for a single feature (its own rows are the whole loop)."""
+    declared = [clip is not None, accumulate is not None or sync is not None, checkpoint]
+    if sum(declared) < 2:
+        return []
+    kind, precision = recipes.parse(recipe) if recipe is not None else ("pure", "fp32")
+    loop: dict[str, object] = {}
+    if clip is not None:
+        loop.update(path="unscale_clip", clip=clip)
+    if declared[1]:
+        loop.update(accumulate=DEFAULT_ACCUMULATE if accumulate is None else accumulate, sync=sync or "every")
+    if checkpoint and registry.get(str(common["workload"])).units:
+        loop.update(checkpoint="replay")
+    return [
+        ParityConfig(
+            recipe=kind,
+            precision=precision,
+            optimizer=opt,
+            **loop,  # type: ignore[arg-type]
+            **layout,  # type: ignore[arg-type]
+            **common,  # type: ignore[arg-type]
+        )
+        for opt in optimizers
+        for layout in layouts
+    ]

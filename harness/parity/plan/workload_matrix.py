@@ -172,6 +172,16 @@ def for_workload(
     layouts = _layouts(full=accumulate is not None or sync is not None)
     configs += loop_matrix.accumulation_rows(common, layouts, optimizers, declared, accumulate, sync)
     configs += loop_matrix.checkpoint_rows(common, _layouts(full=checkpoint), optimizers, declared)
+    configs += loop_matrix.combined_rows(
+        common,
+        _layouts(full=True),
+        optimizers,
+        declared,
+        clip=clip,
+        accumulate=accumulate,
+        sync=sync,
+        checkpoint=checkpoint,
+    )
     return unique(configs)
 
 
