@@ -25,7 +25,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks import engines, twin
@@ -76,22 +75,6 @@ def microbatch_sync(engine: engines.Engine, role: str, sync: bool) -> Any:
     if isinstance(engine, engines.FSDP2):
         return _fsdp2_unsynced(engine.wrapped)
     return engine.wrapped.no_sync()  # type: ignore[operator]
-
-
-def _reduced(
-    grads: list[torch.Tensor], reduce: torch.dtype, factors: tuple[float | None, float | None]
-) -> list[torch.Tensor]:
-    """``grads`` averaged over the ranks in ``reduce``, divided by ``factors`` (before, after) as
-    the candidate divides (``twin.divide_factors``), in one all-reduce."""
-    cast = [g.to(reduce) for g in grads]
-    flat = torch._utils._flatten_dense_tensors(cast)
-    pre, post = factors
-    if pre is not None and pre != 1:
-        flat.div_(pre)
-    dist.all_reduce(flat)
-    if post is not None and post != 1:
-        flat.div_(post)
-    return list(torch._utils._unflatten_dense_tensors(flat, cast))
 
 
 class HandAccumulation:
@@ -150,7 +133,7 @@ class HandAccumulation:
         held = [index for index, grad in enumerate(grads) if grad is not None]
         if not held:
             return
-        reduced = _reduced([grads[i] for i in held], self.reduce, self.factors)  # type: ignore[misc]
+        reduced = twin.averaged([grads[i] for i in held], self.reduce, self.factors)  # type: ignore[misc]
         for index, grad in zip(held, reduced, strict=True):
             grad = grad.to(self.masters[index].dtype)
             before = self._synced[index]

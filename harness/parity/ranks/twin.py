@@ -153,16 +153,7 @@ def reduce_grads(
     pairs = [(low, master) for low, master in zip(lows, masters, strict=True) if low.grad is not None]
     if not pairs:
         return
-    reduce = DTYPES[policy.reduce_dtype]
-    grads = [low.grad.to(reduce) for low, _ in pairs]  # type: ignore[union-attr]
-    flat = torch._utils._flatten_dense_tensors(grads)
-    pre, post = factors
-    if pre is not None and pre != 1:
-        flat.div_(pre)
-    dist.all_reduce(flat)
-    if post is not None and post != 1:
-        flat.div_(post)
-    reduced = torch._utils._unflatten_dense_tensors(flat, grads)
+    reduced = averaged([low.grad for low, _ in pairs], DTYPES[policy.reduce_dtype], factors)  # type: ignore[misc]
     for (low, master), grad in zip(pairs, reduced, strict=True):
         low.grad = None
         if policy.keep_low_precision_grads:
@@ -213,3 +204,19 @@ def mirror_fsdp2_inputs(root: nn.Module, units: Iterable[nn.Module]) -> None:
     for module in (root, *units):
         if any(True for _ in module.parameters()):  # FSDP2 makes a parameter group only for these
             module.register_forward_pre_hook(pass_through, with_kwargs=True)
+
+
+def averaged(
+    grads: list[torch.Tensor], reduce: torch.dtype, factors: tuple[float | None, float | None]
+) -> list[torch.Tensor]:
+    """``grads`` summed over the ranks in ``reduce`` in one all-reduce, divided by ``factors``
+    (before, after) as the candidate divides (:func:`divide_factors`)."""
+    cast = [g.to(reduce) for g in grads]
+    flat = torch._utils._flatten_dense_tensors(cast)
+    pre, post = factors
+    if pre is not None and pre != 1:
+        flat.div_(pre)
+    dist.all_reduce(flat)
+    if post is not None and post != 1:
+        flat.div_(post)
+    return list(torch._utils._unflatten_dense_tensors(flat, cast))
