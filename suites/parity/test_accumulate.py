@@ -5,7 +5,7 @@ and a twin that accumulates in another dtype than its candidate is named (``accu
 import pytest
 import torch
 
-from fixtures.parity_plants import Plant, run_batch
+from fixtures.parity_plants import Plant, planted_executor
 from fixtures.parity_records import replace_step, run, step
 from harness.parity.doors import runner
 from harness.parity.judge import causes
@@ -132,11 +132,8 @@ def test_each_run_records_the_dtype_it_summed_unsynced_gradients_in(accumulated)
 def twin_in_reduce_dtype(module_ranks):
     """FSDP1 ``no_sync()`` under an fp32 reduce against a twin that accumulates in float32."""
 
-    def execute(batch, backend, world_size, target=runner.RANK_TARGET):
-        plant = Plant(kind="reference_accumulates_in_reduce_dtype")
-        return module_ranks.run(run_batch, plant, batch, world_size=world_size, backend=backend, deadline=180)
-
-    (outcome,) = runner.run([_ROWS["fsdp1_last"]], execute, localize=False)
+    plant = Plant(kind="reference_accumulates_in_reduce_dtype")
+    (outcome,) = runner.run([_ROWS["fsdp1_last"]], planted_executor(module_ranks, plant), localize=False)
     return outcome
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from fixtures.parity_plants import Plant, run_batch
+from fixtures.parity_plants import Plant, planted_executor
 from fixtures.parity_records import next_float, replace_step, run, step
 from harness.parity.doors import runner
 from harness.parity.judge import causes, clip_norm
@@ -109,12 +109,8 @@ def test_rows_clipping_at_other_norms_have_references_of_their_own():
 def local_clip(module_ranks):
     """FSDP1 clipping with each rank's partial norm (the ``local_clip`` plant)."""
 
-    def execute(batch, backend, world_size, target=runner.RANK_TARGET):
-        return module_ranks.run(
-            run_batch, Plant(kind="local_clip"), batch, world_size=world_size, backend=backend, deadline=180
-        )
-
-    (outcome,) = runner.run([_FSDP1], execute, localize=False)
+    executor = planted_executor(module_ranks, Plant(kind="local_clip"))
+    (outcome,) = runner.run([_FSDP1], executor, localize=False)
     return outcome
 
 
@@ -172,13 +168,8 @@ def misordered(module_ranks):
     """``{plant kind: Outcome}``: FSDP2 clipping still scaled, and unscaled twice."""
     found = {}
     for kind in ("clip_scaled", "clip_unscaled_twice"):
-
-        def execute(batch, backend, world_size, target=runner.RANK_TARGET, kind=kind):
-            return module_ranks.run(
-                run_batch, Plant(kind=kind), batch, world_size=world_size, backend=backend, deadline=180
-            )
-
-        (found[kind],) = runner.run([_FSDP2], execute, localize=False)
+        executor = planted_executor(module_ranks, Plant(kind=kind))
+        (found[kind],) = runner.run([_FSDP2], executor, localize=False)
     return found
 
 

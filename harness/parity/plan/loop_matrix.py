@@ -52,6 +52,31 @@ def default_rows(*, world_size: int = 2, backend: str = "gloo") -> list[ParityCo
     return [ParityConfig(**layout, **fields) for layout, fields in rows]  # type: ignore[arg-type]
 
 
+def _under_layouts(
+    common: dict[str, object],
+    layouts: list[dict[str, object]],
+    optimizers: tuple[str, ...],
+    recipe: str | None,
+    loops: list[dict[str, object]],
+) -> list[ParityConfig]:
+    """Each of ``loops`` (a loop's fields) in the user's ``recipe`` (float32 when none), for each
+    optimizer, under each of ``layouts``: every loop row of a workload's matrix."""
+    kind, precision = recipes.parse(recipe) if recipe is not None else ("pure", "fp32")
+    return [
+        ParityConfig(
+            recipe=kind,
+            precision=precision,
+            optimizer=opt,
+            **loop,  # type: ignore[arg-type]
+            **layout,  # type: ignore[arg-type]
+            **common,  # type: ignore[arg-type]
+        )
+        for loop in loops
+        for opt in optimizers
+        for layout in layouts
+    ]
+
+
 def accumulation_rows(
     common: dict[str, object],
     layouts: list[dict[str, object]],
@@ -63,21 +88,11 @@ def accumulation_rows(
     """A workload's accumulation rows: ``accumulate`` microbatches (:data:`DEFAULT_ACCUMULATE`
     when the user named none) syncing as ``sync`` (both modes when ``None``), in the user's
     ``recipe`` (float32 when none), under each of ``layouts``."""
-    kind, precision = recipes.parse(recipe) if recipe is not None else ("pure", "fp32")
-    return [
-        ParityConfig(
-            recipe=kind,
-            precision=precision,
-            optimizer=opt,
-            accumulate=DEFAULT_ACCUMULATE if accumulate is None else accumulate,
-            sync=mode,
-            **layout,  # type: ignore[arg-type]
-            **common,  # type: ignore[arg-type]
-        )
-        for mode in ((sync,) if sync is not None else SYNCS)
-        for opt in optimizers
-        for layout in layouts
-    ]
+    count = DEFAULT_ACCUMULATE if accumulate is None else accumulate
+    modes = (sync,) if sync is not None else SYNCS
+    return _under_layouts(
+        common, layouts, optimizers, recipe, [{"accumulate": count, "sync": mode} for mode in modes]
+    )
 
 
 def workload_rows(
@@ -89,20 +104,8 @@ def workload_rows(
 ) -> list[ParityConfig]:
     """A workload's clipping rows: clipping after ``unscale_`` at ``clip`` (1.0 when the user named
     none) in the user's ``recipe`` (float32 when none), under each of ``layouts``."""
-    kind, precision = recipes.parse(recipe) if recipe is not None else ("pure", "fp32")
-    return [
-        ParityConfig(
-            recipe=kind,
-            precision=precision,
-            optimizer=opt,
-            path="unscale_clip",
-            clip=1.0 if clip is None else clip,
-            **layout,  # type: ignore[arg-type]
-            **common,  # type: ignore[arg-type]
-        )
-        for opt in optimizers
-        for layout in layouts
-    ]
+    loop = {"path": "unscale_clip", "clip": 1.0 if clip is None else clip}
+    return _under_layouts(common, layouts, optimizers, recipe, [loop])
 
 
 def checkpoint_rows(
@@ -116,19 +119,7 @@ def checkpoint_rows(
     nothing to checkpoint)."""
     if not registry.get(str(common["workload"])).units:
         return []
-    kind, precision = recipes.parse(recipe) if recipe is not None else ("pure", "fp32")
-    return [
-        ParityConfig(
-            recipe=kind,
-            precision=precision,
-            optimizer=opt,
-            checkpoint="replay",
-            **layout,  # type: ignore[arg-type]
-            **common,  # type: ignore[arg-type]
-        )
-        for opt in optimizers
-        for layout in layouts
-    ]
+    return _under_layouts(common, layouts, optimizers, recipe, [{"checkpoint": "replay"}])
 
 
 def describe(clip: float | None, accumulate: int | None, sync: str | None, checkpoint: bool) -> str | None:
@@ -165,7 +156,6 @@ def combined_rows(
     declared = [clip is not None, accumulate is not None or sync is not None, checkpoint]
     if sum(declared) < 2:
         return []
-    kind, precision = recipes.parse(recipe) if recipe is not None else ("pure", "fp32")
     loop: dict[str, object] = {}
     if clip is not None:
         loop.update(path="unscale_clip", clip=clip)
@@ -173,15 +163,4 @@ def combined_rows(
         loop.update(accumulate=DEFAULT_ACCUMULATE if accumulate is None else accumulate, sync=sync or "every")
     if checkpoint and registry.get(str(common["workload"])).units:
         loop.update(checkpoint="replay")
-    return [
-        ParityConfig(
-            recipe=kind,
-            precision=precision,
-            optimizer=opt,
-            **loop,  # type: ignore[arg-type]
-            **layout,  # type: ignore[arg-type]
-            **common,  # type: ignore[arg-type]
-        )
-        for opt in optimizers
-        for layout in layouts
-    ]
+    return _under_layouts(common, layouts, optimizers, recipe, [loop])
