@@ -33,7 +33,7 @@ import torch
 from harness.parity.judge import clip_norm
 from harness.parity.plan.profiles import ToleranceProfile
 from harness.parity.ranks import ulp
-from harness.parity.ranks.distance import TensorDiff, tensor_diff
+from harness.parity.ranks.distance import TensorDiff, equal_diff, tensor_diff
 from harness.parity.ranks.record import RunRecord, StepRecord
 from harness.rank.execute import headline_of_text
 
@@ -228,18 +228,14 @@ def _tensor_problems(
                     whole[0][name], whole[1][name], profile, step=cand.step, kind=kind, name=name
                 )
             else:
-                diff = measured.get(name) or _untouched(cand.step, kind, name, want_shape)
+                # a tensor no rank holds an element of (empty): nothing differs
+                diff = measured.get(name) or equal_diff(
+                    math.prod(want_shape), step=cand.step, kind=kind, name=name
+                )
             diffs.append(diff)
             if diff.mismatched:
                 problems.append((kind, diff.describe()))
     return problems, diffs
-
-
-def _untouched(step: int, kind: str, name: str, shape: tuple[int, ...]) -> TensorDiff:
-    """A tensor no rank holds an element of (empty): nothing differs."""
-    return TensorDiff(
-        step=step, kind=kind, name=name, max_abs=0.0, max_rel=0.0, mismatched=0, numel=math.prod(shape)
-    )
 
 
 def compare_runs(
