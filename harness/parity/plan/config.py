@@ -323,6 +323,7 @@ class ParityConfig:
             self.autocast,
             # the candidate's engine: FSDP2's autograd nodes and each engine's divide factors (twin.py)
             self.engine if self.reference == "ddp" else None,
+            self.reduce_layout_key(),
             self.optimizer,
             self.path,
             self.clip,
@@ -338,6 +339,17 @@ class ParityConfig:
             self.growth_interval,
             self.seed,
         )
+
+    def reduce_layout_key(self) -> tuple[object, ...]:
+        """What of the candidate's gradient buffers the reference mirrors (``ranks/reduce_layout.py``)
+        from 3 ranks on: FSDP1's strategy (a reduce-scatter, an all-reduce of the whole flat
+        gradient, or HYBRID_SHARD's two stages) and ``use_orig_params`` (its alignment padding).
+        Empty at 2 ranks, where every layout sums each element in the same order, so the
+        references of the layouts stay one run."""
+        if self.world_size <= 2 or self.reference != "ddp" or self.engine != "fsdp1":
+            return ()
+        stages = self.sharding if self.sharding in ("no_shard", "hybrid_shard") else "reduce_scatter"
+        return (stages, self.use_orig_params)
 
     def with_(self, **changes: object) -> ParityConfig:
         """A copy with some fields changed (validated again)."""

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks import engines, twin
+from harness.parity.ranks import engines, reduce_layout, twin
 from harness.parity.ranks.twin import DTYPES
 
 
@@ -92,6 +92,7 @@ class HandAccumulation:
             policy = engine.policy
         else:
             self.lows = list(engine.module.parameters())
+        self.layout = engine.candidate_layout()
         self.masters = list(engine.module.parameters())
         self.reduce = torch.float32 if policy is None else DTYPES[policy.reduce_dtype]
         self.unsynced = unsynced_dtype(config)
@@ -130,11 +131,12 @@ class HandAccumulation:
     def _add_reduced(self, grads: list[torch.Tensor | None]) -> None:
         """Reduce ``grads`` and add them to the reduced sum so far, in each master's dtype
         (float32: where FSDP adds each new reduced shard)."""
-        held = [index for index, grad in enumerate(grads) if grad is not None]
-        if not held:
+        if all(grad is None for grad in grads):
             return
-        reduced = twin.averaged([grads[i] for i in held], self.reduce, self.factors)  # type: ignore[misc]
-        for index, grad in zip(held, reduced, strict=True):
+        reduced = reduce_layout.reduce(self.layout, self.lows, grads, self.reduce, self.factors)
+        for index, grad in enumerate(reduced):
+            if grad is None:
+                continue
             grad = grad.to(self.masters[index].dtype)
             before = self._synced[index]
             self._synced[index] = grad if before is None else before + grad

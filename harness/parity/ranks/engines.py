@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.parity.plan.config import ParityConfig
 from harness.parity.plan.precision import PrecisionPolicy
-from harness.parity.ranks import flat, gather, twin
+from harness.parity.ranks import flat, gather, reduce_layout, twin
 from harness.parity.ranks.optimizers import make_optimizer
 from harness.parity.ranks.twin import DTYPES
 from harness.parity.workload import registry, units
@@ -164,6 +164,13 @@ class Engine:
         """The module whose forward runs (the low-precision reference runs a working copy)."""
         return self.module
 
+    def candidate_layout(self) -> reduce_layout.Layout:
+        """How the candidate of this configuration lays out and reduces its gradients, over
+        :meth:`trained_module` (the reference's hand reductions follow it)."""
+        model = self.trained_module()
+        compute = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+        return reduce_layout.of(self.config, model, unit_modules(model, self.units), compute)
+
     def own_buffers(self) -> dict[str, torch.Tensor]:
         """This rank's module buffers by name as in the unwrapped model (never sharded, so local;
         not collective)."""
@@ -231,9 +238,40 @@ class LowPrecisionDDP(Engine):
         factors = twin.divide_factors(
             self.config.engine, twin.DTYPES[self.policy.reduce_dtype], self.world_size
         )
+        if not hasattr(self, "layout"):
+            self.layout = self.candidate_layout()
         twin.reduce_grads(
-            list(self.working.parameters()), list(self.module.parameters()), self.policy, factors
+            list(self.working.parameters()), list(self.module.parameters()), self.policy, factors, self.layout
         )
+
+
+class MirroredDDP(Engine):
+    """The float32 reference of an FSDP candidate: DDP's forward, the gradients reduced by hand
+    through the candidate's collectives on its buffer layout (``reduce_layout.py``) with its divide
+    factors (``twin.divide_factors``), so that every element is summed in the candidate's order.
+
+    Why not DDP's own reducer: its buckets put each element at another offset of another buffer
+    than FSDP's, and from 3 ranks on the ring then sums it in another order (2 ranks: any order
+    gives the same bits, and this gives DDP's)."""
+
+    def __init__(self, config: ParityConfig, device: torch.device) -> None:
+        super().__init__(config, device)
+        self.description = f"DDP, gradients reduced as {config.engine.upper()} reduces them"
+        self.layout = self.candidate_layout()
+
+    def losses(self, step: int, scale: float) -> tuple[torch.Tensor, float]:
+        with self.wrapped.no_sync():  # type: ignore[operator]
+            return super().losses(step, scale)
+
+    def after_backward(self) -> None:
+        params = list(self.module.parameters())
+        grads = [p.grad for p in params]
+        if all(g is None for g in grads):
+            return
+        factors = twin.divide_factors(self.config.engine, torch.float32, self.world_size)
+        reduced = reduce_layout.reduce(self.layout, params, grads, torch.float32, factors)
+        for param, grad in zip(params, reduced, strict=True):
+            param.grad = None if grad is None else grad.to(param.dtype)
 
 
 class SingleProcess(Engine):
@@ -394,6 +432,8 @@ def build(config: ParityConfig, role: str, device: torch.device) -> Engine:
         cls = SingleProcess
     elif config.policy is not None and not registry.get(config.workload).sparse:
         cls = LowPrecisionDDP
+    elif config.engine in ("fsdp1", "fsdp2") and not registry.get(config.workload).sparse:
+        cls = MirroredDDP
     else:
         cls = Engine
     engine = cls(config, device)

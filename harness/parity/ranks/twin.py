@@ -15,8 +15,9 @@ The emulation follows torch 2.13's code, not its documentation:
   dataclasses such as a Hugging Face ``ModelOutput``);
 * outputs: every wrapped module's floating-point outputs cast to ``output`` (FSDP2's
   ``output_dtype``, in its post-forward);
-* reduction: the low-precision gradients cast to ``reduce``, averaged across ranks with the
-  candidate's own divide factors (``divide_factors``: FSDP splits the world size into a power of two
+* reduction: the low-precision gradients cast to ``reduce``, averaged across ranks through the
+  candidate's own collectives on its buffer layout (``reduce_layout.py``: the same order of
+  summation for every element, at any world size) with the candidate's own divide factors (``divide_factors``: FSDP splits the world size into a power of two
   divided before the sum and the rest after it, where DDP divides by all of it before; division by a
   power of two is exact, but a float16 sum of halves overflows where one of quarters does not),
   then cast to float32 for the master, or kept in ``param`` (FSDP1's ``keep_low_precision_grads``).
@@ -29,10 +30,10 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from harness.parity.plan.precision import PrecisionPolicy
+from harness.parity.ranks import reduce_layout
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -146,16 +147,19 @@ def reduce_grads(
     masters: list[nn.Parameter],
     policy: PrecisionPolicy,
     factors: tuple[float | None, float | None],
+    layout: reduce_layout.Layout,
 ) -> None:
-    """Average the working copy's gradients over the ranks in ``reduce`` (one all-reduce, divided by
-    ``factors``: before, after) and hand them to the masters in float32, or in ``param`` under
-    ``keep_low_precision_grads``."""
-    pairs = [(low, master) for low, master in zip(lows, masters, strict=True) if low.grad is not None]
-    if not pairs:
+    """Average the working copy's gradients over the ranks in ``reduce`` as the candidate does
+    (``layout``: its collectives and buffers; ``factors``: before, after the sum) and hand them to
+    the masters in float32, or in ``param`` under ``keep_low_precision_grads``."""
+    grads = [low.grad for low in lows]
+    if all(grad is None for grad in grads):
         return
-    reduced = averaged([low.grad for low, _ in pairs], DTYPES[policy.reduce_dtype], factors)  # type: ignore[misc]
-    for (low, master), grad in zip(pairs, reduced, strict=True):
+    reduced = reduce_layout.reduce(layout, list(lows), grads, DTYPES[policy.reduce_dtype], factors)  # type: ignore[index]
+    for low, master, grad in zip(lows, masters, reduced, strict=True):
         low.grad = None
+        if grad is None:
+            continue
         if policy.keep_low_precision_grads:
             # FSDP1 hands the optimizer low-precision grads on float32 parameters (through .data,
             # as FSDP does: an assignment to .grad refuses another dtype).
@@ -204,19 +208,3 @@ def mirror_fsdp2_inputs(root: nn.Module, units: Iterable[nn.Module]) -> None:
     for module in (root, *units):
         if any(True for _ in module.parameters()):  # FSDP2 makes a parameter group only for these
             module.register_forward_pre_hook(pass_through, with_kwargs=True)
-
-
-def averaged(
-    grads: list[torch.Tensor], reduce: torch.dtype, factors: tuple[float | None, float | None]
-) -> list[torch.Tensor]:
-    """``grads`` summed over the ranks in ``reduce`` in one all-reduce, divided by ``factors``
-    (before, after) as the candidate divides (:func:`divide_factors`)."""
-    cast = [g.to(reduce) for g in grads]
-    flat = torch._utils._flatten_dense_tensors(cast)
-    pre, post = factors
-    if pre is not None and pre != 1:
-        flat.div_(pre)
-    dist.all_reduce(flat)
-    if post is not None and post != 1:
-        flat.div_(post)
-    return list(torch._utils._unflatten_dense_tensors(flat, cast))

@@ -1,0 +1,272 @@
+"""The reference reduces its gradients through the candidate's collectives, on the candidate's
+buffer layout (rank side), so that every element is summed in the same order on both sides.
+
+Why: two addends sum the same in any order, so at world size 2 any reduction gives the
+candidate's bits. From 3 ranks on the order decides the last bits, and a collective's order is set
+by the buffer it reduces: gloo's ring splits the buffer into chunks by byte offset and total
+length, and the element in chunk ``c`` is summed ``x_c + (x_{c+1} + (... + x_{c-1}))``. A reference
+that reduces one flat buffer of every gradient (as DDP's buckets or a hand-made all-reduce do)
+puts each element in another chunk than FSDP's per-unit buffers, and the two runs drift apart by
+rounding alone. Reduced here through the same collective on the same layout, they do not: the
+verdict can stay bitwise at any world size on a deterministic backend.
+
+The layouts, read in torch 2.13's sources (``_fsdp_collectives.foreach_reduce``,
+``_runtime_utils._reduce_grad``, ``_flat_param._init_flat_param_and_metadata``):
+
+* **FSDP2**: one buffer per parameter group (a ``fully_shard`` call's own parameters, those of
+  nested units excluded, in registration order), only the parameters that have a gradient; each
+  gradient padded on dim 0 to a multiple of the world size and laid out by ``torch._chunk_cat``
+  (row ``r`` of the buffer holds chunk ``r`` of every gradient in turn); reduce-scattered.
+* **FSDP1**: one flat gradient per unit (the unit's own parameters in module order; under
+  ``use_orig_params`` each one starts at a multiple of 16 bytes of the compute dtype, zeros
+  between), padded with zeros at the end to a multiple of the shard group's size; reduce-scattered
+  over the shard group (``HYBRID_SHARD``: then all-reduced over the replicate group), or all-reduced
+  whole (``NO_SHARD``).
+* **DDP**: one flat all-reduce of every gradient (the reference of a DDP candidate is DDP itself;
+  this path serves its hand-reduced low-precision twin).
+
+What is *not* taken from the candidate: the divide factors (``twin.divide_factors`` derives them
+from the world size and the reduce dtype, so a wrong factor on the candidate's side still shows),
+which parameters exist, and every value. The reference gathers the reduced shards back (an
+all-gather copies, it does not round), so each rank keeps the full reduced gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from harness.parity.plan.config import ParityConfig
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Bucket:
+    """One collective's buffer: the parameters it holds, by index into the model's parameter list
+    (``nn.Module.parameters()`` order), in the buffer's order."""
+
+    params: tuple[int, ...]
+    align: int = 0
+    """FSDP1 ``use_orig_params``: each parameter starts at a multiple of this many elements."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Layout:
+    """How a candidate lays out and reduces its gradients."""
+
+    engine: str
+    """``ddp``, ``fsdp1`` or ``fsdp2``."""
+    buckets: tuple[Bucket, ...]
+    sharded: bool = True
+    """FSDP: reduce-scatter (False: FSDP1 ``NO_SHARD``, an all-reduce of the whole flat gradient)."""
+    hybrid: bool = False
+    """FSDP1 ``HYBRID_SHARD``: shard groups of 2 ranks, then an all-reduce across them."""
+
+
+def _owners(model: nn.Module, units: list[nn.Module], engine: str) -> dict[int, int]:
+    """For each parameter (by ``id``), the index in ``units`` of the unit that manages it (absent:
+    the root's). FSDP1 wraps units bottom-up in module order (``_recursive_wrap``: children before
+    their parent, earlier siblings first) and the first wrap takes a shared parameter; FSDP2's
+    engine calls ``fully_shard`` on the units in reverse module order, innermost first, and
+    likewise the first call takes it."""
+    position = {id(unit): index for index, unit in enumerate(units)}
+    order: list[int] = []
+
+    def post_order(module: nn.Module) -> None:
+        for child in module.children():
+            post_order(child)
+        if id(module) in position and module is not model:
+            order.append(position[id(module)])
+
+    if engine == "fsdp1":
+        post_order(model)
+    else:
+        order = list(reversed(range(len(units))))
+    owner: dict[int, int] = {}
+    for index in order:
+        for param in units[index].parameters():
+            owner.setdefault(id(param), index)
+    return owner
+
+
+def of(config: ParityConfig, model: nn.Module, units: list[nn.Module], param_dtype: torch.dtype) -> Layout:
+    """The layout of ``config``'s candidate over ``model`` (the reference's copy; ``units``: its
+    modules the candidate wraps, in module order; ``param_dtype``: the dtype backward computes in)."""
+    params = list(model.parameters())
+    if config.engine not in ("fsdp1", "fsdp2"):
+        return Layout(engine=config.engine, buckets=(Bucket(tuple(range(len(params)))),))
+    owner = _owners(model, units, config.engine)
+    groups: dict[int, list[int]] = {}
+    for index, param in enumerate(params):
+        groups.setdefault(owner.get(id(param), -1), []).append(index)
+    # The order of the buckets does not change any value (each is its own collective); module
+    # order, the root's last, keeps it readable.
+    keys = sorted(groups, key=lambda k: (k == -1, k))
+    align = 16 // torch.empty((), dtype=param_dtype).element_size() if config.use_orig_params else 0
+    buckets = tuple(Bucket(tuple(groups[k]), align if config.engine == "fsdp1" else 0) for k in keys)
+    if config.engine == "fsdp2":
+        return Layout(engine="fsdp2", buckets=buckets)
+    return Layout(
+        engine="fsdp1",
+        buckets=buckets,
+        sharded=config.sharding != "no_shard",
+        hybrid=config.sharding == "hybrid_shard",
+    )
+
+
+def _divide(tensor: torch.Tensor, factor: float | None) -> None:
+    if factor is not None and factor != 1:
+        tensor.div_(factor)
+
+
+def _reduce_scatter(out: torch.Tensor, buffer: torch.Tensor, group: Any, op: Any) -> None:
+    single = getattr(dist, "reduce_scatter_single", None)  # torch 2.13; older: the same collective
+    if single is not None:
+        single(out, buffer, op=op, group=group)
+    else:
+        dist.reduce_scatter_tensor(out, buffer, op=op, group=group)
+
+
+def _op(layout: Layout, factors: tuple[float | None, float | None]) -> tuple[Any, float | None, float | None]:
+    """``(reduce op, divide before, divide after)``. FSDP2 divides by the whole world size after
+    the sum with the collective's own ``AVG`` (NCCL pre-multiplies by ``1/n`` in the reduce dtype;
+    gloo sums, then divides): where the reference's own factors say exactly that (nothing before,
+    the world size after), it asks the same collective for ``AVG``; else ``SUM`` and divisions."""
+    pre, post = factors
+    if layout.engine == "fsdp2" and pre is None and post == dist.get_world_size():
+        return dist.ReduceOp.AVG, None, None
+    return dist.ReduceOp.SUM, pre, post
+
+
+def _scattered_and_gathered(
+    buffer: torch.Tensor, layout: Layout, factors: tuple[float | None, float | None], groups: tuple[Any, Any]
+) -> torch.Tensor:
+    """``buffer`` (numel a multiple of the shard group's size) divided before, reduce-scattered over
+    the shard group, all-reduced over the replicate group (if any), divided after, and gathered
+    back whole over the shard group."""
+    shard, replicate = groups
+    size = dist.get_world_size(shard)
+    op, pre, post = _op(layout, factors)
+    _divide(buffer, pre)
+    out = torch.empty(buffer.numel() // size, dtype=buffer.dtype, device=buffer.device)
+    _reduce_scatter(out, buffer, shard, op)
+    if replicate is not None:
+        dist.all_reduce(out, op=op, group=replicate)
+    _divide(out, post)
+    whole = torch.empty_like(buffer)
+    dist.all_gather_into_tensor(whole, out, group=shard)
+    return whole
+
+
+def _all_reduced(buffer: torch.Tensor, factors: tuple[float | None, float | None]) -> torch.Tensor:
+    pre, post = factors
+    _divide(buffer, pre)
+    dist.all_reduce(buffer)
+    _divide(buffer, post)
+    return buffer
+
+
+def _groups(layout: Layout, device: torch.device) -> tuple[Any, Any]:
+    """``(shard group, replicate group or None)``: HYBRID_SHARD's mesh as the candidate builds it
+    (``engines.FSDP1.wrap``: replicate x shard, shard groups of 2 ranks)."""
+    if not layout.hybrid:
+        return dist.group.WORLD, None
+    from harness.parity.ranks import gather
+
+    world = dist.get_world_size()
+    mesh = gather.mesh(device.type, (world // 2, 2), ("replicate", "shard"))
+    return mesh["shard"].get_group(), mesh["replicate"].get_group()
+
+
+def _fsdp2_bucket(
+    grads: list[torch.Tensor], layout: Layout, factors: tuple[float | None, float | None]
+) -> list[torch.Tensor]:
+    world = dist.get_world_size()
+    rows = [g.reshape(1) if g.dim() == 0 else g for g in grads]
+    chunked = torch._chunk_cat(rows, dim=0, num_chunks=world)  # (world, per-rank numel)
+    whole = _scattered_and_gathered(chunked.reshape(-1), layout, factors, (dist.group.WORLD, None)).view(
+        world, -1
+    )
+    out, offset = [], 0
+    for grad, row in zip(grads, rows, strict=True):
+        rows_per_rank = -(-row.shape[0] // world)
+        per_rank = rows_per_rank * (row.numel() // row.shape[0] if row.shape[0] else 0)
+        padded = whole[:, offset : offset + per_rank].reshape(rows_per_rank * world, *row.shape[1:])
+        out.append(
+            padded[: row.shape[0]].reshape(grad.shape).contiguous()
+        )  # fused kernels read memory in order
+        offset += per_rank
+    return out
+
+
+def _fsdp1_bucket(
+    grads: list[torch.Tensor],
+    align: int,
+    factors: tuple[float | None, float | None],
+    layout: Layout,
+    groups: tuple[Any, Any],
+) -> list[torch.Tensor]:
+    pieces: list[torch.Tensor] = []
+    starts: list[int] = []
+    total = 0
+    for grad in grads:
+        if align and total % align:
+            pieces.append(grad.new_zeros(align - total % align))
+            total += align - total % align
+        starts.append(total)
+        pieces.append(grad.reshape(-1))
+        total += grad.numel()
+    if align or layout.sharded:  # padded to a multiple of the shard group's size
+        padding = -total % dist.get_world_size(groups[0])
+        if padding:
+            pieces.append(grads[0].new_zeros(padding))
+    buffer = torch.cat(pieces)
+    whole = (
+        _scattered_and_gathered(buffer, layout, factors, groups)
+        if layout.sharded
+        else _all_reduced(buffer, factors)
+    )
+    return [whole[s : s + g.numel()].view_as(g) for s, g in zip(starts, grads, strict=True)]
+
+
+def reduce(
+    layout: Layout,
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor | None],
+    reduce_dtype: torch.dtype,
+    factors: tuple[float | None, float | None],
+) -> list[torch.Tensor | None]:
+    """``grads`` (one per parameter of ``params``, the layout's model's, ``None`` where a parameter
+    has none) averaged over the ranks as the candidate averages them: cast to ``reduce_dtype``,
+    divided by ``factors`` (before, after the sum), each bucket through the candidate's collective
+    on the candidate's layout. A bucket whose parameters have no gradient is not reduced (FSDP
+    skips it too); in an FSDP1 bucket a parameter without one is zeros in the flat gradient, and
+    stays without one."""
+    out: list[torch.Tensor | None] = [None] * len(grads)
+    device = next((g.device for g in grads if g is not None), torch.device("cpu"))
+    groups = _groups(layout, device) if layout.engine == "fsdp1" else (dist.group.WORLD, None)
+    for bucket in layout.buckets:
+        held = [i for i in bucket.params if grads[i] is not None]
+        if not held:
+            continue
+        if layout.engine == "fsdp2":
+            reduced = _fsdp2_bucket([grads[i].to(reduce_dtype) for i in held], layout, factors)  # type: ignore[union-attr]
+        elif layout.engine == "fsdp1":
+            members = [
+                grads[i].to(reduce_dtype)
+                if grads[i] is not None  # type: ignore[union-attr]
+                else torch.zeros(params[i].shape, dtype=reduce_dtype, device=device)
+                for i in bucket.params
+            ]
+            whole = _fsdp1_bucket(members, bucket.align, factors, layout, groups)
+            reduced = [whole[bucket.params.index(i)] for i in held]
+        else:
+            cast = [grads[i].to(reduce_dtype) for i in held]  # type: ignore[union-attr]
+            flat = _all_reduced(torch._utils._flatten_dense_tensors(cast), factors)
+            reduced = list(torch._utils._unflatten_dense_tensors(flat, cast))
+        for index, grad in zip(held, reduced, strict=True):
+            out[index] = grad
+    return out
