@@ -115,11 +115,18 @@ def test_what_cannot_run_on_gloo_says_why_and_where_it_runs():
             ),
             "fp32",
         ),
-        (ParityConfig(engine="fsdp2", reshard_after_forward=True, precision="fp16", world_size=4), "fp16"),
+        (ParityConfig(engine="fsdp2", reshard_after_forward=True, precision="fp16", world_size=4), "exact"),
+        (
+            ParityConfig(
+                engine="fsdp1", sharding="hybrid_shard", use_orig_params=True, precision="bf16", world_size=8
+            ),
+            "exact",
+        ),
         (ParityConfig(engine="fsdp2", reshard_after_forward=True, backend="nccl"), "fp32"),
+        (ParityConfig(engine="fsdp2", reshard_after_forward=True, precision="bf16", backend="nccl"), "bf16"),
     ],
 )
-def test_fp32_at_world_size_2_on_gloo_is_held_bit_exact_and_the_rest_to_their_profile(config, profile):
+def test_gloo_is_held_bit_exact_at_every_world_size_and_nccl_to_its_fallback_profile(config, profile):
     assert profiles.profile_for(config).name == profile
 
 

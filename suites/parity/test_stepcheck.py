@@ -208,7 +208,9 @@ def test_full_tensors_travel_for_the_origin_and_the_first_failing_step_only(monk
         lambda e, opts: ({"w": local.Piece((4,), torch.float32, 0, e.param.clone())}, {}),
     )
     reference = stepcheck.ReferenceSteps([_reference_step(1.0) for _ in wanted])
-    check = stepcheck.Check(ParityConfig(engine="fsdp2", reshard_after_forward=True, world_size=4), reference)
+    check = stepcheck.Check(
+        ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam_fused"), reference
+    )
     sent = []
     for step, (grad_off, param_off) in enumerate(wanted):
         engine.grad = torch.full((4,), 1.0 + grad_off)
