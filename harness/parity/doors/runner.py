@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from harness.parity.judge import causes, pinpoint, recipe_causes
+from harness.parity.judge import causes, pinpoint, recipe_causes, reduce_causes
 from harness.parity.judge import result as results
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan import profiles
@@ -221,6 +221,10 @@ def _with_localization(
 ) -> ParityResult:
     """``verdict`` with its localization, and its known causes narrowed to the module it names."""
     known = verdict.causes
+    first = verdict.divergences[0].what if verdict.divergences else ""
+    reduction = reduce_causes.reduction_differs(found, first)
+    if reduction is not None and not any(c.name == "divide_factor" for c in known):
+        known += (reduction,)
     if found.first is not None and candidate is not None:
         known = causes.localized(known, reference, candidate, found.step, found.first.module)
         autocast = recipe_causes.autocast_differs(reference, candidate, found.step, found.first)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from harness.parity.judge import loop_causes, rounding
+from harness.parity.judge import loop_causes, reduce_causes, rounding
 from harness.parity.judge.compare import Comparison
 from harness.parity.judge.evidence import Cause, Evidence, short
 from harness.parity.ranks.record import RunRecord, StepRecord
@@ -280,6 +280,7 @@ CATALOGUE: tuple[tuple[str, _Pattern], ...] = (
     ("checkpoint_rng", loop_causes.checkpoint_rng),
     ("dtype_differs", _dtype_differs),
     ("loss_dtype_differs", _loss_dtype_differs),
+    ("reduced_in_lower_dtype", reduce_causes.reduced_in_lower_dtype),
     ("reduce_order", rounding.reduce_order),
     ("noise_gradient", rounding.noise_gradient),
     ("optimizer_only", _optimizer_only),
