@@ -1,6 +1,6 @@
 """The pytest side of the gate: the command that runs a tier, and what its JUnit XML says.
 
-The CPU tier is what ``make test`` runs (``pytest suites -m "not e2e"``), without the tests marked
+The CPU tier is what ``make test`` runs (``pytest suites -m "not e2e and not world_sizes"``), without the tests marked
 ``gpu`` (the end-to-end tests, ``make e2e``, are a CI job of their own, so nothing runs twice);
 the GPU tier is what ``make test-gpu`` runs in strict mode (``-m gpu --require-gpus N``: a GPU
 test skipped for lack of GPUs fails). Either session also writes the JUnit XML (each parity test
@@ -33,7 +33,7 @@ class Tier:
     """The ``-m`` expression that selects it."""
 
 
-CPU = Tier(name="cpu", backend="gloo", marker="not gpu and not e2e")
+CPU = Tier(name="cpu", backend="gloo", marker="not gpu and not e2e and not world_sizes")
 GPU = Tier(name="gpu", backend="nccl", marker="gpu")
 
 

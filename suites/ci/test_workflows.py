@@ -100,7 +100,7 @@ def test_the_gate_runs_the_suites_make_test_runs():
     marker = args[args.index("-m") + 1]
     tests = [a for a in args if not a.startswith("-") and a != marker]
     assert tests == list(suites.DEFAULT_TESTS)
-    assert marker == "not e2e", "make test leaves the end-to-end tests to make e2e"
+    assert marker == "not e2e and not world_sizes", "make test leaves the end-to-end and world-size tiers out"
     command = suites.pytest_command(
         suites.CPU, tests=suites.DEFAULT_TESTS, keyword="", out=Path("o"), plot=True
     )
@@ -120,6 +120,12 @@ def test_the_cpu_workflow_runs_the_real_model_tier_in_a_job_of_its_own():
     assert "make models" in commands
 
 
+def test_the_cpu_workflow_runs_the_world_size_tier_in_a_job_of_its_own():
+    document = yaml.safe_load((ROOT / "ci" / "workflows" / "cpu.yml").read_text())
+    commands = [step.get("run", "") for step in document["jobs"]["world-sizes"]["steps"]]
+    assert "make world-sizes" in commands
+
+
 def test_the_cpu_workflow_runs_the_end_to_end_tier_in_a_job_of_its_own():
     document = yaml.safe_load((ROOT / "ci" / "workflows" / "cpu.yml").read_text())
     commands = [step.get("run", "") for step in document["jobs"]["e2e"]["steps"]]
@@ -131,6 +137,7 @@ def test_the_cpu_workflow_runs_the_end_to_end_tier_in_a_job_of_its_own():
 TIERS = {
     "test": "cpu.yml",  # as `make gate`, the same session
     "e2e": "cpu.yml",
+    "world-sizes": "cpu.yml",
     "models": "cpu.yml",
     "kernels": "cpu.yml",
     "mutation": "cpu.yml",
