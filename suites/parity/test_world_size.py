@@ -16,6 +16,7 @@ import pytest
 from fixtures.parity_plants import Plant, planted_executor
 from harness.parity.doors import runner
 from harness.parity.plan.config import ParityConfig
+from suites.parity.support import ranks_executor
 
 _FSDP2 = {"engine": "fsdp2", "reshard_after_forward": True, "steps": 3}
 
@@ -70,6 +71,45 @@ def at_4(module_ranks):
 def at_8(module_ranks):
     """``{case: ParityResult}`` at world size 8 (the ``world_sizes`` tier)."""
     return _run(module_ranks, 8)
+
+
+def _fsdp1(sharding: str, orig: bool, precision: str, **more: object) -> ParityConfig:
+    return ParityConfig(
+        engine="fsdp1", sharding=sharding, use_orig_params=orig, precision=precision, world_size=4, **more
+    )
+
+
+LAYOUTS = [
+    # FSDP1: a reduce-scatter of each unit's flat gradient, with and without use_orig_params'
+    # alignment padding, an all-reduce of it whole (NO_SHARD), and HYBRID_SHARD's two stages.
+    _fsdp1("full_shard", True, "bf16", workload="uneven"),
+    _fsdp1("full_shard", False, "bf16", workload="uneven"),
+    _fsdp1("shard_grad_op", True, "fp16"),
+    _fsdp1("no_shard", True, "bf16", workload="uneven"),
+    _fsdp1("hybrid_shard", True, "bf16", workload="uneven"),
+    _fsdp1("hybrid_shard", False, "fp16"),
+    _fsdp1("full_shard", True, "fp32", workload="transformer"),
+    # FSDP2: each unit's gradients chunk-concatenated on dim 0 (uneven rows padded), averaged
+    # (bf16, fp32) or summed between its two divide factors (fp16).
+    ParityConfig(workload="uneven", precision="bf16", **{**_FSDP2, "world_size": 4}),
+    ParityConfig(workload="transformer", precision="fp16", **{**_FSDP2, "world_size": 4}),
+    ParityConfig(workload="uneven", precision="fp32", **{**_FSDP2, "world_size": 4}),
+]
+
+
+@pytest.fixture(scope="module")
+def layouts(module_ranks):
+    """``{config id: ParityResult}``: every layout at world size 4, in one run (their references
+    are separate runs only where the layouts differ: ``ParityConfig.reduce_layout_key``)."""
+    return {o.result.config.id: o.result for o in runner.run(LAYOUTS, ranks_executor(module_ranks))}
+
+
+@pytest.mark.parametrize("config", LAYOUTS, ids=lambda c: c.id)
+def test_every_layout_is_bitwise_at_world_size_4(layouts, config):
+    """The reference reduces through its candidate's collectives on its buffers: bitwise, not
+    within a tolerance, although four addends summed in another order differ in the last bits."""
+    result = layouts[config.id]
+    assert (result.status, result.profile, result.closeness) == ("pass", "exact", "bitwise"), result.reason
 
 
 def _causes(result) -> list[str]:

@@ -1,0 +1,98 @@
+"""Plants in what keeps the verdict true past two ranks: the reference's mirrored reduction
+(``harness/parity/ranks/reduce_layout.py``), the references it keeps apart, and the reduction's
+known causes.
+
+Why: each of these, loosened, gives a correct candidate a FAIL at world size 4 (a reference that
+sums in another order) or a red row no name (a cause never matched); none of it shows at world
+size 2, where any order gives the same bits, so every plant here is caught by the world-size-4
+tests of ``suites/parity/test_world_size.py``, which ``make test`` runs.
+"""
+
+from __future__ import annotations
+
+from ci.mutation.edits import Edit, Plant
+
+_WORLD_SIZE = "suites/parity/test_world_size.py"
+
+
+def _edit(file: str, old: str, new: str) -> Edit:
+    return Edit(file=file, old=old, new=new, package="harness/parity")
+
+
+WORLD_SIZE_PLANTS: tuple[Plant, ...] = (
+    Plant(
+        name="parity_reference_reduces_one_flat_buffer",
+        bug="the reference all-reduces one flat buffer of every gradient, as DDP does, whatever its "
+        "candidate's layout: from 3 ranks on each element is summed in another order",
+        edits=(
+            _edit(
+                "ranks/reduce_layout.py",
+                '    if config.engine not in ("fsdp1", "fsdp2"):\n',
+                "    if True:  # planted\n",
+            ),
+        ),
+        tests=(_WORLD_SIZE,),
+    ),
+    Plant(
+        name="parity_reference_ignores_alignment",
+        bug="the reference lays out FSDP1's flat gradient without use_orig_params' alignment padding",
+        edits=(
+            _edit(
+                "ranks/reduce_layout.py",
+                "if config.use_orig_params else 0",
+                "if False else 0  # planted",
+            ),
+        ),
+        tests=(_WORLD_SIZE,),
+    ),
+    Plant(
+        name="parity_reference_hybrid_in_one_stage",
+        bug="the reference reduces a HYBRID_SHARD candidate's gradients in one reduce-scatter over every "
+        "rank instead of its shard group's reduce-scatter and the replicate group's all-reduce",
+        edits=(
+            _edit(
+                "ranks/reduce_layout.py",
+                'hybrid=config.sharding == "hybrid_shard",',
+                "hybrid=False,  # planted",
+            ),
+        ),
+        tests=(_WORLD_SIZE,),
+    ),
+    Plant(
+        name="parity_layouts_share_one_reference",
+        bug="configurations whose candidates lay out their gradients differently share one reference run",
+        edits=(
+            _edit(
+                "plan/config.py",
+                '        if self.world_size <= 2 or self.reference != "ddp" or self.engine != "fsdp1":\n',
+                "        if True:  # planted\n",
+            ),
+        ),
+        tests=(_WORLD_SIZE,),
+    ),
+    Plant(
+        name="parity_reduction_cause_silent",
+        bug="gradients that differ where every module matched on every rank are never named reduction_differs",
+        edits=(
+            _edit(
+                "judge/reduce_causes.py",
+                '    if localization.first is not None or localization.error or first_what != "grad":\n',
+                "    if True:  # planted\n",
+            ),
+        ),
+        tests=(_WORLD_SIZE,),
+    ),
+    Plant(
+        name="parity_lower_dtype_cause_silent",
+        bug="a reduction in bfloat16 where the policy says float32 is never named",
+        edits=(
+            _edit(
+                "judge/causes.py",
+                '    ("reduced_in_lower_dtype", reduce_causes.reduced_in_lower_dtype),\n',
+                "    # planted\n",
+            ),
+        ),
+        tests=(_WORLD_SIZE,),
+    ),
+)
+"""The plants of the world-size verdict, run after the engine's."""
