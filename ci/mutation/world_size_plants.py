@@ -21,6 +21,14 @@ def _edit(file: str, old: str, new: str) -> Edit:
 
 WORLD_SIZE_PLANTS: tuple[Plant, ...] = (
     Plant(
+        name="parity_canary_toleranced_on_nccl",
+        bug="the wiring canary, whose sums are exact in any order, falls back to a tolerance on NCCL",
+        edits=(
+            _edit("plan/profiles.py", "    if _exact_sums(config.workload):\n", "    if False:  # planted\n"),
+        ),
+        tests=("suites/parity/test_canary.py",),
+    ),
+    Plant(
         name="parity_reference_reduces_one_flat_buffer",
         bug="the reference all-reduces one flat buffer of every gradient, as DDP does, whatever its "
         "candidate's layout: from 3 ranks on each element is summed in another order",

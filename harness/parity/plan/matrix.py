@@ -195,6 +195,26 @@ def cpu_offload(*, world_size: int = 2, backend: str = "gloo") -> list[ParityCon
     ]
 
 
+def canary(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
+    """The wiring canary (``workload/builtin/canary.py``: sums exact in any order) under every way
+    the engines reduce: DDP's buckets, FSDP1's flat shards with and without alignment, NO_SHARD's
+    all-reduce, HYBRID_SHARD's two stages (world size >= 4), FSDP2's chunked reduce-scatter."""
+    common = {"world_size": world_size, "backend": backend, "workload": "canary", "optimizer": "own"}
+    return [
+        ParityConfig(engine="ddp", **common),
+        *(
+            ParityConfig(engine="fsdp1", sharding=s, use_orig_params=o, **common)
+            for s, o in (
+                ("full_shard", False),
+                ("full_shard", True),
+                ("no_shard", True),
+                ("hybrid_shard", True),
+            )
+        ),
+        ParityConfig(engine="fsdp2", reshard_after_forward=True, **common),
+    ]
+
+
 def default_matrix(*, world_size: int = 2, backend: str = "gloo", scaler: str = "ours") -> list[ParityConfig]:
     """Every suite's configurations, and a few rows of each showcase workload (the Llama-style
     decoder and the conv net): what ``python -m harness.parity`` runs by default."""
@@ -207,6 +227,7 @@ def default_matrix(*, world_size: int = 2, backend: str = "gloo", scaler: str = 
         *sparse(world_size=world_size, backend=backend),
         *cpu_offload(world_size=world_size, backend=backend),
         *workload_matrix.showcase(world_size=world_size, backend=backend),
+        *canary(world_size=world_size, backend=backend),
     ]
     if scaler != "ours":
         configs = [c.with_(scaler=scaler) for c in configs]

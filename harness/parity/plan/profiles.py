@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from harness.parity.plan.config import ParityConfig
+from harness.parity.workload import registry
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,8 +81,20 @@ def profile_for(config: ParityConfig) -> ToleranceProfile:
     FSDP1, and in fp16 and bf16 under FSDP2, and passes ``fp32``; a DDP candidate clips as its
     reference does). Elsewhere (NCCL: its algorithm and channel count, not the buffer alone, set
     the order, and no run here has shown the mirrored reduction bitwise there), the profile of the
-    precision, which the report marks as a fallback tolerance."""
+    precision, which the report marks as a fallback tolerance. A workload whose sums are exact in
+    any order (``Workload.exact_sums``, the built-in ``canary``) is ``exact`` everywhere."""
+    if _exact_sums(config.workload):
+        return EXACT  # the canary: every sum exact in any order, on any backend
     if config.backend == "gloo":
         clip_order = config.path == "unscale_clip" and config.engine != "ddp"
         return FP32 if config.fused or clip_order else EXACT
     return {"fp32": FP32, "bf16": BF16, "fp16": FP16}[config.precision]
+
+
+def _exact_sums(workload: str) -> bool:
+    """Whether ``workload`` declares that its gradients sum exactly in any order (a workload that
+    cannot be resolved here declares nothing: its own error comes where it is built)."""
+    try:
+        return registry.get(workload).exact_sums
+    except Exception:  # noqa: BLE001 - resolving is the rank's job; here only a hint is read
+        return False

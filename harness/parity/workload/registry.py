@@ -44,6 +44,7 @@ BUILTIN = {
     "llama": "harness.parity.workload.builtin.llama:llama",
     "convnet": "harness.parity.workload.builtin.convnet:convnet",
     "uneven": "harness.parity.workload.builtin.uneven:uneven",
+    "canary": "harness.parity.workload.builtin.canary:canary",
 }
 """Built-in names and their factories (resolved like any user's spec)."""
 

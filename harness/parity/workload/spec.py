@@ -88,6 +88,10 @@ class Workload:
     """With ``accumulate``: ``every`` microbatch reduced, or only the ``last``; ``None``: both."""
     checkpoint: bool = False
     """The user checkpoints the units' activations (RNG state preserved): run under every layout."""
+    exact_sums: bool = False
+    """Every gradient element sums exactly over the ranks in any order (small dyadic values, as the
+    built-in ``canary``'s): its rows are judged bitwise on every backend and world size, where
+    others fall back to a tolerance (NCCL)."""
     joint_losses: Callable[[nn.Module, list[Any]], list[torch.Tensor]] | None = None
     """``(model, batches) -> one loss per batch`` from a single forward pass (for the sparse
     single-process reference, whose gradient must come out of one backward call)."""
