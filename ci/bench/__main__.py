@@ -1,4 +1,4 @@
-"""``python -m ci.bench [--json PATH] [--only PART ...] [--cost-sizes 1M,10M,50M]``: run the benchmarks, print their tables and
+"""``python -m ci.bench [--json PATH] [--only PART ...] [--cost-sizes 1M,10M,50M] [--cost-world-size 4]``: run the benchmarks, print their tables and
 optionally write them as JSON (schema in :mod:`ci.bench`).
 
 Exit status: 0 when every part was measured, 1 when a part failed (the others still run and are
@@ -20,7 +20,7 @@ from typing import Any
 from ci.bench import PARTS, SCHEMA, VERSION, render_part
 
 
-def _measure(name: str, cost_sizes: tuple[str, ...]) -> dict[str, Any]:
+def _measure(name: str, cost_sizes: tuple[str, ...], cost_world_size: int = 2) -> dict[str, Any]:
     if name == "scaler":
         from ci.bench import scaler_overhead
 
@@ -32,7 +32,7 @@ def _measure(name: str, cost_sizes: tuple[str, ...]) -> dict[str, Any]:
     if name == "cost":
         from ci.bench import cost_curve
 
-        return cost_curve.measure(cost_sizes)
+        return cost_curve.measure(cost_sizes, world_size=cost_world_size)
     from ci.bench import parity_wall
 
     return parity_wall.measure()
@@ -54,7 +54,15 @@ def main(argv: list[str] | None = None) -> int:
         help="model sizes of the cost curve, comma-separated, of 1M, 10M, 50M (default 1M,10M; "
         "50M takes minutes on 2 cores)",
     )
+    parser.add_argument(
+        "--cost-world-size",
+        type=int,
+        default=2,
+        help="gloo ranks of the cost curve (default 2; 4 shows what the mirrored reduction costs)",
+    )
     options = parser.parse_args(argv)
+    if options.cost_world_size < 2:
+        parser.error(f"--cost-world-size {options.cost_world_size}: give 2 or more ranks, e.g. 4")
     if options.json is not None and options.json.is_dir():
         parser.error(
             f"--json {options.json} is a folder; give a file name, e.g. {options.json / 'bench.json'}"
@@ -81,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     for name in options.only or PARTS:
         try:
-            data["parts"][name] = _measure(name, cost_sizes)
+            data["parts"][name] = _measure(name, cost_sizes, options.cost_world_size)
         except Exception as error:  # noqa: BLE001 - one failed part must not hide the others
             traceback.print_exc()
             data["parts"][name] = {"error": f"{type(error).__name__}: {error}"}

@@ -123,21 +123,24 @@ def plain_loops(workload_spec: str, steps: int) -> int:
 
 
 # -- one side, in its own process -----------------------------------------------------------------
-def measure_side(side: str, size: str) -> dict[str, Any]:
-    """``side`` (``tool`` or ``plain``) at ``size`` on a fresh pool: wall seconds and peak bytes."""
+def measure_side(side: str, size: str, world_size: int = 2) -> dict[str, Any]:
+    """``side`` (``tool`` or ``plain``) at ``size`` on a fresh pool of ``world_size`` ranks: wall
+    seconds and peak bytes."""
     from harness.controller.memory import rss
     from harness.controller.pool import CaseSpec, RankPool
     from harness.outcome import judge
     from harness.spec import DistConfig
 
-    config = DistConfig(world_size=2, backend="gloo", deadline_s=_SIDE_TIMEOUT_S, collective_timeout_s=600)
+    config = DistConfig(
+        world_size=world_size, backend="gloo", deadline_s=_SIDE_TIMEOUT_S, collective_timeout_s=600
+    )
     pool = RankPool(threads_per_rank=1)
     try:
         pool.run(CaseSpec(target=f"{__name__}:warm", config=config, args=(spec(size),)))
         started = time.perf_counter()
         if side == "plain":
             case = CaseSpec(target=f"{__name__}:plain_loops", config=config, args=(spec(size), STEPS))
-            verdict = judge(pool.run(case), world_size=2)
+            verdict = judge(pool.run(case), world_size=world_size)
             status = verdict.outcome if verdict.outcome != "passed" else "pass"
             detail = verdict.summary
         else:
@@ -145,7 +148,11 @@ def measure_side(side: str, size: str) -> dict[str, Any]:
             from harness.parity.plan.config import ParityConfig
 
             parity = ParityConfig(
-                engine="fsdp2", reshard_after_forward=True, workload=spec(size), steps=STEPS
+                engine="fsdp2",
+                reshard_after_forward=True,
+                workload=spec(size),
+                steps=STEPS,
+                world_size=world_size,
             )
             (outcome,) = runner.run(
                 [parity], runner.pool_executor(pool, deadline_per_config_s=600), keep_records=False
@@ -168,9 +175,9 @@ def measure_side(side: str, size: str) -> dict[str, Any]:
     }
 
 
-def _side(side: str, size: str) -> dict[str, Any]:
+def _side(side: str, size: str, world_size: int) -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, "-m", __name__, side, size],
+        [sys.executable, "-m", __name__, side, size, str(world_size)],
         capture_output=True,
         text=True,
         timeout=_SIDE_TIMEOUT_S,
@@ -183,17 +190,22 @@ def _side(side: str, size: str) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
-def measure(sizes: tuple[str, ...] = DEFAULT_SIZES) -> dict[str, Any]:
-    """Both sides at every size; the ratios tool / plain of time and of peak memory."""
+def measure(sizes: tuple[str, ...] = DEFAULT_SIZES, world_size: int = 2) -> dict[str, Any]:
+    """Both sides at every size on ``world_size`` gloo ranks; the ratios tool / plain of time and of
+    peak memory."""
     rows = []
     for size in sizes:
-        plain, tool = _side("plain", size), _side("tool", size)
+        plain, tool = _side("plain", size, world_size), _side("tool", size, world_size)
         row: dict[str, Any] = {"size": size, "steps": STEPS, "plain": plain, "tool": tool}
         if all("error" not in side and side.get("status") == "pass" for side in (plain, tool)):
             row["time_ratio"] = tool["wall_s"] / plain["wall_s"]
             row["memory_ratio"] = tool["peak_bytes"] / plain["peak_bytes"]
         rows.append(row)
-    return {"model": "HF LlamaForCausalLM", "configuration": "fsdp2 fp32, 2 gloo ranks", "rows": rows}
+    return {
+        "model": "HF LlamaForCausalLM",
+        "configuration": f"fsdp2 fp32, {world_size} gloo ranks",
+        "rows": rows,
+    }
 
 
 def render(m: dict[str, Any]) -> str:
@@ -223,4 +235,4 @@ def render(m: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    print(json.dumps(measure_side(sys.argv[1], sys.argv[2])))
+    print(json.dumps(measure_side(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 2)))

@@ -64,6 +64,7 @@ def test_a_document_of_another_schema_is_refused():
         (["--only", "gpu"], "argument --only: invalid choice: 'gpu'"),
         (["--json", "."], "--json . is a folder"),
         (["--cost-sizes", "5M"], "--cost-sizes '5M': give sizes of 1M, 10M, 50M"),
+        (["--cost-world-size", "1"], "--cost-world-size 1: give 2 or more ranks, e.g. 4"),
     ],
 )
 def test_bad_arguments_exit_2_naming_the_fix(args, complaint):
