@@ -218,4 +218,35 @@ def test_a_run_that_matches_has_no_cause():
 
 def test_each_cause_in_the_catalogue_has_a_name_of_its_own():
     names = [name for name, _ in causes.CATALOGUE]
-    assert len(names) == len(set(names)) == 13
+    assert len(names) == len(set(names)) == 14
+
+
+def _rounded_grads(record, dtype=torch.bfloat16):
+    return replace_step(record, grads={n: g.to(dtype).float() for n, g in record.grads.items()})
+
+
+def _fine_grads(record):
+    """Gradients with more bits than bfloat16 holds (a float32 reduction's)."""
+    fine = torch.tensor([[0.3, -0.7], [1.1, 2.3]])
+    return replace_step(record, grads={"layer.weight": fine, "layer.bias": torch.zeros(2)})
+
+
+def test_gradients_that_are_all_bfloat16_values_where_the_reference_reduces_in_float32_are_named():
+    reference = _fine_grads(step(0))
+    (cause,) = _causes([reference], [_rounded_grads(reference)])
+    assert cause.name == "reduced_in_lower_dtype"
+    assert (
+        "every element of the 1 gradients that differ is a bfloat16 value in the candidate" in cause.evidence
+    )
+
+
+def test_a_reduction_already_in_bfloat16_is_never_named_lower():
+    reference = _fine_grads(step(0))
+    found = _causes([reference], [_rounded_grads(reference)], reduce_dtype=torch.bfloat16)
+    assert "reduced_in_lower_dtype" not in _names(found)
+
+
+def test_gradients_rounded_after_a_forward_that_differs_are_not_blamed_on_the_reduction():
+    reference = _fine_grads(step(0))
+    candidate = replace_step(_rounded_grads(reference), losses=(0.75, 0.75))
+    assert "reduced_in_lower_dtype" not in _names(_causes([reference], [candidate]))

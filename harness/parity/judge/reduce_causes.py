@@ -43,9 +43,11 @@ def reduced_in_lower_dtype(e: Evidence) -> Cause | None:
     wide = e.reduce_dtype or torch.float32
     grads = [(name, w, got.grads[name]) for name, w in want.grads.items() if name in got.grads]
     grads = [
-        (n, w, g) for n, w, g in grads if g.is_floating_point() and g.dtype.itemsize > 2 and g.numel() > 1
+        (n, w, g)
+        for n, w, g in grads
+        if g.is_floating_point() and g.dtype.itemsize > 2 and not torch.equal(w, g)
     ]
-    if not grads or any(torch.equal(w, g) for _, w, g in grads):
+    if not grads:
         return None
     for dtype in _LOWER:
         if dtype.itemsize >= torch.empty((), dtype=wide).element_size():
@@ -54,9 +56,9 @@ def reduced_in_lower_dtype(e: Evidence) -> Cause | None:
             return Cause(
                 name="reduced_in_lower_dtype",
                 evidence=(
-                    f"at step {got.step} every loss matches, and every element of the candidate's "
-                    f"{len(grads)} gradients is a {short(dtype)} value while the reference's, reduced in "
-                    f"{short(wide)}, are not"
+                    f"at step {got.step} every loss matches, and every element of the {len(grads)} "
+                    f"gradients that differ is a {short(dtype)} value in the candidate, while the "
+                    f"reference's, reduced in {short(wide)}, are not"
                 ),
                 explanation=(
                     f"The gradients were summed across ranks in {short(dtype)}, not in the policy's "

@@ -30,15 +30,17 @@ def reduce_order(e: Evidence) -> Cause | None:
     """Gradients summed over more than two ranks in float16/bfloat16, differing by no more than a
     few of that dtype's ulps at each tensor's scale: the addends were summed in another order.
 
-    Why it is no bug: on gloo each element is summed in an order set by its position in the
-    reduced buffer (measured at world size 4: the element in the c-th quarter of the buffer adds
-    ranks c+2, c+3, c+1, c), and FSDP reduces per unit flat parameter (FSDP1) or per interleaved
-    dim-0 shard (FSDP2) where the reference reduces one flat buffer, so the same addends meet in
-    another order; two addends commute, so world size 2 is exact. At step 0 of ``five_classes`` in
-    bfloat16 on four ranks, before anything else differs, a quarter to a half of every gradient's
-    elements differ by one bfloat16 ulp at the tensor's largest magnitude; an element that nearly
-    cancels keeps that absolute error and fails the relative tolerance, and a momentum buffer
-    summing such gradients over steps can leave it while each gradient stays inside."""
+    Why it is no bug by itself: on gloo each element is summed in an order set by its position in
+    the reduced buffer (measured at world size 4: the element in the c-th quarter of the buffer
+    adds ranks c+2, c+3, c+1, c). The reference reduces through its candidate's collectives on its
+    candidate's buffers (``ranks/reduce_layout.py``), so a candidate that reduces as FSDP does never
+    shows this; one that reduces otherwise (a custom reduce hook or collective, another grouping
+    of its buffers) does. Measured before the reference mirrored the layout, where it reduced one
+    flat buffer: at step 0 of ``five_classes`` in bfloat16 on four ranks, a quarter to a half of
+    every gradient's elements differed by one bfloat16 ulp at the tensor's largest magnitude; an
+    element that nearly cancels keeps that absolute error and fails a relative tolerance, and a
+    momentum buffer summing such gradients over steps can leave it while each gradient stays
+    inside."""
     if e.reduce_dtype not in _LOW or e.world_size <= 2 or e.origin is None:
         return None
     if not e.failed & {"grad", "param", "optim_state"} or e.failed - {
@@ -79,16 +81,15 @@ def reduce_order(e: Evidence) -> Cause | None:
             f"over {e.world_size} ranks in {dtype}{grown}"
         ),
         explanation=(
-            f"Summation order, not sharding: {e.world_size} ranks' {dtype} gradients are summed in "
-            "another order by FSDP's reduce-scatter (per flat parameter or shard) than by the "
-            "reference's one all-reduce (gloo orders each element by its place in the buffer), and "
-            f"each order rounds to its own {dtype} value; an element that nearly cancels keeps that "
-            "absolute error and fails the relative tolerance, or the optimizer state that "
-            "accumulates it drifts past the tolerance, or a model that amplifies small differences "
-            "grows it over the next steps. Expect it at world size > 2 with a "
-            "low-precision reduce dtype (reduce in float32 for a bitwise-comparable run)"
+            f"Summation order: {e.world_size} ranks' {dtype} gradients were summed in another order "
+            "than the reference's, which reduces through FSDP's own collectives on FSDP's own buffers "
+            f"(so a candidate reducing as FSDP does matches it bitwise); each order rounds to its own "
+            f"{dtype} value. The candidate reduces otherwise: a custom reduce hook or collective, "
+            "another grouping of its gradient buffers, or a backend whose order is not the buffer's "
+            "alone (NCCL). An element that nearly cancels keeps that absolute error and fails a "
+            "relative tolerance, and optimizer state accumulating it drifts further"
         ),
-        reference="harness/parity/ranks/twin.py (reduction)",
+        reference="harness/parity/ranks/reduce_layout.py",
     )
 
 
