@@ -297,7 +297,10 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
         + ". `bitwise`: every value equal; `≤ N ulp`: at most N units in the last place apart; "
         "`toleranced`: farther apart, within the profile's rtol/atol.",
         "",
-        "Profiles: " + "; ".join(f"`{n}` {p.describe()}" for n, p in profiles.PROFILES.items()) + ".",
+        "Profiles: "
+        + "; ".join(f"`{n}` {p.describe()}" for n, p in profiles.PROFILES.items())
+        + ". Every profile but `exact` is a fallback tolerance (fused optimizers and clipping under FSDP; "
+        "NCCL): a pass under it says how close, not that sharding changed nothing.",
     ]
     ran = Counter(r.config.recipe_name for r in results)
     lines += [
