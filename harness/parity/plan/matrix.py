@@ -24,12 +24,12 @@ from harness.parity.plan.config import (
 def _init_scale(precision: str, world_size: int, backend: str) -> float:
     """fp16 starts high enough that its gradients overflow in the first steps, as real fp16 runs do:
     the scale backs off until they fit, then grows, and every rank must make the same decisions on
-    the way, with overflows that may show up in one rank's shard only. Only where FSDP reduces
-    exactly as DDP does (gloo, world size <= 2): with more ranks the low-precision partial sums
-    differ (HYBRID_SHARD pre-divides by 2 and adds pairs; DDP divides by 4), so a gradient at fp16's
-    edge overflows in one and not the other, which is FSDP's arithmetic and not the scaler's; there
-    the matrix starts at 2**16, away from the edge."""
-    exact_reduction = backend == "gloo" and world_size <= 2
+    the way, with overflows that may show up in one rank's shard only. Wherever the reference sums
+    each element as its candidate does (gloo, at any world size: ``ranks/reduce_layout.py``), the
+    partial sums that overflow are the same on both sides. On NCCL the order is not the buffer's
+    alone, so a gradient at fp16's edge could overflow in one run and not the other, which is the
+    backend's arithmetic and not the scaler's: there the matrix starts at 2**16, away from the edge."""
+    exact_reduction = backend == "gloo"
     return 2.0**20 if precision == "fp16" and exact_reduction else 2.0**16
 
 
