@@ -69,9 +69,10 @@ class Layout:
 def _owners(model: nn.Module, units: list[nn.Module], engine: str) -> dict[int, int]:
     """For each parameter (by ``id``), the index in ``units`` of the unit that manages it (absent:
     the root's). FSDP1 wraps units bottom-up in module order (``_recursive_wrap``: children before
-    their parent, earlier siblings first) and the first wrap takes a shared parameter; FSDP2's
-    engine calls ``fully_shard`` on the units in reverse module order, innermost first, and
-    likewise the first call takes it."""
+    their parent, earlier siblings first) and the first wrap takes a shared parameter (measured).
+    FSDP2's engine calls ``fully_shard`` on the units in reverse module order, innermost first; a
+    parameter two sibling units share is managed by both there (torch 2.13 does not support it),
+    and here goes to the first call's."""
     position = {id(unit): index for index, unit in enumerate(units)}
     order: list[int] = []
 
