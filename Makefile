@@ -17,7 +17,7 @@ export MKL_NUM_THREADS ?= 1
 export PYTHONUNBUFFERED := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup parity test e2e test-gpu models gate kernels mutation bench demo lint clean
+.PHONY: help setup parity test e2e property test-gpu models gate kernels mutation bench demo lint clean
 
 help: ## list the targets and what each does
 	@echo "usage: make <target> [VARIABLE=value ...]"
@@ -49,10 +49,13 @@ parity: setup ## the parity matrix against DDP; writes reports/parity.{json,md,p
 	$(PY) -m harness.parity --backend $(BACKEND) --world-size $(WORLD_SIZE) --scaler $(SCALER) --out $(REPORTS) $(if $(K),-k "$(K)") $(if $(WORKLOAD),--workload "$(WORKLOAD)")
 
 test: setup ## all suites on CPU/gloo but the end-to-end tests, in under 5 minutes (.ci/run runs exactly this)
-	$(PY) -m pytest suites -q -m "not e2e"
+	$(PY) -m pytest suites -q -m "not e2e and not property"
 
 e2e: setup ## the end-to-end tests make test leaves out (-m e2e): inner sessions, CLI and gate runs, torchrun launches
 	$(PY) -m pytest suites -q -m e2e
+
+property: setup ## the judge's property on a large drawn sample (-m property): one element moved anywhere turns its row red
+	$(PY) -m pytest suites -q -m property
 
 models: setup ## the real-model tier: tiny Llama, Mixtral, GPT-2, BERT and T5 (transformers) through every engine and precision
 	SHARDSCALE_MODELS=all $(PY) -m pytest suites/models -q

@@ -1,7 +1,8 @@
 """The pytest side of the gate: the command that runs a tier, and what its JUnit XML says.
 
-The CPU tier is what ``make test`` runs (``pytest suites -m "not e2e"``), without the tests marked
-``gpu`` (the end-to-end tests, ``make e2e``, are a CI job of their own, so nothing runs twice);
+The CPU tier is what ``make test`` runs (``pytest suites -m "not e2e and not property"``), without
+the tests marked ``gpu`` (the end-to-end tests, ``make e2e``, and the judge's property on its drawn
+sample, ``make property``, are CI jobs of their own, so nothing runs twice);
 the GPU tier is what ``make test-gpu`` runs in strict mode (``-m gpu --require-gpus N``: a GPU
 test skipped for lack of GPUs fails). Either session also writes the JUnit XML (each parity test
 with its configuration's metrics as properties, recorded by the parity suites) and, through
@@ -33,7 +34,7 @@ class Tier:
     """The ``-m`` expression that selects it."""
 
 
-CPU = Tier(name="cpu", backend="gloo", marker="not gpu and not e2e")
+CPU = Tier(name="cpu", backend="gloo", marker="not gpu and not e2e and not property")
 GPU = Tier(name="gpu", backend="nccl", marker="gpu")
 
 

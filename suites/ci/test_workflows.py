@@ -100,7 +100,9 @@ def test_the_gate_runs_the_suites_make_test_runs():
     marker = args[args.index("-m") + 1]
     tests = [a for a in args if not a.startswith("-") and a != marker]
     assert tests == list(suites.DEFAULT_TESTS)
-    assert marker == "not e2e", "make test leaves the end-to-end tests to make e2e"
+    assert marker == "not e2e and not property", (
+        "make test leaves the end-to-end tests to make e2e and the drawn property sample to make property"
+    )
     command = suites.pytest_command(
         suites.CPU, tests=suites.DEFAULT_TESTS, keyword="", out=Path("o"), plot=True
     )
@@ -120,6 +122,12 @@ def test_the_cpu_workflow_runs_the_real_model_tier_in_a_job_of_its_own():
     assert "make models" in commands
 
 
+def test_the_cpu_workflow_runs_the_judges_property_tier_in_a_job_of_its_own():
+    document = yaml.safe_load((ROOT / "ci" / "workflows" / "cpu.yml").read_text())
+    commands = [step.get("run", "") for step in document["jobs"]["property"]["steps"]]
+    assert "make property" in commands
+
+
 def test_the_cpu_workflow_runs_the_end_to_end_tier_in_a_job_of_its_own():
     document = yaml.safe_load((ROOT / "ci" / "workflows" / "cpu.yml").read_text())
     commands = [step.get("run", "") for step in document["jobs"]["e2e"]["steps"]]
@@ -131,6 +139,7 @@ def test_the_cpu_workflow_runs_the_end_to_end_tier_in_a_job_of_its_own():
 TIERS = {
     "test": "cpu.yml",  # as `make gate`, the same session
     "e2e": "cpu.yml",
+    "property": "cpu.yml",
     "models": "cpu.yml",
     "kernels": "cpu.yml",
     "mutation": "cpu.yml",

@@ -22,6 +22,7 @@ def test_make_help_lists_every_target_with_one_line():
         "parity",
         "test",
         "e2e",
+        "property",
         "models",
         "test-gpu",
         "gate",
