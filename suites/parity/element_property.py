@@ -39,8 +39,16 @@ STEPS = 3
 WORLD_SIZES = (2, 4)
 ENGINE_LAYOUTS: tuple[dict[str, Any], ...] = (
     {"engine": "ddp"},
-    *({"engine": "fsdp1", "sharding": s, "use_orig_params": o} for s in FSDP1_SHARDING for o in (False, True)),
-    *({"engine": "fsdp2", "reshard_after_forward": r, "offload": o} for r in (True, False) for o in (False, True)),
+    *(
+        {"engine": "fsdp1", "sharding": s, "use_orig_params": o}
+        for s in FSDP1_SHARDING
+        for o in (False, True)
+    ),
+    *(
+        {"engine": "fsdp2", "reshard_after_forward": r, "offload": o}
+        for r in (True, False)
+        for o in (False, True)
+    ),
 )
 """DDP; FSDP1 under every sharding strategy, flat and ``use_orig_params``; FSDP2 resharding or
 keeping after forward, with and without ``CPUOffloadPolicy``."""
@@ -51,7 +59,14 @@ gradients are inf has no element to move by one ulp."""
 PATHS = ("plain", "unscale_clip")
 
 
-def config(*, world_size: int = 2, optimizer: str = "sgd", precision: str = "fp32", path: str = "plain", **layout: Any) -> ParityConfig:
+def config(
+    *,
+    world_size: int = 2,
+    optimizer: str = "sgd",
+    precision: str = "fp32",
+    path: str = "plain",
+    **layout: Any,
+) -> ParityConfig:
     """A configuration of the ``edges`` workload (``layout``: one of :data:`ENGINE_LAYOUTS`)."""
     return ParityConfig(
         workload=WORKLOAD,
@@ -97,7 +112,8 @@ class Layout:
                 tensors[kind][name] = Tensor(numel, tuple(dict.fromkeys(edges)))
         buffers = per_rank[0]["buffer"]
         tensors["buffer"] = {
-            name: Tensor(numel, (("first", 0), ("last", numel - 1))) for name, numel in sorted(buffers.items())
+            name: Tensor(numel, (("first", 0), ("last", numel - 1)))
+            for name, numel in sorted(buffers.items())
         }
         return cls(tensors)
 
@@ -234,7 +250,12 @@ def must_fail(p: Perturbation, probe: dict[str, Any], profile: profiles.Toleranc
         return not clip_norm.agrees(reference, after, profile)
     dtype = torch.float64 if p.kind == "loss" else getattr(torch, probe["dtype"])
     diff = distance.tensor_diff(
-        torch.tensor([reference], dtype=dtype), torch.tensor([after], dtype=dtype), profile, step=0, kind="", name=""
+        torch.tensor([reference], dtype=dtype),
+        torch.tensor([after], dtype=dtype),
+        profile,
+        step=0,
+        kind="",
+        name="",
     )
     return diff.mismatched > 0
 

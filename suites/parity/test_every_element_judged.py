@@ -63,13 +63,27 @@ class Pick:
         )
 
     def __str__(self) -> str:
-        return f"{self.config.id}-{self.kind}-{self.name or 'rank' + str(self.rank)}-{self.edge or 'value'}-s{self.step}".replace(" ", "_").replace("'", "")
+        what = self.name or f"rank{self.rank}"
+        edge = (self.edge or "value").replace(" ", "_").replace("'", "")
+        return f"{self.config.id}-{self.kind}-{what}-{edge}-s{self.step}"
 
 
 FIXED = (
     # the boundary of two ranks' shards inside one parameter of an FSDP1 flat parameter
-    Pick(config=prop.config(**FSDP1_FLAT), kind="grad", name="blocks.0.fc1.weight", edge="last of rank 0's piece", step=1),
-    Pick(config=prop.config(**FSDP1_FLAT), kind="grad", name="blocks.0.fc1.weight", edge="first of rank 1's piece", step=0),
+    Pick(
+        config=prop.config(**FSDP1_FLAT),
+        kind="grad",
+        name="blocks.0.fc1.weight",
+        edge="last of rank 0's piece",
+        step=1,
+    ),
+    Pick(
+        config=prop.config(**FSDP1_FLAT),
+        kind="grad",
+        name="blocks.0.fc1.weight",
+        edge="first of rank 1's piece",
+        step=0,
+    ),
     Pick(config=prop.config(**FSDP1_FLAT), kind="buffer", name="blocks.0.gain", edge="first", step=0, rank=0),
     Pick(
         config=prop.config(optimizer="adam", **FSDP1_ORIG),
@@ -102,7 +116,14 @@ FIXED = (
         step=2,
     ),
     Pick(config=prop.config(**FSDP2), kind="loss", step=2, rank=1),
-    Pick(config=prop.config(optimizer="adam", **DDP), kind="buffer", name="blocks.1.gain", edge="last", step=1, rank=1),
+    Pick(
+        config=prop.config(optimizer="adam", **DDP),
+        kind="buffer",
+        name="blocks.1.gain",
+        edge="last",
+        step=1,
+        rank=1,
+    ),
     Pick(
         config=prop.config(optimizer="adam", **DDP),
         kind="optim_state",
@@ -127,7 +148,13 @@ FIXED = (
         step=1,
     ),
     # four ranks, the head's 3 rows: 1 + 1 + 1 + 0 (rank 3 holds an empty shard)
-    Pick(config=prop.config(world_size=4, **FSDP2), kind="param", name="head.bias", edge="last of rank 2's piece", step=2),
+    Pick(
+        config=prop.config(world_size=4, **FSDP2),
+        kind="param",
+        name="head.bias",
+        edge="last of rank 2's piece",
+        step=2,
+    ),
     Pick(
         config=prop.config(world_size=4, optimizer="adam", **FSDP1_ORIG),
         kind="optim_state",
