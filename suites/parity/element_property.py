@@ -55,7 +55,8 @@ keeping after forward, with and without ``CPUOffloadPolicy``."""
 OPTIMIZERS = ("sgd", "adam", "adam_fused")
 PRECISIONS = ("fp32", "bf16")
 """fp16 is left out: at the matrix's initial scale its first steps overflow, and a step whose
-gradients are inf has no element to move by one ulp."""
+gradients are inf has no element to move by one ulp. A DDP candidate trains in float32 only (as in
+the matrix: its low-precision twin is a reference, not a candidate)."""
 PATHS = ("plain", "unscale_clip")
 
 
@@ -169,19 +170,18 @@ def runnable(found: ParityConfig) -> bool:
 @st.composite
 def configs(draw: st.DrawFn) -> ParityConfig:
     """Any runnable configuration of the ``edges`` workload on gloo."""
-    found = draw(
+    layout = draw(st.sampled_from(ENGINE_LAYOUTS))
+    precision = "fp32" if layout["engine"] == "ddp" else draw(st.sampled_from(PRECISIONS))
+    return draw(
         st.builds(
-            lambda layout, world_size, optimizer, precision, path: config(
+            lambda world_size, optimizer, path: config(
                 world_size=world_size, optimizer=optimizer, precision=precision, path=path, **layout
             ),
-            st.sampled_from(ENGINE_LAYOUTS),
             st.sampled_from(WORLD_SIZES),
             st.sampled_from(OPTIMIZERS),
-            st.sampled_from(PRECISIONS),
             st.sampled_from(PATHS),
         ).filter(runnable)
     )
-    return found
 
 
 def cases(found: ParityConfig, layout: Layout) -> st.SearchStrategy[Case]:

@@ -24,7 +24,7 @@ import dataclasses
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from fixtures.parity_perturb import SIZES
@@ -215,6 +215,7 @@ def _layout(ranks: Any, found: Any) -> prop.Layout:
     max_examples=60,
     deadline=None,
     database=None,
+    phases=(Phase.explicit, Phase.generate, Phase.shrink),  # no explain: it reruns a failure ~150 times
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(data=st.data())
