@@ -212,7 +212,7 @@ def _layout(ranks: Any, found: Any) -> prop.Layout:
 
 @pytest.mark.property
 @settings(
-    max_examples=60,
+    max_examples=100,
     deadline=None,
     database=None,
     phases=(Phase.explicit, Phase.generate, Phase.shrink),  # no explain: it reruns a failure ~150 times
