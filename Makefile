@@ -48,7 +48,7 @@ WORKLOAD   =
 parity: setup ## the parity matrix against DDP; writes reports/parity.{json,md,png}; exits 1 if a configuration broke its tolerance
 	$(PY) -m harness.parity --backend $(BACKEND) --world-size $(WORLD_SIZE) --scaler $(SCALER) --out $(REPORTS) $(if $(K),-k "$(K)") $(if $(WORKLOAD),--workload "$(WORKLOAD)")
 
-test: setup ## all suites on CPU/gloo but the end-to-end tests, in under 5 minutes (.ci/run runs exactly this)
+test: setup ## all suites on CPU/gloo but the end-to-end tests and the drawn property sample, in under 5 minutes (.ci/run runs exactly this)
 	$(PY) -m pytest suites -q -m "not e2e and not property"
 
 e2e: setup ## the end-to-end tests make test leaves out (-m e2e): inner sessions, CLI and gate runs, torchrun launches
