@@ -24,7 +24,7 @@ import dataclasses
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 from fixtures.parity_perturb import SIZES
@@ -225,6 +225,9 @@ def test_any_moved_element_of_any_kind_turns_its_row_red_where_the_bound_says(mo
     amount; the row must pass unmoved and give the verdict the bound asks for."""
     found = data.draw(prop.configs(), label="config")
     case = data.draw(prop.cases(found, _layout(module_ranks, found)), label="case")
+    event(f"kind {case.kind}")  # --hypothesis-show-statistics: what the sample covered
+    event(f"world size {found.world_size}, {found.engine}")
+    event("element at an edge" if case.where not in ("", "drawn") else "element anywhere")
     entries: list[Any] = [] if found.id in _baselines else [(found, None)]
     entries += [(found, case.perturbation(size)) for size in SIZES]
     judged = prop.run(module_ranks, entries)
