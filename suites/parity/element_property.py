@@ -33,6 +33,7 @@ from harness.parity.plan import profiles
 from harness.parity.plan.config import FSDP1_SHARDING, ParityConfig, unsupported_reason
 from harness.parity.ranks import distance
 from harness.parity.ranks.record import RunRecord
+from harness.parity.report import render
 
 WORKLOAD = "fixtures.edge_workload:edges"
 STEPS = 3
@@ -269,7 +270,10 @@ def _names_it(message: str, p: Perturbation) -> bool:
 
 
 def check(judged: Judged, case: Case) -> None:
-    """Assert what the verdict on a moved element must be (see the module docstring)."""
+    """Assert what the verdict on a moved element must be, read off the row as the report writes
+    it (``parity.json``): failed at that step, its first divergence of that kind, one of them
+    naming that tensor, and the ranks' count of mismatched elements exactly one; or, inside the
+    bound, nothing named and nothing counted."""
     p = judged.perturbation
     assert p is not None
     result = judged.result
@@ -282,13 +286,15 @@ def check(judged: Judged, case: Case) -> None:
     fails = expected.pop()
     if p.size == "large" or (profile.bitwise and p.kind != "clip_norm"):
         assert fails, f"{case}: the test's own bound lets a {p.size} move pass under {profile.name}"
-    at_step = [d for d in result.divergences if d.step == p.step]
-    named = [d for d in at_step if d.what == p.kind and _names_it(d.message, p)]
-    said = "\n".join(d.message for d in result.divergences[:6]) or "(no divergence)"
+    report = render.result_to_json(result)  # the row as parity.json writes it
+    divergences = report["divergences"]
+    named = [
+        d for d in divergences if (d["step"], d["what"]) == (p.step, p.kind) and _names_it(d["message"], p)
+    ]
+    said = "\n".join(d["message"] for d in divergences[:6]) or "(no divergence)"
     if fails:
-        first = result.divergences[0] if result.divergences else None
-        assert result.status == "fail", f"{case}, {p.size}: the row passed\n{said}"
-        assert first is not None and (first.step, first.what) == (p.step, p.kind), (
+        assert report["status"] == "fail", f"{case}, {p.size}: the row passed\n{said}"
+        assert report["first_diverging_step"] == p.step and divergences[0]["what"] == p.kind, (
             f"{case}, {p.size}: the row's first divergence is not this {p.kind} at step {p.step}\n{said}"
         )
         assert named, f"{case}, {p.size}: no divergence names {p.kind} {p.judge_name}\n{said}"
