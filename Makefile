@@ -55,7 +55,7 @@ e2e: setup ## the end-to-end tests make test leaves out (-m e2e): inner sessions
 	$(PY) -m pytest suites -q -m e2e
 
 property: setup ## the judge's property on a large drawn sample (-m property): one element moved anywhere turns its row red
-	$(PY) -m pytest suites -q -m property
+	$(PY) -m pytest suites -q -m property --hypothesis-show-statistics
 
 models: setup ## the real-model tier: tiny Llama, Mixtral, GPT-2, BERT and T5 (transformers) through every engine and precision
 	SHARDSCALE_MODELS=all $(PY) -m pytest suites/models -q
