@@ -6,7 +6,7 @@ Why a module of its own: ``test_every_element_judged.py`` runs it twice, a fixed
 A *case* is a configuration of the ``edges`` workload (``fixtures/edge_workload.py``: uneven rows
 at world sizes 2 and 4, several parameters per FSDP unit, a buffer per unit), a step, a kind
 (gradient, parameter, each optimizer state key, buffer, loss, clip norm) and one element. Its
-element is drawn from the *edges* of the candidate's layout three times in four: the first and last
+element is drawn from the *edges* of the candidate's layout most of the time: the first and last
 element of each rank's piece of the tensor (which is also the element next to a flat shard's
 padding, the last row of an uneven FSDP2 split, and each side of the boundary between two
 parameters inside an FSDP1 flat shard), read off torch's layout on the ranks
@@ -184,7 +184,7 @@ def configs(draw: st.DrawFn) -> ParityConfig:
 
 def cases(found: ParityConfig, layout: Layout) -> st.SearchStrategy[Case]:
     """A case of ``found``: any kind it records, any tensor of that kind, and an element that is
-    one of the tensor's edges three times in four (any element otherwise)."""
+    one of the tensor's edges most of the time (any element otherwise)."""
     kinds = [kind for kind in ("grad", "param", "optim_state", "buffer") if layout.tensors[kind]]
     kinds += ["loss"] + (["clip_norm"] if found.path == "unscale_clip" else [])
 

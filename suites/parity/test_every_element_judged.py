@@ -222,7 +222,7 @@ def _layout(ranks: Any, found: ParityConfig) -> prop.Layout:
 @given(data=st.data())
 def test_any_moved_element_of_any_kind_turns_its_row_red_where_the_bound_says(module_ranks, data):
     """Drawn: a layout, world size, optimizer, precision and path, then a step, a kind, a tensor
-    and an element (an edge of its pieces three times in four), moved by one ulp and by a large
+    and an element (an edge of its pieces most of the time), moved by one ulp and by a large
     amount; the row must pass unmoved and give the verdict the bound asks for."""
     found = data.draw(prop.configs(), label="config")
     case = data.draw(prop.cases(found, _layout(module_ranks, found)), label="case")
