@@ -1,7 +1,9 @@
 """The pytest side of the gate: the command that runs a tier, and what its JUnit XML says.
 
-The CPU tier is what ``make test`` runs (``pytest suites -m "not e2e and not world_sizes"``), without the tests marked
-``gpu`` (the end-to-end tests, ``make e2e``, are a CI job of their own, so nothing runs twice);
+The CPU tier is what ``make test`` runs (``pytest suites -m "not e2e and not world_sizes and not property"``),
+without the tests marked ``gpu`` (the end-to-end tests, ``make e2e``, the world-size-8 tests, ``make
+world-sizes``, and the judge's property on its drawn sample, ``make property``, are CI jobs of their
+own, so nothing runs twice);
 the GPU tier is what ``make test-gpu`` runs in strict mode (``-m gpu --require-gpus N``: a GPU
 test skipped for lack of GPUs fails). Either session also writes the JUnit XML (each parity test
 with its configuration's metrics as properties, recorded by the parity suites) and, through
@@ -33,7 +35,7 @@ class Tier:
     """The ``-m`` expression that selects it."""
 
 
-CPU = Tier(name="cpu", backend="gloo", marker="not gpu and not e2e and not world_sizes")
+CPU = Tier(name="cpu", backend="gloo", marker="not gpu and not e2e and not world_sizes and not property")
 GPU = Tier(name="gpu", backend="nccl", marker="gpu")
 
 

@@ -29,6 +29,8 @@ _RECIPE_PARITY = "suites/parity/test_recipe_parity.py"
 _CLIP = "suites/parity/test_clip_norm.py"
 _ACCUMULATE = "suites/parity/test_accumulate.py"
 _CHECKPOINT = "suites/parity/test_checkpoint.py"
+_EVERY_ELEMENT = "suites/parity/test_every_element_judged.py"
+"""The judge's property (its fixed sample): a moved element of any kind, anywhere, is seen."""
 
 
 def _edit(file: str, old: str, new: str) -> Edit:
@@ -68,7 +70,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
                 "    for rank, (want, got) in enumerate(zip(ref.losses[:1], cand.losses[:1], strict=True)):  # planted\n",
             ),
         ),
-        tests=(_CHECKS, _COMPARE),
+        tests=(_CHECKS, _COMPARE, _EVERY_ELEMENT),
     ),
     Plant(
         name="parity_grads_not_compared",
@@ -80,7 +82,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
                 '_TENSOR_KINDS = ("param", "optim_state")  # planted',
             ),
         ),
-        tests=(_CHECKS,),
+        tests=(_CHECKS, _EVERY_ELEMENT),
     ),
     Plant(
         name="parity_params_not_compared",
@@ -92,7 +94,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
                 '_TENSOR_KINDS = ("grad", "optim_state")  # planted',
             ),
         ),
-        tests=(_CHECKS, _COMPARE),
+        tests=(_CHECKS, _COMPARE, _EVERY_ELEMENT),
     ),
     Plant(
         name="parity_optim_state_not_compared",
@@ -104,7 +106,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
                 '_TENSOR_KINDS = ("grad", "param")  # planted',
             ),
         ),
-        tests=(_CHECKS,),
+        tests=(_CHECKS, _EVERY_ELEMENT),
     ),
     Plant(
         name="parity_buffers_not_compared",
@@ -116,7 +118,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
                 "        tensor_found, diffs = _tensor_problems(ref, cand, profile, kinds)  # planted\n",
             ),
         ),
-        tests=(_CHECKS, _CAUSES),
+        tests=(_CHECKS, _CAUSES, _EVERY_ELEMENT),
     ),
     Plant(
         name="parity_exact_not_bitwise",
@@ -346,7 +348,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
                 "    if not handle.uses_sharded_strategy:\n        return True  # planted\n",
             ),
         ),
-        tests=(_STEPCHECK,),
+        tests=(_STEPCHECK, _EVERY_ELEMENT),
     ),
     Plant(
         name="parity_shard_compared_with_the_first_rows",
@@ -359,7 +361,36 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
                 "    start = 0  # planted\n",
             ),
         ),
-        tests=(_STEPCHECK,),
+        tests=(_STEPCHECK, _EVERY_ELEMENT),
+    ),
+    Plant(
+        name="parity_rank_buffers_not_compared",
+        bug="the module buffers each rank records are never compared on the ranks: no distance is "
+        "sent for them, and the judge reads a buffer without one as equal",
+        edits=(
+            _edit(
+                "ranks/stepcheck.py",
+                '        measured["buffer"] = _compare(\n'
+                '            own_buffers(self._ref["buffers"], self.rank), own, self.profile, align=True\n'
+                "        )\n",
+                '        measured["buffer"] = _Measured()  # planted\n',
+            ),
+        ),
+        tests=(_EVERY_ELEMENT,),
+    ),
+    Plant(
+        name="parity_piece_last_element_not_compared",
+        bug="each rank compares its piece of every tensor but the piece's last element: the edge "
+        "of a shard (next to padding, the last row of an uneven split, the end of a parameter "
+        "inside a flat shard) is never judged",
+        edits=(
+            _edit(
+                "ranks/stepcheck.py",
+                '        got = piece.values.to("cpu", dtype)\n',
+                '        got = piece.values.to("cpu", dtype)[:-1]  # planted\n',
+            ),
+        ),
+        tests=(_EVERY_ELEMENT,),
     ),
     Plant(
         name="parity_lockstep_reference_kept_whole",
@@ -449,7 +480,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
                 "            pass  # planted\n",
             ),
         ),
-        tests=(_CLIP,),
+        tests=(_CLIP, _EVERY_ELEMENT),
     ),
     Plant(
         name="parity_clip_norm_sharded_silent",

@@ -100,7 +100,9 @@ def test_the_gate_runs_the_suites_make_test_runs():
     marker = args[args.index("-m") + 1]
     tests = [a for a in args if not a.startswith("-") and a != marker]
     assert tests == list(suites.DEFAULT_TESTS)
-    assert marker == "not e2e and not world_sizes", "make test leaves the end-to-end and world-size tiers out"
+    assert marker == "not e2e and not world_sizes and not property", (
+        "make test leaves the end-to-end and world-size tiers and the drawn property sample out"
+    )
     command = suites.pytest_command(
         suites.CPU, tests=suites.DEFAULT_TESTS, keyword="", out=Path("o"), plot=True
     )
@@ -126,6 +128,12 @@ def test_the_cpu_workflow_runs_the_world_size_tier_in_a_job_of_its_own():
     assert "make world-sizes" in commands
 
 
+def test_the_cpu_workflow_runs_the_judges_property_tier_in_a_job_of_its_own():
+    document = yaml.safe_load((ROOT / "ci" / "workflows" / "cpu.yml").read_text())
+    commands = [step.get("run", "") for step in document["jobs"]["property"]["steps"]]
+    assert "make property" in commands
+
+
 def test_the_cpu_workflow_runs_the_end_to_end_tier_in_a_job_of_its_own():
     document = yaml.safe_load((ROOT / "ci" / "workflows" / "cpu.yml").read_text())
     commands = [step.get("run", "") for step in document["jobs"]["e2e"]["steps"]]
@@ -138,6 +146,7 @@ TIERS = {
     "test": "cpu.yml",  # as `make gate`, the same session
     "e2e": "cpu.yml",
     "world-sizes": "cpu.yml",
+    "property": "cpu.yml",
     "models": "cpu.yml",
     "kernels": "cpu.yml",
     "mutation": "cpu.yml",

@@ -27,7 +27,9 @@ ORDER_ULPS = 8
 """Float32 ULPs two sums of the same squares in another order may differ by (measured: 2)."""
 
 
-def _agrees(want: float, got: float, profile: ToleranceProfile) -> bool:
+def agrees(want: float, got: float, profile: ToleranceProfile) -> bool:
+    """Whether a candidate's norm ``got`` passes against the reference's ``want`` (the bound
+    above; a test that moves a norm asks this to know whether its row must turn red)."""
     if not (math.isfinite(want) and math.isfinite(got)):
         return not math.isfinite(want) and not math.isfinite(got)
     if ulp.of_floats(want, got) <= ORDER_ULPS:
@@ -43,7 +45,7 @@ def problems(ref: StepRecord, cand: StepRecord, profile: ToleranceProfile) -> li
         who, other = ("candidate", "reference") if cand.clip_norms else ("reference", "candidate")
         return [f"the {who} clipped its gradients and the {other} did not"]
     want = ref.clip_norms[0]
-    wrong = {rank: got for rank, got in enumerate(cand.clip_norms) if not _agrees(want, got, profile)}
+    wrong = {rank: got for rank, got in enumerate(cand.clip_norms) if not agrees(want, got, profile)}
     if not wrong:
         return []
     said = ", ".join(f"rank {rank} {got!r}" for rank, got in wrong.items())
