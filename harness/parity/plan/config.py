@@ -46,6 +46,12 @@ CHECKPOINTS = (None, "replay", "no_replay")
 (``preserve_rng_state=True``), or without (a bug under dropout)."""
 """When gradient accumulation reduces: every microbatch, or only the last (``no_sync()``)."""
 FAULT_VALUES = ("inf", "nan")
+RESUME_METHODS = ("dcp", "sharded_optimizer", "user")
+"""How a resume row checkpoints (``ranks/resume_store.py``): ``dcp`` (torch.distributed.checkpoint's
+``get_state_dict``/``set_state_dict``, sharded, to a folder), ``sharded_optimizer`` (the optimizer
+through ``scaler.ShardedOptimizer``'s name-keyed state), ``user`` (the workload's ``save``/``load``)."""
+RESUME_WORDS = {"dcp": "dcp", "sharded_optimizer": "sopt", "user": "user"}
+"""Each method's word in a configuration id (``resume@3-sopt``)."""
 
 
 def _choice(name: str, value: object, allowed: Iterable[object]) -> None:
@@ -137,6 +143,12 @@ class ParityConfig:
     world_size: int = 2
     backend: str = "gloo"
     steps: int = 6
+    resume_at: int | None = None
+    """A resume row: the candidate trains ``resume_at`` steps, saves a checkpoint, drops everything,
+    loads it into a fresh model (new random weights) and trains the rest; the reference trains
+    straight through (``ranks/resume.py``). ``None``: no resume."""
+    resume_method: str | None = None
+    """With :attr:`resume_at`: how the checkpoint is written (:data:`RESUME_METHODS`)."""
     init_scale: float = 2.0**16
     growth_interval: int = 3
     """Short, so a few steps show growth as well as backoff."""
@@ -154,6 +166,7 @@ class ParityConfig:
         _choice("sync", self.sync, SYNCS)
         _choice("checkpoint", self.checkpoint, CHECKPOINTS)
         self._check_accumulation()
+        self._check_resume()
         if not self.clip > 0:
             raise ValueError(f"clip must be a max norm > 0, got {self.clip}")
         if self.clip != 1.0 and self.path != "unscale_clip":
@@ -232,6 +245,27 @@ class ParityConfig:
         if self.mixed is not None and self.mixed.keep_low_precision_grads:
             raise ValueError("accumulate > 1 with keep_low_precision_grads is not emulated by the reference")
 
+    def _check_resume(self) -> None:
+        if self.resume_at is None:
+            if self.resume_method is not None:
+                raise ValueError(f"resume_method={self.resume_method!r} needs resume_at (the step to resume at)")
+            return
+        _choice("resume_method", self.resume_method, RESUME_METHODS)
+        if not 1 <= self.resume_at < self.steps:
+            raise ValueError(
+                f"resume_at must be a step between 1 and {self.steps - 1} (steps={self.steps}): the "
+                f"candidate trains that many steps before it saves, got {self.resume_at}"
+            )
+        if self.reference != "ddp" or self.accumulate > 1 or self.path == "two_optimizers":
+            raise ValueError(
+                "resume_at runs with reference='ddp', one optimizer and no gradient accumulation"
+            )
+        if self.resume_method == "user" and registry.get(self.workload).save is None:
+            raise ValueError(
+                f"resume_method='user' needs a workload with save and load; {self.workload!r} has none "
+                "(use resume_method='dcp')"
+            )
+
     # -- naming -----------------------------------------------------------------------------------
     @property
     def id(self) -> str:
@@ -267,6 +301,8 @@ class ParityConfig:
         if self.checkpoint is not None:
             parts.append("ckpt" if self.checkpoint == "replay" else "ckpt_norng")
         parts += [fault.id for fault in self.faults]
+        if self.resume_at is not None:
+            parts += [f"resume@{self.resume_at}", RESUME_WORDS[self.resume_method or "dcp"]]
         if self.scaler != "ours":
             parts.append(f"{self.scaler}_scaler")
         parts.append(f"w{self.world_size}")
@@ -287,6 +323,8 @@ class ParityConfig:
             words.add("one_rank")
         if self.fused:
             words.add("fused")
+        if self.resume_at is not None:
+            words |= {"resume", f"resume={self.resume_method}"}
         words |= {self.recipe_name, f"recipe={self.recipe_name}"}
         return frozenset(words)
 
@@ -334,6 +372,7 @@ class ParityConfig:
             self.world_size,
             self.backend,
             self.steps,
+            self.resume_at is not None,  # a resume row's forward RNG runs on (ranks/resume.py)
             self.init_scale,
             self.growth_interval,
             self.seed,
