@@ -28,7 +28,7 @@ class Cause:
     ``clip_norm_sharded``, ``clip_unscale_order``, ``accumulation_dtype`` or ``checkpoint_rng``
     (``loop_causes.py``); from
     a localization,
-    ``autocast_differs`` (``recipe_causes.py``)."""
+    ``autocast_differs`` (``recipe_causes.py``); a resume row's ``resume_*`` (``resume_causes.py``)."""
     evidence: str
     """What in the records matched, with numbers."""
     explanation: str

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from harness.parity.plan.config import ParityConfig
 from harness.parity.workload import registry
+from harness.parity.workload.spec import WorkloadError
 
 LAYOUTS: tuple[dict[str, object], ...] = (
     {"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": False},
@@ -69,6 +70,11 @@ def workload_rows(common: dict[str, object], optimizers: tuple[str, ...], resume
         return []
     steps = int(common["steps"])  # type: ignore[call-overload]
     at = default_step(steps) if resume_at is None else resume_at
+    if not (isinstance(at, int) and 1 <= at < steps):
+        raise WorkloadError(
+            f"resume_at must be a step between 1 and {steps - 1} for workload {workload.name!r} "
+            f"({steps} steps: the candidate trains that many before it saves), got {resume_at!r}"
+        )
     methods = (*METHODS, "user") if workload.save is not None else METHODS
     return [
         ParityConfig(

@@ -160,6 +160,7 @@ class Loop:
         self._saved: dict[str, Any] | None = None
         self._restored: dict[str, list[str]] | None = None
         self._at_forward: bool | None = None
+        self._audit: dict[str, Any] | None = None
         self._phase = 0
 
     def start(self, engine: engines.Engine, optimizers: list[torch.optim.Optimizer]) -> None:
@@ -231,14 +232,16 @@ class Loop:
             self._at_forward = all(torch.equal(v, now[n]) for n, v in self._saved["weights"].items())
 
     def after_step(self, step: int, found: dict[str, Any]) -> None:
-        """At the resumed step: finish pending work, and record both audits into ``found``."""
-        if self._saved is None or step != self.config.resume_at:
-            return
-        for work in self.pending:
-            work()
-        self.pending = []
-        found["resume"] = {"step": step, "restored": self._restored, "weights_at_forward": self._at_forward}
-        self._saved = None
+        """From the resumed step on: record both audits into ``found`` (a divergence that shows
+        later still finds them); at the resumed step, finish pending work first."""
+        if self._saved is not None and step == self.config.resume_at:
+            for work in self.pending:
+                work()
+            self.pending = []
+            self._audit = {"step": step, "restored": self._restored, "weights_at_forward": self._at_forward}
+            self._saved = None
+        if self._audit is not None:
+            found["resume"] = self._audit
 
     # -- pieces -------------------------------------------------------------------------------------
     def _folder(self) -> str:
@@ -285,7 +288,9 @@ class Loop:
         error: BaseException | None = None
         try:
             work()
-        except Exception as raised:  # noqa: BLE001 - reported below with the rank and function
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as raised:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
             error = raised
         key = f"resume/{self.config.id}/{self.role}/{self._phase}/{phase}"
         if ctx.world_size > 1 and not all_ranks(ctx, key, ok=error is None):
