@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ci.mutation.edits import Edit, Plant, PlantError, apply
 from ci.mutation.engine_plants import ENGINE_PLANTS
+from ci.mutation.resume_plants import RESUME_PLANTS
 from harness.parity.plan import matrix
 
 __all__ = ["PLANTS", "Edit", "Plant", "PlantError", "apply"]
@@ -408,5 +409,5 @@ _SCALER_PLANTS: tuple[Plant, ...] = (
     ),
 )
 
-PLANTS: tuple[Plant, ...] = (*_SCALER_PLANTS, *ENGINE_PLANTS)
+PLANTS: tuple[Plant, ...] = (*_SCALER_PLANTS, *ENGINE_PLANTS, *RESUME_PLANTS)
 """Every plant: the scaler's, then the parity engine's."""

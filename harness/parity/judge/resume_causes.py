@@ -24,7 +24,9 @@ def _audits(e: Evidence) -> list[tuple[int, dict[str, Any]]]:
 
 def _lost(e: Evidence, group: str) -> dict[int, list[str]]:
     """By rank, the names of ``group`` that differed from the saved state right after the load."""
-    return {rank: audit["restored"][group] for rank, audit in _audits(e) if group in (audit.get("restored") or {})}
+    return {
+        rank: audit["restored"][group] for rank, audit in _audits(e) if group in (audit.get("restored") or {})
+    }
 
 
 def _headline(e: Evidence) -> str:
@@ -40,12 +42,16 @@ def _headline(e: Evidence) -> str:
 def _said(lost: dict[int, list[str]]) -> str:
     parts = []
     for rank, names in lost.items():
-        shown = ", ".join(names[:_SHOWN]) + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
+        shown = ", ".join(names[:_SHOWN]) + (
+            f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
+        )
         parts.append(f"rank {rank}: {shown}")
     return "; ".join(parts)
 
 
-def _group_cause(e: Evidence, group: str, name: str, what: str, explanation: str, reference: str) -> Cause | None:
+def _group_cause(
+    e: Evidence, group: str, name: str, what: str, explanation: str, reference: str
+) -> Cause | None:
     if not _audits(e):
         return None
     lost = _lost(e, group)

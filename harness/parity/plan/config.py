@@ -248,7 +248,9 @@ class ParityConfig:
     def _check_resume(self) -> None:
         if self.resume_at is None:
             if self.resume_method is not None:
-                raise ValueError(f"resume_method={self.resume_method!r} needs resume_at (the step to resume at)")
+                raise ValueError(
+                    f"resume_method={self.resume_method!r} needs resume_at (the step to resume at)"
+                )
             return
         _choice("resume_method", self.resume_method, RESUME_METHODS)
         if not 1 <= self.resume_at < self.steps:

@@ -56,12 +56,16 @@ def default_rows(
         for precision, optimizer in RECIPES
     ]
     configs.append(
-        ParityConfig(engine="fsdp2", reshard_after_forward=True, workload="convnet", resume_method="dcp", **common)  # type: ignore[arg-type]
+        ParityConfig(
+            engine="fsdp2", reshard_after_forward=True, workload="convnet", resume_method="dcp", **common
+        )  # type: ignore[arg-type]
     )
     return configs
 
 
-def workload_rows(common: dict[str, object], optimizers: tuple[str, ...], resume_at: int | None) -> list[ParityConfig]:
+def workload_rows(
+    common: dict[str, object], optimizers: tuple[str, ...], resume_at: int | None
+) -> list[ParityConfig]:
     """A workload's resume rows: every method (the user's own when it declares ``save``/``load``)
     under both layouts, in float32 and fp16, with each of its optimizers; none unless ``resume_at``
     is given or the workload declares ``save``/``load`` (then at :func:`default_step`)."""

@@ -228,7 +228,9 @@ def merge_rank_runs(role: str, description: str, parts: list[dict[str, Any]]) ->
                 clip_norms=_clip_norms(per_rank),
                 accumulated_in=per_rank[0].get("accumulated_in"),
                 checkpoint=per_rank[0].get("checkpoint"),
-                resume=tuple(s.get("resume") for s in per_rank) if any(s.get("resume") for s in per_rank) else (),
+                resume=tuple(s.get("resume") for s in per_rank)
+                if any(s.get("resume") for s in per_rank)
+                else (),
             )
         )
     return RunRecord(

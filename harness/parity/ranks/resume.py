@@ -94,16 +94,22 @@ def _scramble(engine: engines.Engine, seed: int) -> None:
             local.copy_(torch.randn(local.shape, generator=generator, dtype=torch.float32).to(local.dtype))
 
 
-def _local_state(engine: engines.Engine, optimizer: torch.optim.Optimizer) -> dict[str, dict[str, torch.Tensor]]:
+def _local_state(
+    engine: engines.Engine, optimizer: torch.optim.Optimizer
+) -> dict[str, dict[str, torch.Tensor]]:
     named = {id(p): n for n, p in engine.named_trainable()}
     return {
-        named[id(p)]: {k: engine.local(v).detach().clone() for k, v in values.items() if isinstance(v, torch.Tensor)}
+        named[id(p)]: {
+            k: engine.local(v).detach().clone() for k, v in values.items() if isinstance(v, torch.Tensor)
+        }
         for p, values in optimizer.state.items()
         if id(p) in named
     }
 
 
-def snapshot(engine: engines.Engine, optimizer: torch.optim.Optimizer, scaler: Any, loop: Loop) -> dict[str, Any]:
+def snapshot(
+    engine: engines.Engine, optimizer: torch.optim.Optimizer, scaler: Any, loop: Loop
+) -> dict[str, Any]:
     """This rank's state, local shards cloned, as the audit compares it."""
     return {
         "weights": {n: engine.local(p).detach().clone() for n, p in engine.named_trainable()},
@@ -198,8 +204,10 @@ class Loop:
         (optimizer,) = optimizers
         saving = resume_store.function(store, "save")
         self._saved = snapshot(engine, optimizer, scaler, self)
-        self._phase_ok("save", lambda: store.save(folder, engine.wrapped, optimizer, scaler), saving)
-        self._phase_ok("write", lambda: _wrote_something(folder, saving), saving)
+        self._phase_ok(
+            "save", functools.partial(store.save, folder, engine.wrapped, optimizer, scaler), saving
+        )
+        self._phase_ok("write", functools.partial(_wrote_something, folder, saving), saving)
         self._phase_ok("save loop state", lambda: self._save_loop(base, step), "the loop's own state")
         del engine, optimizers, optimizer, scaler
         self.schedulers = []
@@ -218,9 +226,20 @@ class Loop:
         return engine, groups, optimizers, scaler
 
     def _load(
-        self, base: str, folder: str, store: Any, engine: engines.Engine, optimizer: Any, scaler: Any, step: int
+        self,
+        base: str,
+        folder: str,
+        store: Any,
+        engine: engines.Engine,
+        optimizer: Any,
+        scaler: Any,
+        step: int,
     ) -> None:
-        self._phase_ok("load", lambda: store.load(folder, engine.wrapped, optimizer, scaler), resume_store.function(store, "load"))
+        self._phase_ok(
+            "load",
+            lambda: store.load(folder, engine.wrapped, optimizer, scaler),
+            resume_store.function(store, "load"),
+        )
         self._phase_ok("load loop state", lambda: self._load_loop(base, step), "the loop's own state")
         assert self._saved is not None
         self._restored = audit(self._saved, snapshot(engine, optimizer, scaler, self))
@@ -274,7 +293,9 @@ class Loop:
     def _load_loop(self, base: str, step: int) -> None:
         state = torch.load(os.path.join(base, f"loop_rank{dist.get_rank()}.pt"), weights_only=False)
         if state["data_position"] != step:
-            raise ResumeError(f"the loop resumed at data position {state['data_position']}, the save was at {step}")
+            raise ResumeError(
+                f"the loop resumed at data position {state['data_position']}, the save was at {step}"
+            )
         if self.rng is not None:
             self.rng.state = state["rng"]
         for scheduler, saved in zip(self.schedulers, state["schedulers"], strict=True):

@@ -41,11 +41,17 @@ class DistributedCheckpoint:
 
     name = "torch.distributed.checkpoint (get_state_dict/set_state_dict)"
 
-    def save(self, folder: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: Any) -> None:
+    def save(
+        self, folder: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: Any
+    ) -> None:
         model_state, optim_state = get_state_dict(model, optimizer)
-        dcp.save({"model": model_state, "optim": optim_state, "scaler": scaler.state_dict()}, checkpoint_id=folder)
+        dcp.save(
+            {"model": model_state, "optim": optim_state, "scaler": scaler.state_dict()}, checkpoint_id=folder
+        )
 
-    def load(self, folder: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: Any) -> None:
+    def load(
+        self, folder: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: Any
+    ) -> None:
         # get_state_dict creates the optimizer's state (one step at lr 0 on zero gradients): DCP
         # loads in place, into tensors that must exist. The load then replaces all of it.
         model_state, optim_state = get_state_dict(model, optimizer)
@@ -77,10 +83,12 @@ class NameKeyedOptimizer:
 
     name = "scaler.ShardedOptimizer name-keyed state_dict (model through DCP)"
 
-    def save(self, folder: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: Any) -> None:
+    def save(
+        self, folder: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: Any
+    ) -> None:
         named = _named(model, optimizer)
         sharded = self._wrapper(named, optimizer)
-        for (name, param), local in zip(named.items(), self._locals(sharded), strict=True):
+        for param, local in zip(named.values(), self._locals(sharded), strict=True):
             sharded.local_optimizer.state[local] = {
                 key: value.to_local() if _is_dtensor(value) else value
                 for key, value in optimizer.state.get(param, {}).items()
@@ -94,7 +102,9 @@ class NameKeyedOptimizer:
             torch.save(sharded.state_dict(), self._own_file(folder))
         dcp.save(state, checkpoint_id=folder)
 
-    def load(self, folder: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: Any) -> None:
+    def load(
+        self, folder: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: Any
+    ) -> None:
         named = _named(model, optimizer)
         sharded = self._wrapper(named, optimizer)
         sharded.initialize_state()
@@ -105,7 +115,7 @@ class NameKeyedOptimizer:
         optim_state = state["optim"] if self._dtensors(named) else torch.load(self._own_file(folder))
         sharded.load_state_dict(optim_state)
         set_model_state_dict(model, state["model"])
-        for (name, param), local in zip(named.items(), self._locals(sharded), strict=True):
+        for param, local in zip(named.values(), self._locals(sharded), strict=True):
             optimizer.state[param] = {
                 key: self._like(value, param) for key, value in sharded.local_optimizer.state[local].items()
             }
@@ -137,7 +147,12 @@ class NameKeyedOptimizer:
         from torch.distributed.tensor import DTensor
 
         return DTensor.from_local(
-            value, param.device_mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride()
+            value,
+            param.device_mesh,
+            param.placements,
+            run_check=False,
+            shape=param.shape,
+            stride=param.stride(),
         )
 
     @staticmethod

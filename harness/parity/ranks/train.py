@@ -150,7 +150,11 @@ class Run:
             for step in range(self.last):
                 if self.loop.restarts_at(step):
                     engine, groups, optimizers, scaler = self.loop.restart(
-                        step, engine, optimizers, scaler, lambda: make_scaler(self.config, self.role, self.device)
+                        step,
+                        engine,
+                        optimizers,
+                        scaler,
+                        lambda: make_scaler(self.config, self.role, self.device),
                     )
                 self.loop.before_step(step, engine)
                 found = self._step(step, rank, engine, groups, optimizers, scaler, hand)
