@@ -14,7 +14,7 @@ from ci.mutation.edits import Edit, Plant
 
 _PARITY = "harness/parity"
 _ROWS = "suites/parity/test_resume.py"
-_CAUSES = "suites/parity/test_resume_causes.py"
+_JUDGE = "suites/parity/test_resume_judge.py"
 
 
 def _edit(file: str, old: str, new: str) -> Edit:
@@ -99,7 +99,7 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         name="resume_causes_never_named",
         bug="the report's catalogue leaves out the resume causes: a failing resume row says nothing of what it lost",
         edits=(_edit("judge/causes.py", "    *resume_causes.PATTERNS,\n", ""),),
-        tests=(_CAUSES,),
+        tests=(_JUDGE,),
     ),
     Plant(
         name="resume_audit_not_recorded",
