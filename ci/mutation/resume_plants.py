@@ -111,6 +111,6 @@ RESUME_PLANTS: tuple[Plant, ...] = (
                 "            pass  # planted\n",
             ),
         ),
-        tests=(_CAUSES,),
+        tests=(_ROWS,),
     ),
 )
