@@ -40,8 +40,9 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/resume_store.py",
-                "key: self._like(value, param) for key, value in",
-                'key: torch.zeros_like(value) if key == "step" else self._like(value, param) for key, value in',
+                "key: self._like(value, param) for key, value in sharded.local_optimizer.state[local].items()\n",
+                'key: torch.zeros_like(value) if key == "step" else self._like(value, param)  # planted\n'
+                "                for key, value in sharded.local_optimizer.state[local].items()\n",
             ),
         ),
         tests=(_ROWS,),
@@ -53,7 +54,7 @@ RESUME_PLANTS: tuple[Plant, ...] = (
             _edit(
                 "ranks/resume_store.py",
                 'optim_state_dict=state["optim"])\n        scaler.load_state_dict(state["scaler"])\n',
-                'optim_state_dict=state["optim"])\n',
+                'optim_state_dict=state["optim"])  # planted: the scaler is not loaded\n',
             ),
         ),
         tests=(_ROWS,),
@@ -96,9 +97,27 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         tests=(_ROWS,),
     ),
     Plant(
+        name="resume_weights_not_restored",
+        bug="the name-keyed load restores the optimizer and the scaler but never the model's weights",
+        edits=(
+            _edit(
+                "ranks/resume_store.py",
+                '        set_model_state_dict(model, state["model"])\n',
+                "        pass  # planted\n",
+            ),
+        ),
+        tests=(_ROWS,),
+    ),
+    Plant(
         name="resume_causes_never_named",
         bug="the report's catalogue leaves out the resume causes: a failing resume row says nothing of what it lost",
-        edits=(_edit("judge/causes.py", "    *resume_causes.PATTERNS,\n", ""),),
+        edits=(
+            _edit(
+                "judge/causes.py",
+                "    *resume_causes.PATTERNS,\n",
+                "    # planted: the resume causes left out\n",
+            ),
+        ),
         tests=(_JUDGE,),
     ),
     Plant(
