@@ -1,6 +1,7 @@
 """Resume rows: the candidate saves, drops everything, loads into a fresh model with new random
 weights and trains on; FSDP1 and FSDP2, both of our checkpoint methods, float32 and fp16 through
-the scaler, train bitwise like the run straight through."""
+the scaler, the user's own pair, and a row that comes back in another layout (FSDP1 -> FSDP2)
+train bitwise like the run straight through."""
 
 import pytest
 
@@ -37,6 +38,15 @@ _ROWS = {
         optimizer="adam", resume_at=3, resume_method="sharded_optimizer", **_FSDP2
     ),
     "convnet_dropout": ParityConfig(workload="convnet", resume_at=3, resume_method="dcp", **_FSDP2),
+    "fsdp1_into_fsdp2": ParityConfig(
+        engine="fsdp1",
+        sharding="full_shard",
+        use_orig_params=False,
+        optimizer="adam",
+        resume_at=3,
+        resume_method="dcp",
+        resume_layout="fsdp2",
+    ),
     "user_pair": ParityConfig(
         workload="fixtures.resume_workloads:careful",
         optimizer="adam",
@@ -60,6 +70,7 @@ _PASSING = [
     "fsdp1_sopt_fp16",
     "fsdp2_sopt_adam",
     "convnet_dropout",
+    "fsdp1_into_fsdp2",
     "user_pair",
     "scheduled",
 ]
@@ -85,6 +96,24 @@ def test_a_resume_step_outside_the_run_is_refused_naming_the_range(at):
         ParityConfig(engine="ddp", resume_at=at, resume_method="dcp")
 
 
+def test_a_row_resumed_in_another_layout_names_it_in_its_id():
+    assert _ROWS["fsdp1_into_fsdp2"].id == "fsdp1-full_shard-flat-fp32-adam-resume@3-dcp-into-fsdp2-w2"
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"resume_method": "sharded_optimizer"}, "needs a checkpoint DCP can reshard"),
+        ({"precision": "fp16"}, "runs in fp32 without offload"),
+        ({"resume_layout": "fsdp1"}, "is the layout the row saves in"),
+        ({"resume_layout": "fsdp3"}, "resume_layout must be one of"),
+    ],
+)
+def test_a_layout_change_the_engine_cannot_check_is_refused_naming_why(changes, message):
+    with pytest.raises(ValueError, match=message):
+        _ROWS["fsdp1_into_fsdp2"].with_(**changes)
+
+
 def test_the_user_method_needs_a_workload_with_save_and_load():
     with pytest.raises(ValueError, match="needs a workload with save and load"):
         ParityConfig(engine="ddp", resume_at=2, resume_method="user")
@@ -100,9 +129,14 @@ def test_a_workload_declaring_save_without_load_is_refused():
 def test_the_default_matrix_resumes_under_both_methods_engines_and_precisions():
     rows = [c for c in matrix.default_matrix() if c.resume_at is not None]
     assert {c.resume_method for c in rows} == set(resume_matrix.METHODS)
-    assert {c.engine for c in rows} == {"fsdp1", "fsdp2"}
+    assert {c.engine for c in rows if c.resume_layout is None} == {"fsdp1", "fsdp2"}
     assert {c.precision for c in rows} == {"fp32", "fp16"}
     assert "convnet" in {c.workload for c in rows}
+    assert {(c.engine, c.resume_layout) for c in rows if c.resume_layout} == {
+        ("fsdp1", "fsdp2"),
+        ("fsdp2", "fsdp2_keep"),
+        ("ddp", "fsdp2"),
+    }
 
 
 def test_a_workload_declaring_save_and_load_gets_resume_rows_of_its_own_method_halfway():

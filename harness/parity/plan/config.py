@@ -19,6 +19,7 @@ import dataclasses
 from collections.abc import Iterable, Iterator
 
 from harness.parity.plan import recipe as recipes
+from harness.parity.plan import resume_spec
 from harness.parity.plan.precision import PrecisionPolicy
 from harness.parity.workload import registry
 
@@ -46,12 +47,6 @@ CHECKPOINTS = (None, "replay", "no_replay")
 (``preserve_rng_state=True``), or without (a bug under dropout)."""
 """When gradient accumulation reduces: every microbatch, or only the last (``no_sync()``)."""
 FAULT_VALUES = ("inf", "nan")
-RESUME_METHODS = ("dcp", "sharded_optimizer", "user")
-"""How a resume row checkpoints (``ranks/resume_store.py``): ``dcp`` (torch.distributed.checkpoint's
-``get_state_dict``/``set_state_dict``, sharded, to a folder), ``sharded_optimizer`` (the optimizer
-through ``scaler.ShardedOptimizer``'s name-keyed state), ``user`` (the workload's ``save``/``load``)."""
-RESUME_WORDS = {"dcp": "dcp", "sharded_optimizer": "sopt", "user": "user"}
-"""Each method's word in a configuration id (``resume@3-sopt``)."""
 
 
 def _choice(name: str, value: object, allowed: Iterable[object]) -> None:
@@ -148,7 +143,10 @@ class ParityConfig:
     loads it into a fresh model (new random weights) and trains the rest; the reference trains
     straight through (``ranks/resume.py``). ``None``: no resume."""
     resume_method: str | None = None
-    """With :attr:`resume_at`: how the checkpoint is written (:data:`RESUME_METHODS`)."""
+    """With :attr:`resume_at`: how the checkpoint is written (``resume_spec.METHODS``)."""
+    resume_layout: str | None = None
+    """With :attr:`resume_at`: the engine layout the candidate comes back in (``resume_spec.LAYOUTS``:
+    FSDP1 -> FSDP2, FSDP2 reshard -> keep, DDP -> FSDP2); ``None``: the one it saved in."""
     init_scale: float = 2.0**16
     growth_interval: int = 3
     """Short, so a few steps show growth as well as backoff."""
@@ -166,7 +164,7 @@ class ParityConfig:
         _choice("sync", self.sync, SYNCS)
         _choice("checkpoint", self.checkpoint, CHECKPOINTS)
         self._check_accumulation()
-        self._check_resume()
+        resume_spec.check(self)
         if not self.clip > 0:
             raise ValueError(f"clip must be a max norm > 0, got {self.clip}")
         if self.clip != 1.0 and self.path != "unscale_clip":
@@ -245,29 +243,6 @@ class ParityConfig:
         if self.mixed is not None and self.mixed.keep_low_precision_grads:
             raise ValueError("accumulate > 1 with keep_low_precision_grads is not emulated by the reference")
 
-    def _check_resume(self) -> None:
-        if self.resume_at is None:
-            if self.resume_method is not None:
-                raise ValueError(
-                    f"resume_method={self.resume_method!r} needs resume_at (the step to resume at)"
-                )
-            return
-        _choice("resume_method", self.resume_method, RESUME_METHODS)
-        if not 1 <= self.resume_at < self.steps:
-            raise ValueError(
-                f"resume_at must be a step between 1 and {self.steps - 1} (steps={self.steps}): the "
-                f"candidate trains that many steps before it saves, got {self.resume_at}"
-            )
-        if self.reference != "ddp" or self.accumulate > 1 or self.path == "two_optimizers":
-            raise ValueError(
-                "resume_at runs with reference='ddp', one optimizer and no gradient accumulation"
-            )
-        if self.resume_method == "user" and registry.get(self.workload).save is None:
-            raise ValueError(
-                f"resume_method='user' needs a workload with save and load; {self.workload!r} has none "
-                "(use resume_method='dcp')"
-            )
-
     # -- naming -----------------------------------------------------------------------------------
     @property
     def id(self) -> str:
@@ -303,8 +278,7 @@ class ParityConfig:
         if self.checkpoint is not None:
             parts.append("ckpt" if self.checkpoint == "replay" else "ckpt_norng")
         parts += [fault.id for fault in self.faults]
-        if self.resume_at is not None:
-            parts += [f"resume@{self.resume_at}", RESUME_WORDS[self.resume_method or "dcp"]]
+        parts += resume_spec.id_parts(self)
         if self.scaler != "ours":
             parts.append(f"{self.scaler}_scaler")
         parts.append(f"w{self.world_size}")

@@ -32,6 +32,15 @@ RECIPES = (("fp32", "adam"), ("fp16", "sgd"))
 """``(precision, optimizer)`` of the default rows."""
 
 
+RELAYOUTS: tuple[tuple[dict[str, object], str, str], ...] = (
+    ({"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": False}, "fsdp2", "adam"),
+    ({"engine": "fsdp2", "reshard_after_forward": True}, "fsdp2_keep", "adam"),
+    ({"engine": "ddp"}, "fsdp2", "sgd"),
+)
+"""``(saved in, resumed in, optimizer)``: rows that come back in another layout at the same world
+size (FSDP1 -> FSDP2, FSDP2 reshard -> keep, DDP -> FSDP2), float32 (one reference for both)."""
+
+
 def default_step(steps: int) -> int:
     """Where a resume row saves when the caller does not say: halfway."""
     return max(1, steps // 2)
@@ -60,6 +69,10 @@ def default_rows(
             engine="fsdp2", reshard_after_forward=True, workload="convnet", resume_method="dcp", **common
         )  # type: ignore[arg-type]
     )
+    configs += [
+        ParityConfig(resume_method="dcp", optimizer=optimizer, resume_layout=into, **layout, **common)  # type: ignore[arg-type]
+        for layout, into, optimizer in RELAYOUTS
+    ]
     return configs
 
 

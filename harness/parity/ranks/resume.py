@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.parity.plan import resume_spec
 from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks import checkpoint, engines, resume_store
 from harness.parity.workload import registry
@@ -212,8 +213,9 @@ class Loop:
         del engine, optimizers, optimizer, scaler
         self.schedulers = []
         gc.collect()
-        engine = engines.build(self.config, self.role, self.device)
-        checkpoint.install(engine, self.config, self.role)
+        layout = self.config.with_(**resume_spec.into(self.config), resume_layout=None)
+        engine = engines.build(layout, self.role, self.device)
+        checkpoint.install(engine, layout, self.role)
         _scramble(engine, self.config.seed + _FRESH_SEED)
         groups = engine.param_groups(1)
         optimizers = [engine.make_optimizer(group) for group in groups]
@@ -242,11 +244,15 @@ class Loop:
         )
         self._phase_ok("load loop state", lambda: self._load_loop(base, step), "the loop's own state")
         assert self._saved is not None
-        self._restored = audit(self._saved, snapshot(engine, optimizer, scaler, self))
+        now = snapshot(engine, optimizer, scaler, self)
+        if self.config.resume_layout is not None:  # other shards, other names: not comparable here
+            for group in ("weights", "optimizer"):
+                self._saved[group], now[group] = {}, {}
+        self._restored = audit(self._saved, now)
 
     def before_step(self, step: int, engine: engines.Engine) -> None:
         """At the resumed step: whether the weights the forward starts from are the saved ones."""
-        if self._saved is not None and step == self.config.resume_at:
+        if self._saved is not None and step == self.config.resume_at and self._saved["weights"]:
             now = {n: engine.local(p) for n, p in engine.named_trainable()}
             self._at_forward = all(torch.equal(v, now[n]) for n, v in self._saved["weights"].items())
 

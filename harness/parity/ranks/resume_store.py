@@ -190,7 +190,7 @@ def function(store: Any, phase: str) -> str:
 
 
 def method(config_method: str, workload: str) -> Any:
-    """The store of ``config_method`` (``config.RESUME_METHODS``)."""
+    """The store of ``config_method`` (``resume_spec.METHODS``)."""
     if config_method == "dcp":
         return DistributedCheckpoint()
     if config_method == "sharded_optimizer":

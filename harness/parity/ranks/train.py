@@ -156,6 +156,7 @@ class Run:
                         scaler,
                         lambda: make_scaler(self.config, self.role, self.device),
                     )
+                    self.description += f"; saved after step {step - 1}, resumed in {engine.description}"
                 self.loop.before_step(step, engine)
                 found = self._step(step, rank, engine, groups, optimizers, scaler, hand)
                 self.loop.after_step(step, found)
