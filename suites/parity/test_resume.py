@@ -202,3 +202,10 @@ def test_a_load_that_raises_is_an_error_naming_the_rank_and_function(resumed):
     assert result.status == "crash", describe(resumed["load_raises"])
     assert "the resume's load failed in workload 'load_raises''s load(" in result.detail
     assert "RuntimeError: checkpoint in" in result.detail
+
+
+def test_parity_test_resume_at_expands_into_resume_rows_at_that_step():
+    from harness.parity.doors import pytest_plugin
+
+    configs = pytest_plugin._configs("mlp", {"resume_at": 2, "k": "resume and fsdp2"})
+    assert configs and {c.resume_at for c in configs} == {2}

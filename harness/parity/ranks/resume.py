@@ -168,6 +168,8 @@ class Loop:
         self._restored: dict[str, list[str]] | None = None
         self._at_forward: bool | None = None
         self._audit: dict[str, Any] | None = None
+        self._base: str | None = None
+        """The checkpoint's folder while it exists (removed after the resumed step, or by :meth:`close`)."""
         self._phase = 0
 
     def start(self, engine: engines.Engine, optimizers: list[torch.optim.Optimizer]) -> None:
@@ -200,6 +202,7 @@ class Loop:
         ``(engine, groups, optimizers, scaler)``."""
         store = resume_store.method(self.config.resume_method or "dcp", self.config.workload)
         base = self._folder()
+        self._base = base
         folder = os.path.join(base, "checkpoint")
         self._phase_ok("folder", lambda: _writable(folder), folder)
         (optimizer,) = optimizers
@@ -224,7 +227,7 @@ class Loop:
         self.rng = CarriedRng(self.config.seed + _FRESH_SEED, engine.rank, self.device)
         engine.forward_rng = self.rng.around  # type: ignore[method-assign]
         self._load(base, folder, store, engine, optimizers[0], scaler, step)
-        self.pending.append(functools.partial(_remove, base))
+        self.pending.append(self.close)
         return engine, groups, optimizers, scaler
 
     def _load(
@@ -267,6 +270,13 @@ class Loop:
             self._saved = None
         if self._audit is not None:
             found["resume"] = self._audit
+
+    def close(self) -> None:
+        """Remove the checkpoint (rank 0): after the resumed step, when every rank has loaded it, or
+        when the run ends early (a failed restart leaves no folder behind)."""
+        if self._base is not None and dist.is_initialized() and dist.get_rank() == 0:
+            shutil.rmtree(self._base, ignore_errors=True)
+        self._base = None
 
     # -- pieces -------------------------------------------------------------------------------------
     def _folder(self) -> str:
@@ -351,9 +361,3 @@ def _wrote_something(folder: str, function: str) -> None:
     """A save that returns without writing anything into ``folder`` would resume from nothing."""
     if not any(os.scandir(folder)):
         raise ResumeError(f"{function} returned but wrote nothing into the checkpoint folder {folder}")
-
-
-def _remove(base: str) -> None:
-    """Rank 0 removes the checkpoint once every rank has trained a step after loading it."""
-    if dist.get_rank() == 0:
-        shutil.rmtree(base, ignore_errors=True)

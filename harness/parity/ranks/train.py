@@ -171,6 +171,7 @@ class Run:
         except Exception:  # noqa: BLE001 - recorded; the caller decides what it means
             self.error = prefix_lines(traceback.format_exc(), rank)
         finally:
+            self.loop.close()
             self.duration_s += time.perf_counter() - started
 
     def _step(
