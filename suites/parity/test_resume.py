@@ -45,7 +45,7 @@ _ROWS = {
         optimizer="adam",
         resume_at=3,
         resume_method="dcp",
-        resume_layout="fsdp2",
+        resume_layout="fully_shard",
     ),
     "user_pair": ParityConfig(
         workload="fixtures.resume_workloads:careful",
@@ -97,7 +97,7 @@ def test_a_resume_step_outside_the_run_is_refused_naming_the_range(at):
 
 
 def test_a_row_resumed_in_another_layout_names_it_in_its_id():
-    assert _ROWS["fsdp1_into_fsdp2"].id == "fsdp1-full_shard-flat-fp32-adam-resume@3-dcp-into-fsdp2-w2"
+    assert _ROWS["fsdp1_into_fsdp2"].id == "fsdp1-full_shard-flat-fp32-adam-resume@3-dcp-into_fully_shard-w2"
 
 
 @pytest.mark.parametrize(
@@ -105,7 +105,7 @@ def test_a_row_resumed_in_another_layout_names_it_in_its_id():
     [
         ({"resume_method": "sharded_optimizer"}, "needs a checkpoint DCP can reshard"),
         ({"precision": "fp16"}, "runs in fp32 without offload"),
-        ({"resume_layout": "fsdp1"}, "is the layout the row saves in"),
+        ({"resume_layout": "fsdp_flat"}, "is the layout the row saves in"),
         ({"resume_layout": "fsdp3"}, "resume_layout must be one of"),
     ],
 )
@@ -133,9 +133,9 @@ def test_the_default_matrix_resumes_under_both_methods_engines_and_precisions():
     assert {c.precision for c in rows} == {"fp32", "fp16"}
     assert "convnet" in {c.workload for c in rows}
     assert {(c.engine, c.resume_layout) for c in rows if c.resume_layout} == {
-        ("fsdp1", "fsdp2"),
-        ("fsdp2", "fsdp2_keep"),
-        ("ddp", "fsdp2"),
+        ("fsdp1", "fully_shard"),
+        ("fsdp2", "fully_shard_keep"),
+        ("ddp", "fully_shard"),
     }
 
 

@@ -301,6 +301,8 @@ class ParityConfig:
             words.add("fused")
         if self.resume_at is not None:
             words |= {"resume", f"resume={self.resume_method}"}
+        if self.resume_layout is not None:
+            words.add("into")
         words |= {self.recipe_name, f"recipe={self.recipe_name}"}
         return frozenset(words)
 

@@ -33,9 +33,9 @@ RECIPES = (("fp32", "adam"), ("fp16", "sgd"))
 
 
 RELAYOUTS: tuple[tuple[dict[str, object], str, str], ...] = (
-    ({"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": False}, "fsdp2", "adam"),
-    ({"engine": "fsdp2", "reshard_after_forward": True}, "fsdp2_keep", "adam"),
-    ({"engine": "ddp"}, "fsdp2", "sgd"),
+    ({"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": False}, "fully_shard", "adam"),
+    ({"engine": "fsdp2", "reshard_after_forward": True}, "fully_shard_keep", "adam"),
+    ({"engine": "ddp"}, "fully_shard", "sgd"),
 )
 """``(saved in, resumed in, optimizer)``: rows that come back in another layout at the same world
 size (FSDP1 -> FSDP2, FSDP2 reshard -> keep, DDP -> FSDP2), float32 (one reference for both)."""

@@ -21,13 +21,16 @@ WORDS = {"dcp": "dcp", "sharded_optimizer": "sopt", "user": "user"}
 
 _NONE = {"sharding": None, "use_orig_params": None, "reshard_after_forward": None}
 LAYOUTS: dict[str, dict[str, Any]] = {
-    "fsdp1": {**_NONE, "engine": "fsdp1", "sharding": "full_shard", "use_orig_params": False},
-    "fsdp1_orig": {**_NONE, "engine": "fsdp1", "sharding": "full_shard", "use_orig_params": True},
-    "fsdp2": {**_NONE, "engine": "fsdp2", "reshard_after_forward": True},
-    "fsdp2_keep": {**_NONE, "engine": "fsdp2", "reshard_after_forward": False},
-    "ddp": {**_NONE, "engine": "ddp"},
+    "fsdp_flat": {**_NONE, "engine": "fsdp1", "sharding": "full_shard", "use_orig_params": False},
+    "fsdp_orig": {**_NONE, "engine": "fsdp1", "sharding": "full_shard", "use_orig_params": True},
+    "fully_shard": {**_NONE, "engine": "fsdp2", "reshard_after_forward": True},
+    "fully_shard_keep": {**_NONE, "engine": "fsdp2", "reshard_after_forward": False},
+    "data_parallel": {**_NONE, "engine": "ddp"},
 }
-"""The layouts a resume row may come back in, as configuration fields (``...-into-fsdp2_keep`` in ids)."""
+"""The layouts a resume row may come back in, as configuration fields (``...-into_fully_shard_keep``
+in ids): FSDP1 FULL_SHARD with flat or original parameters, FSDP2 resharding after forward or
+keeping, DDP. Named so that no id holds another engine's name (``-k`` matches substrings of ids:
+``-k "not fsdp2"`` must keep a DDP row that resumes in FSDP2)."""
 
 
 def check(config: Any) -> None:
@@ -87,10 +90,11 @@ def into(config: Any) -> dict[str, Any]:
 
 
 def id_parts(config: Any) -> list[str]:
-    """``["resume@3", "dcp"]``, ``["resume@3", "dcp", "into", "fsdp2_keep"]``; none without a resume."""
+    """``["resume@3", "dcp"]``, ``["resume@3", "dcp", "into_fully_shard_keep"]`` (``-k into``
+    selects them); none without a resume."""
     if config.resume_at is None:
         return []
     parts = [f"resume@{config.resume_at}", WORDS[config.resume_method]]
     if config.resume_layout is not None:
-        parts += ["into", config.resume_layout]
+        parts.append(f"into_{config.resume_layout}")
     return parts

@@ -172,12 +172,15 @@ class Loop:
         """The checkpoint's folder while it exists (removed after the resumed step, or by :meth:`close`)."""
         self._phase = 0
 
-    def start(self, engine: engines.Engine, optimizers: list[torch.optim.Optimizer]) -> None:
-        """Schedulers over ``optimizers``; a resume row's carried RNG (both roles, fresh)."""
+    def start(
+        self, engine: engines.Engine, optimizers: list[torch.optim.Optimizer], *, seed: int | None = None
+    ) -> None:
+        """Schedulers over ``optimizers``; a resume row's carried RNG (both roles), seeded from
+        ``seed`` (default: the configuration's; a restart's fresh process: another)."""
         if self.workload.scheduler is not None:
             self.schedulers = [self.workload.scheduler(opt) for opt in optimizers]
         if self.config.resume_at is not None:
-            self.rng = CarriedRng(self.config.seed, engine.rank, self.device)
+            self.rng = CarriedRng(self.config.seed if seed is None else seed, engine.rank, self.device)
             engine.forward_rng = self.rng.around  # type: ignore[method-assign]
 
     def after_update(self) -> None:
@@ -223,9 +226,7 @@ class Loop:
         groups = engine.param_groups(1)
         optimizers = [engine.make_optimizer(group) for group in groups]
         scaler = new_scaler()
-        self.start(engine, optimizers)  # a fresh RNG and fresh schedulers, as a new process has
-        self.rng = CarriedRng(self.config.seed + _FRESH_SEED, engine.rank, self.device)
-        engine.forward_rng = self.rng.around  # type: ignore[method-assign]
+        self.start(engine, optimizers, seed=self.config.seed + _FRESH_SEED)  # as a new process has
         self._load(base, folder, store, engine, optimizers[0], scaler, step)
         self.pending.append(self.close)
         return engine, groups, optimizers, scaler
