@@ -4,7 +4,8 @@ Why: resume bugs show up as a loss spike hours after a restart, and a plain unit
 what it takes (a save, a fresh model, a load into sharded state). At step ``config.resume_at`` the
 candidate saves a checkpoint (``resume_store.py``: the row's method), every rank drops its engine,
 optimizer, scaler and scheduler, builds a fresh engine whose weights are new random values (so a
-load that does nothing shows), loads, and trains the remaining steps. The reference trains
+load that does nothing shows; in another layout when ``config.resume_layout`` says so), loads,
+and trains the remaining steps. The reference trains
 straight through, and the two are compared step by step as any row.
 
 Beside the checkpoint the loop keeps what a training script keeps itself, one file per rank: the
