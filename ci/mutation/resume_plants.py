@@ -15,6 +15,7 @@ from ci.mutation.edits import Edit, Plant
 _PARITY = "harness/parity"
 _ROWS = "suites/parity/test_resume.py"
 _JUDGE = "suites/parity/test_resume_judge.py"
+_CAUSES = "suites/parity/test_resume_causes.py"
 
 
 def _edit(file: str, old: str, new: str) -> Edit:
@@ -107,6 +108,18 @@ RESUME_PLANTS: tuple[Plant, ...] = (
             ),
         ),
         tests=(_ROWS,),
+    ),
+    Plant(
+        name="resume_shard_misplaced",
+        bug="a load into another layout that put the saved values in other rows is reported as weights never loaded",
+        edits=(
+            _edit(
+                "ranks/resume.py",
+                "        same_values = mine is not None and torch.equal(",
+                "        same_values = False and torch.equal(  # planted",
+            ),
+        ),
+        tests=(_CAUSES,),
     ),
     Plant(
         name="resume_causes_never_named",

@@ -32,6 +32,7 @@ _PLANTED = {
         ParityConfig(workload="fixtures.resume_workloads:scheduled", **_FSDP2),
         "resume_scheduler_not_restored",
     ),
+    "shards_swapped": (ParityConfig(resume_layout="fully_shard", **_FSDP1), "resume_shard_misplaced"),
 }
 
 

@@ -100,6 +100,19 @@ def weights_late(e: Evidence) -> Cause | None:
     )
 
 
+def shard_misplaced(e: Evidence) -> Cause | None:
+    return _group_cause(
+        e,
+        "weights_misplaced",
+        "resume_shard_misplaced",
+        "whole weights held the saved values in other places",
+        "A shard was loaded into the wrong rank or rows: the values are the checkpoint's, their "
+        "offsets are not (a resharding load that took another rank's shard, or placements or row "
+        "offsets that do not match the layout that saved them)",
+        "torch.distributed.checkpoint resharding (load_planner)",
+    )
+
+
 def optimizer_not_restored(e: Evidence) -> Cause | None:
     return _group_cause(
         e,
@@ -166,6 +179,7 @@ def scheduler_not_restored(e: Evidence) -> Cause | None:
 PATTERNS = (
     ("resume_weights_not_restored", weights_not_restored),
     ("resume_weights_late", weights_late),
+    ("resume_shard_misplaced", shard_misplaced),
     ("resume_optimizer_not_restored", optimizer_not_restored),
     ("resume_step_counter_reset", step_counter_reset),
     ("resume_scaler_not_restored", scaler_not_restored),

@@ -212,6 +212,8 @@ class Loop:
         (optimizer,) = optimizers
         saving = resume_store.function(store, "save")
         self._saved = snapshot(engine, optimizer, scaler, self)
+        if self.config.resume_layout is not None:  # the shards move: compare whole tensors (collective)
+            self._saved["full_weights"] = engine.full_after_step([optimizer])[0]
         self._phase_ok(
             "save", functools.partial(store.save, folder, engine.wrapped, optimizer, scaler), saving
         )
@@ -250,10 +252,12 @@ class Loop:
         self._phase_ok("load loop state", lambda: self._load_loop(base, step), "the loop's own state")
         assert self._saved is not None
         now = snapshot(engine, optimizer, scaler, self)
-        if self.config.resume_layout is not None:  # other shards, other names: not comparable here
+        moved: dict[str, list[str]] = {}
+        if self.config.resume_layout is not None:  # other shards, other names: whole tensors instead
             for group in ("weights", "optimizer"):
                 self._saved[group], now[group] = {}, {}
-        self._restored = audit(self._saved, now)
+            moved = _moved(self._saved.pop("full_weights"), engine.full_after_step([optimizer])[0])
+        self._restored = {**audit(self._saved, now), **moved}
 
     def before_step(self, step: int, engine: engines.Engine) -> None:
         """At the resumed step: whether the weights the forward starts from are the saved ones."""
@@ -343,6 +347,22 @@ class Loop:
                 f"[rank {ctx.rank}] the resume's {phase} failed in {function}: "
                 f"{type(error).__name__}: {error}"
             ) from error
+
+
+def _moved(saved: dict[str, torch.Tensor], now: dict[str, torch.Tensor]) -> dict[str, list[str]]:
+    """Whole weights that differ after a load into another layout: ``weights_misplaced`` when a
+    tensor holds exactly the saved values in other places (a shard loaded into the wrong rank or
+    rows), ``weights`` otherwise."""
+    found: dict[str, list[str]] = {"weights": [], "weights_misplaced": []}
+    for name, value in saved.items():
+        mine = now.get(name)
+        if mine is not None and mine.shape == value.shape and torch.equal(mine, value):
+            continue
+        same_values = mine is not None and torch.equal(
+            mine.flatten().sort().values, value.flatten().sort().values
+        )
+        found["weights_misplaced" if same_values else "weights"].append(name)
+    return {group: names for group, names in found.items() if names}
 
 
 def _writable(folder: str) -> None:
