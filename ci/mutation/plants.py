@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ci.mutation.edits import Edit, Plant, PlantError, apply
 from ci.mutation.engine_plants import ENGINE_PLANTS
+from ci.mutation.resume_plants import RESUME_PLANTS
 from ci.mutation.world_size_plants import WORLD_SIZE_PLANTS
 from harness.parity.plan import matrix
 
@@ -409,5 +410,5 @@ _SCALER_PLANTS: tuple[Plant, ...] = (
     ),
 )
 
-PLANTS: tuple[Plant, ...] = (*_SCALER_PLANTS, *ENGINE_PLANTS, *WORLD_SIZE_PLANTS)
+PLANTS: tuple[Plant, ...] = (*_SCALER_PLANTS, *ENGINE_PLANTS, *WORLD_SIZE_PLANTS, *RESUME_PLANTS)
 """Every plant: the scaler's, then the parity engine's."""

@@ -114,12 +114,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="your --workload checkpoints its units' activations (RNG state preserved): its matrix "
         "runs that under every engine layout, on both sides",
     )
+    parser.add_argument(
+        "--resume-at",
+        type=int,
+        default=None,
+        metavar="K",
+        help="resume rows for your --workload: the candidate saves after K steps, loads into a fresh "
+        "model and trains on, against a run straight through (with its own save/load if it declares them)",
+    )
     options = parser.parse_args(argv)
     options.units = {}
     loop = [name for name in ("accumulate", "sync") if getattr(options, name) is not None]
     loop += ["checkpoint"] if options.checkpoint else []
+    loop += ["resume-at"] if options.resume_at is not None else []
     if loop and not options.workload:
         rows = {
+            "resume-at": "-k resume",
             "accumulate": "-k 'accumulate=2'",
             "sync": "-k 'sync=last'",
             "checkpoint": "-k 'ckpt or ckpt_norng'",
@@ -190,6 +200,7 @@ def _matrix(options: argparse.Namespace) -> list[ParityConfig]:
                 accumulate=options.accumulate,
                 sync=options.sync,
                 checkpoint=options.checkpoint,
+                resume_at=options.resume_at,
                 **kwargs,
             )
             loop = workload_matrix.declared_loop(

@@ -218,7 +218,7 @@ def test_a_run_that_matches_has_no_cause():
 
 def test_each_cause_in_the_catalogue_has_a_name_of_its_own():
     names = [name for name, _ in causes.CATALOGUE]
-    assert len(names) == len(set(names)) == 14
+    assert len(names) == len(set(names)) == 22
 
 
 def _rounded_grads(record, dtype=torch.bfloat16):

@@ -17,7 +17,7 @@ from harness.parity.doors.testing import _BATCH, MARKER, gpus, junit_properties,
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{MARKER}(spec, k='', world_size=2, backend='gloo', scaler='ours', recipe=None, clip=None, accumulate=None, sync=None, checkpoint=False): one test per parity "
+        f"{MARKER}(spec, k='', world_size=2, backend='gloo', scaler='ours', recipe=None, clip=None, accumulate=None, sync=None, checkpoint=False, resume_at=None): one test per parity "
         "configuration of the workload (use harness.parity.parity_test)",
     )
 
@@ -45,6 +45,7 @@ def _configs(spec: str, options: dict[str, Any]) -> list[Any]:
                 accumulate=options.get("accumulate"),
                 sync=options.get("sync"),
                 checkpoint=options.get("checkpoint", False),
+                resume_at=options.get("resume_at"),
             ),
             k,
         )

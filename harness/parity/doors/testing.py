@@ -41,6 +41,7 @@ def parity_test(
     accumulate: int | None = None,
     sync: str | None = None,
     checkpoint: bool = False,
+    resume_at: int | None = None,
 ) -> Callable[[Any], Any]:
     """Expand the decorated test (which takes the ``parity`` fixture) over ``workload``'s matrix.
 
@@ -50,7 +51,9 @@ def parity_test(
     every engine; ``clip``: the max norm the user clips at after ``unscale_`` (the CLI's ``--clip``);
     ``accumulate``/``sync``: the microbatches per step and the sync mode (``every``, ``last``) the
     user trains with (the CLI's ``--accumulate``, ``--sync``); ``checkpoint``: the user checkpoints
-    the units' activations (``--checkpoint``); the other arguments are the CLI's."""
+    the units' activations (``--checkpoint``); ``resume_at``: resume rows saving after that step
+    (``--resume-at``; a workload that declares ``save``/``load`` has them halfway without it); the
+    other arguments are the CLI's."""
     import pytest
 
     from harness.parity.workload import registry
@@ -67,6 +70,7 @@ def parity_test(
         accumulate=accumulate,
         sync=sync,
         checkpoint=checkpoint,
+        resume_at=resume_at,
     )
     return mark
 

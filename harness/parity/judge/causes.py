@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from harness.parity.judge import loop_causes, reduce_causes, rounding
+from harness.parity.judge import loop_causes, reduce_causes, resume_causes, rounding
 from harness.parity.judge.compare import Comparison
 from harness.parity.judge.evidence import Cause, Evidence, short
 from harness.parity.ranks.record import RunRecord, StepRecord
@@ -271,6 +271,7 @@ def _buffers_only(e: Evidence) -> Cause | None:
 
 
 CATALOGUE: tuple[tuple[str, _Pattern], ...] = (
+    *resume_causes.PATTERNS,
     ("skip_desync", _skip_desync),
     ("divide_factor", _divide_factor),
     ("forward_differs", _forward_differs),

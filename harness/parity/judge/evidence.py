@@ -27,7 +27,8 @@ class Cause:
     ``noise_gradient``, ``optimizer_only``, ``buffers_only``, ``loss_dtype_differs`` or
     ``clip_norm_sharded``, ``clip_unscale_order``, ``accumulation_dtype`` or ``checkpoint_rng``
     (``loop_causes.py``), ``reduced_in_lower_dtype`` (``reduce_causes.py``); from a localization,
-    ``autocast_differs`` (``recipe_causes.py``) and ``reduction_differs`` (``reduce_causes.py``)."""
+    ``autocast_differs`` (``recipe_causes.py``) and ``reduction_differs`` (``reduce_causes.py``);
+    a resume row's ``resume_*`` (``resume_causes.py``)."""
     evidence: str
     """What in the records matched, with numbers."""
     explanation: str

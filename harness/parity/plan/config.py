@@ -19,6 +19,7 @@ import dataclasses
 from collections.abc import Iterable, Iterator
 
 from harness.parity.plan import recipe as recipes
+from harness.parity.plan import resume_spec
 from harness.parity.plan.precision import PrecisionPolicy
 from harness.parity.workload import registry
 
@@ -137,6 +138,15 @@ class ParityConfig:
     world_size: int = 2
     backend: str = "gloo"
     steps: int = 6
+    resume_at: int | None = None
+    """A resume row: the candidate trains ``resume_at`` steps, saves a checkpoint, drops everything,
+    loads it into a fresh model (new random weights) and trains the rest; the reference trains
+    straight through (``ranks/resume.py``). ``None``: no resume."""
+    resume_method: str | None = None
+    """With :attr:`resume_at`: how the checkpoint is written (``resume_spec.METHODS``)."""
+    resume_layout: str | None = None
+    """With :attr:`resume_at`: the engine layout the candidate comes back in (``resume_spec.LAYOUTS``:
+    FSDP1 -> FSDP2, FSDP2 reshard -> keep, DDP -> FSDP2); ``None``: the one it saved in."""
     init_scale: float = 2.0**16
     growth_interval: int = 3
     """Short, so a few steps show growth as well as backoff."""
@@ -154,6 +164,7 @@ class ParityConfig:
         _choice("sync", self.sync, SYNCS)
         _choice("checkpoint", self.checkpoint, CHECKPOINTS)
         self._check_accumulation()
+        resume_spec.check(self)
         if not self.clip > 0:
             raise ValueError(f"clip must be a max norm > 0, got {self.clip}")
         if self.clip != 1.0 and self.path != "unscale_clip":
@@ -267,6 +278,7 @@ class ParityConfig:
         if self.checkpoint is not None:
             parts.append("ckpt" if self.checkpoint == "replay" else "ckpt_norng")
         parts += [fault.id for fault in self.faults]
+        parts += resume_spec.id_parts(self)
         if self.scaler != "ours":
             parts.append(f"{self.scaler}_scaler")
         parts.append(f"w{self.world_size}")
@@ -287,6 +299,10 @@ class ParityConfig:
             words.add("one_rank")
         if self.fused:
             words.add("fused")
+        if self.resume_at is not None:
+            words |= {"resume", f"resume={self.resume_method}"}
+        if self.resume_layout is not None:
+            words.add("into")
         words |= {self.recipe_name, f"recipe={self.recipe_name}"}
         return frozenset(words)
 
@@ -335,6 +351,7 @@ class ParityConfig:
             self.world_size,
             self.backend,
             self.steps,
+            self.resume_at is not None,  # a resume row's forward RNG runs on (ranks/resume.py)
             self.init_scale,
             self.growth_interval,
             self.seed,

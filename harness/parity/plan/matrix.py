@@ -8,7 +8,7 @@ a user workload's own matrix is in ``workload_matrix.py``.
 
 from __future__ import annotations
 
-from harness.parity.plan import loop_matrix, recipe, workload_matrix
+from harness.parity.plan import loop_matrix, recipe, resume_matrix, workload_matrix
 from harness.parity.plan.config import (
     FAULT_VALUES,
     FSDP1_SHARDING,
@@ -223,6 +223,7 @@ def default_matrix(*, world_size: int = 2, backend: str = "gloo", scaler: str = 
         *fsdp_vs_ddp(world_size=world_size, backend=backend),
         *recipes(world_size=world_size, backend=backend),
         *loop_matrix.default_rows(world_size=world_size, backend=backend),
+        *resume_matrix.default_rows(world_size=world_size, backend=backend, init_scale=_init_scale),
         *forced_inf(world_size=world_size, backend=backend),
         *sparse(world_size=world_size, backend=backend),
         *cpu_offload(world_size=world_size, backend=backend),

@@ -15,7 +15,7 @@ FSDP2 (resharding or not), so the matrix says which recipes the model survives.
 
 from __future__ import annotations
 
-from harness.parity.plan import loop_matrix
+from harness.parity.plan import loop_matrix, resume_matrix
 from harness.parity.plan import recipe as recipes
 from harness.parity.plan.config import FAULT_VALUES, FSDP1_SHARDING, PRECISIONS, Fault, ParityConfig, unique
 from harness.parity.workload import registry
@@ -108,6 +108,7 @@ def for_workload(
     accumulate: int | None = None,
     sync: str | None = None,
     checkpoint: bool = False,
+    resume_at: int | None = None,
 ) -> list[ParityConfig]:
     """Every configuration that checks ``workload`` (a registered name or ``module:function``);
     ``recipe`` (a name of ``recipe.RECIPES``) replaces the workload's declared one; ``clip``: the
@@ -115,7 +116,8 @@ def for_workload(
     where without it the loop rows clip at 1.0 under four); ``accumulate``/``sync``: the user's
     microbatches per step and sync mode, likewise (without them, two microbatches in both modes);
     ``checkpoint``: the user checkpoints the units (with RNG replay), likewise (without it, under
-    four layouts)."""
+    four layouts); ``resume_at``: resume rows saving at that step (``resume_matrix.py``; a
+    workload that declares ``save``/``load`` has them at its halfway step without it)."""
     declared = declared_recipe(workload, recipe)
     spec = registry.get(workload)  # the loop the workload declares, unless the caller names its own
     clip = spec.clip if clip is None else clip
@@ -182,6 +184,7 @@ def for_workload(
         sync=sync,
         checkpoint=checkpoint,
     )
+    configs += resume_matrix.workload_rows(common, optimizers, resume_at)
     return unique(configs)
 
 

@@ -68,6 +68,10 @@ class StepRecord:
     checkpoint: str | None = None
     """How the run recomputed its checkpointed units: ``replay`` (the RNG state replayed),
     ``no_replay``; ``None``: it did not checkpoint."""
+    resume: tuple[dict[str, Any] | None, ...] = ()
+    """By rank, on a resume row's resumed step: the audits ``ranks/resume.py`` recorded
+    (``restored``: the state that differed from the saved one right after the load, by group;
+    ``weights_at_forward``); empty on every other step."""
 
     def skipped_anywhere(self) -> bool:
         return any(flag for flags in self.skipped for flag in flags)
@@ -143,6 +147,7 @@ def _step_from_dict(data: dict[str, Any]) -> StepRecord:
         clip_norms=tuple(data.get("clip_norms", ())),
         accumulated_in=data.get("accumulated_in"),
         checkpoint=data.get("checkpoint"),
+        resume=tuple(data.get("resume", ())),
     )
 
 
@@ -223,6 +228,9 @@ def merge_rank_runs(role: str, description: str, parts: list[dict[str, Any]]) ->
                 clip_norms=_clip_norms(per_rank),
                 accumulated_in=per_rank[0].get("accumulated_in"),
                 checkpoint=per_rank[0].get("checkpoint"),
+                resume=tuple(s.get("resume") for s in per_rank)
+                if any(s.get("resume") for s in per_rank)
+                else (),
             )
         )
     return RunRecord(

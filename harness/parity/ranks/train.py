@@ -12,6 +12,9 @@ Each step::
     -> loss, scale, tracker, found_inf, skip decisions, then the parameters and optimizer state
        (recorded whole, or measured: ``stepcheck.Check``)
 
+A resume row's candidate saves, drops everything and loads into a fresh engine before step
+``config.resume_at``; LR schedulers step after every update (``resume.Loop``).
+
 The units' activations are checkpointed on both sides when ``config.checkpoint`` says so
 (``checkpoint.install``, once the engine is built).
 
@@ -32,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from harness.parity.plan.config import Fault, ParityConfig
-from harness.parity.ranks import accumulate, checkpoint, engines, record, stepcheck
+from harness.parity.ranks import accumulate, checkpoint, engines, record, resume, stepcheck
 from harness.rank import context
 from harness.rank.execute import prefix_lines
 
@@ -126,6 +129,8 @@ class Run:
         self.duration_s = 0.0
         self.slim: Callable[[dict[str, Any]], dict[str, Any]] | None = None
         self.rank = dist.get_rank()  # kept: a failed run's rank leaves the group before it reports
+        self.loop = resume.Loop(config, role, device)
+        """Schedulers, a resume row's carried RNG and its restart (``resume.py``)."""
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         started = time.perf_counter()
@@ -138,11 +143,23 @@ class Run:
             groups = engine.param_groups(2 if self.config.path == "two_optimizers" else 1)
             optimizers = [engine.make_optimizer(group) for group in groups]
             scaler = make_scaler(self.config, self.role, self.device)
+            self.loop.start(engine, optimizers)
             hand = None
             if self.config.accumulate > 1 and self.role == "reference":
                 hand = accumulate.HandAccumulation(self.config, engine)
             for step in range(self.last):
+                if self.loop.restarts_at(step):
+                    engine, groups, optimizers, scaler = self.loop.restart(
+                        step,
+                        engine,
+                        optimizers,
+                        scaler,
+                        lambda: make_scaler(self.config, self.role, self.device),
+                    )
+                    self.description += f"; saved after step {step - 1}, resumed in {engine.description}"
+                self.loop.before_step(step, engine)
                 found = self._step(step, rank, engine, groups, optimizers, scaler, hand)
+                self.loop.after_step(step, found)
                 self.steps.append(self.slim(found) if self.slim is not None else found)
                 context.heartbeat()  # a slow step of a large model is progress, not a hang
                 self.duration_s += time.perf_counter() - started
@@ -154,6 +171,7 @@ class Run:
         except Exception:  # noqa: BLE001 - recorded; the caller decides what it means
             self.error = prefix_lines(traceback.format_exc(), rank)
         finally:
+            self.loop.close()
             self.duration_s += time.perf_counter() - started
 
     def _step(
@@ -201,6 +219,7 @@ class Run:
             scaler.step(opt)
             found_inf.append(sum(float(v.sum()) for v in scaler._found_inf_per_device(opt).values()))
         scaler.update()
+        self.loop.after_update()
         skipped = [_skipped(b, g, engine) for b, g in zip(before, groups, strict=True)]
         tensors = None
         if check is None and self.record:

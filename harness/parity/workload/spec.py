@@ -92,6 +92,17 @@ class Workload:
     """Every gradient element sums exactly over the ranks in any order (small dyadic values, as the
     built-in ``canary``'s): its rows are judged bitwise on every backend and world size, where
     others fall back to a tolerance (NCCL)."""
+    save: Callable[[str, nn.Module, Any, Any], None] | None = None
+    """The user's own checkpoint save, ``save(folder, model, optimizer, scaler)``, called on every
+    rank (``model`` the wrapped module as the candidate trains it, ``folder`` one directory every
+    rank sees); declared with :attr:`load`, it adds resume rows that test *this* code (see
+    ``harness.parity.ranks.resume``)."""
+    load: Callable[[str, nn.Module, Any, Any], None] | None = None
+    """The user's own checkpoint load, ``load(folder, model, optimizer, scaler)``, into a fresh
+    model (new random weights), optimizer and scaler, on every rank."""
+    scheduler: Callable[[Any], Any] | None = None
+    """``optimizer -> torch.optim.lr_scheduler.LRScheduler``, stepped after every optimizer step on
+    both sides, and saved and restored with the rest by a resume row."""
     joint_losses: Callable[[nn.Module, list[Any]], list[torch.Tensor]] | None = None
     """``(model, batches) -> one loss per batch`` from a single forward pass (for the sparse
     single-process reference, whose gradient must come out of one backward call)."""
@@ -122,6 +133,7 @@ class Workload:
                 f"Workload {self.name!r}: optimizer must be a callable params -> torch.optim.Optimizer "
                 f"or None, got {self.optimizer!r}"
             )
+        self._check_checkpointing()
         if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
             raise WorkloadError(
                 f"Workload {self.name!r}: steps must be an int >= 1 or None, got {self.steps!r}"
@@ -133,6 +145,21 @@ class Workload:
         if self.joint_losses is not None:
             return self.joint_losses(model, batches)
         return [self.loss(model, batch) for batch in batches]
+
+    def _check_checkpointing(self) -> None:
+        """``save`` and ``load`` come as a pair of callables; ``scheduler`` is a callable."""
+        if (self.save is None) != (self.load is None):
+            given, missing = ("save", "load") if self.load is None else ("load", "save")
+            raise WorkloadError(
+                f"Workload {self.name!r}: {given} needs {missing} too (a resume row saves with one and "
+                f"loads with the other); declare both, e.g. save=my_save, load=my_load"
+            )
+        for field in ("save", "load", "scheduler"):
+            value = getattr(self, field)
+            if value is not None and not callable(value):
+                raise WorkloadError(
+                    f"Workload {self.name!r}: {field} must be callable or None, got {type(value).__name__}"
+                )
 
     def _check_loop(self) -> None:
         """The declared loop features, each refused with the fix when it cannot run."""

@@ -1,0 +1,190 @@
+"""Known causes of a resume row that leaves its straight-through reference: which state the
+checkpoint lost.
+
+Why from the candidate's own audit: a resumed run that diverges shows *where* (the first step
+after the resume) but not *what* was lost; the rank side (``ranks/resume.py``) compared each
+rank's state right after the load with what it saved (weights, optimizer moments, step counts,
+scaler, RNG, schedulers) and whether the resumed forward ran on the saved weights. Each pattern
+here turns one lost piece into its sentence. Pure, controller side.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.parity.judge.evidence import Cause, Evidence
+
+_SHOWN = 3
+"""How many names of a group the evidence quotes."""
+
+
+def _audits(e: Evidence) -> list[tuple[int, dict[str, Any]]]:
+    return [(rank, audit) for rank, audit in enumerate(e.candidate.resume) if audit]
+
+
+def _lost(e: Evidence, group: str) -> dict[int, list[str]]:
+    """By rank, the names of ``group`` that differed from the saved state right after the load."""
+    return {
+        rank: audit["restored"][group] for rank, audit in _audits(e) if group in (audit.get("restored") or {})
+    }
+
+
+def _headline(e: Evidence) -> str:
+    at = _audits(e)[0][1]["step"]
+    later = e.candidate.step - at
+    when = "the first step after resuming" if later == 0 else f"{later} step(s) after resuming"
+    return (
+        f"the run resumed at step {at} from a checkpoint saved after step {at - 1}, and first "
+        f"diverges at step {e.candidate.step} ({when})"
+    )
+
+
+def _said(lost: dict[int, list[str]]) -> str:
+    parts = []
+    for rank, names in lost.items():
+        shown = ", ".join(names[:_SHOWN]) + (
+            f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
+        )
+        parts.append(f"rank {rank}: {shown}")
+    return "; ".join(parts)
+
+
+def _group_cause(
+    e: Evidence, group: str, name: str, what: str, explanation: str, reference: str
+) -> Cause | None:
+    if not _audits(e):
+        return None
+    lost = _lost(e, group)
+    if not lost:
+        return None
+    return Cause(
+        name=name,
+        evidence=f"{_headline(e)}; right after the load, {what} differed from what was saved ({_said(lost)})",
+        explanation=explanation,
+        reference=reference,
+    )
+
+
+def weights_not_restored(e: Evidence) -> Cause | None:
+    return _group_cause(
+        e,
+        "weights",
+        "resume_weights_not_restored",
+        "the weights",
+        "The load left the fresh model's weights in place: the model's state was not loaded, or "
+        "loaded into another module than the one that trains (a copy, the unwrapped model)",
+        "pytorch#35047",
+    )
+
+
+def weights_late(e: Evidence) -> Cause | None:
+    """The load's audit found the weights restored, yet the resumed forward ran on others."""
+    audits = _audits(e)
+    if not audits or _lost(e, "weights"):
+        return None
+    stale = [rank for rank, audit in audits if audit.get("weights_at_forward") is False]
+    if not stale:
+        return None
+    return Cause(
+        name="resume_weights_late",
+        evidence=(
+            f"{_headline(e)}; the weights equalled the saved ones once the load had run, but not "
+            f"when the resumed step's forward began (rank(s) {', '.join(map(str, stale))})"
+        ),
+        explanation=(
+            "The loaded weights became active one step late: the first step after resuming "
+            "trained the fresh model's weights (a load applied after that step, or a stale "
+            "unsharded copy the forward used instead of the loaded shards)"
+        ),
+        reference="NVIDIA-NeMo/Megatron-Bridge#3397",
+    )
+
+
+def shard_misplaced(e: Evidence) -> Cause | None:
+    return _group_cause(
+        e,
+        "weights_misplaced",
+        "resume_shard_misplaced",
+        "whole weights held the saved values in other places",
+        "A shard was loaded into the wrong rank or rows: the values are the checkpoint's, their "
+        "offsets are not (a resharding load that took another rank's shard, or placements or row "
+        "offsets that do not match the layout that saved them)",
+        "torch.distributed.checkpoint resharding (load_planner)",
+    )
+
+
+def optimizer_not_restored(e: Evidence) -> Cause | None:
+    return _group_cause(
+        e,
+        "optimizer",
+        "resume_optimizer_not_restored",
+        "the optimizer state",
+        "The optimizer's state was not restored: its moments (momentum buffers, Adam's exp_avg "
+        "and exp_avg_sq) start again from zero, so the first updates after resuming differ",
+        "huggingface/transformers#25849",
+    )
+
+
+def step_counter_reset(e: Evidence) -> Cause | None:
+    if _lost(e, "optimizer"):
+        return None  # the whole state was lost: optimizer_not_restored says so
+    return _group_cause(
+        e,
+        "optimizer_step",
+        "resume_step_counter_reset",
+        "the optimizer's step count",
+        "The optimizer's step counter was reset (or advanced) while its moments were restored: "
+        "Adam's bias correction then divides by another 1 - beta**step and the update changes",
+        "NVIDIA-NeMo/Megatron-Bridge#5680",
+    )
+
+
+def scaler_not_restored(e: Evidence) -> Cause | None:
+    return _group_cause(
+        e,
+        "scaler",
+        "resume_scaler_not_restored",
+        "the loss scaler",
+        "The scaler's state was not saved or not loaded: the scale is back at its initial value "
+        "(and the growth tracker at 0), so the resumed run skips steps the straight run did not, "
+        "or scales by another factor; save and load scaler.state_dict() with the checkpoint",
+        "NVIDIA/apex#480",
+    )
+
+
+def rng_not_restored(e: Evidence) -> Cause | None:
+    return _group_cause(
+        e,
+        "rng",
+        "resume_rng_not_restored",
+        "torch's RNG state",
+        "The RNG state was not restored: dropout (and any other random draw) after resuming draws "
+        "other values than the straight run; save torch.get_rng_state() per rank and restore it",
+        "pytorch#35047",
+    )
+
+
+def scheduler_not_restored(e: Evidence) -> Cause | None:
+    return _group_cause(
+        e,
+        "schedulers",
+        "resume_scheduler_not_restored",
+        "the LR scheduler",
+        "The LR scheduler was not restored: it starts again from its first epoch, so the learning "
+        "rate after resuming is not the straight run's; save and load scheduler.state_dict()",
+        "torch.optim.lr_scheduler.LRScheduler.state_dict",
+    )
+
+
+PATTERNS = (
+    ("resume_weights_not_restored", weights_not_restored),
+    ("resume_weights_late", weights_late),
+    ("resume_shard_misplaced", shard_misplaced),
+    ("resume_optimizer_not_restored", optimizer_not_restored),
+    ("resume_step_counter_reset", step_counter_reset),
+    ("resume_scaler_not_restored", scaler_not_restored),
+    ("resume_rng_not_restored", rng_not_restored),
+    ("resume_scheduler_not_restored", scheduler_not_restored),
+)
+"""The resume causes, in the order the report lists them (first in the catalogue: a resume row's
+headline)."""

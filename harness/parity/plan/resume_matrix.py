@@ -1,0 +1,109 @@
+"""Resume rows: the candidate saves at a step, comes back in a fresh model and trains on, against a
+reference that trains straight through (``ranks/resume.py``).
+
+Why a few rows of their own: a resume is one more axis of the same question (does the run that
+stopped and came back train exactly like the one that did not), and each checkpoint method must
+restore the model, the optimizer, the scaler, the RNG and the step count under each engine. The
+default matrix runs both of our methods under FSDP1 and FSDP2, in float32 with Adam (whose step
+count enters its bias correction) and in fp16 with SGD-momentum (whose scale has backed off and
+grown by the resume, so a scaler that is not restored shows), and the conv net with dropout (whose
+masks come from the RNG the checkpoint must restore). A workload's matrix adds them when the user
+asks (``--resume-at``) or declares ``save``/``load`` (then its own method too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from harness.parity.plan.config import ParityConfig
+from harness.parity.workload import registry
+from harness.parity.workload.spec import WorkloadError
+
+LAYOUTS: tuple[dict[str, object], ...] = (
+    {"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": False},
+    {"engine": "fsdp2", "reshard_after_forward": True},
+)
+"""The engine layouts a resume row runs under: FSDP1's flat shards and FSDP2's DTensors."""
+
+METHODS = ("dcp", "sharded_optimizer")
+"""Our methods; a workload that declares ``save``/``load`` adds ``user``."""
+
+RECIPES = (("fp32", "adam"), ("fp16", "sgd"))
+"""``(precision, optimizer)`` of the default rows."""
+
+
+RELAYOUTS: tuple[tuple[dict[str, object], str, str], ...] = (
+    ({"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": False}, "fully_shard", "adam"),
+    ({"engine": "fsdp2", "reshard_after_forward": True}, "fully_shard_keep", "adam"),
+    ({"engine": "ddp"}, "fully_shard", "sgd"),
+)
+"""``(saved in, resumed in, optimizer)``: rows that come back in another layout at the same world
+size (FSDP1 -> FSDP2, FSDP2 reshard -> keep, DDP -> FSDP2), float32 (one reference for both)."""
+
+
+def default_step(steps: int) -> int:
+    """Where a resume row saves when the caller does not say: halfway."""
+    return max(1, steps // 2)
+
+
+def default_rows(
+    *, world_size: int = 2, backend: str = "gloo", init_scale: Callable[[str, int, str], float]
+) -> list[ParityConfig]:
+    """The default matrix's resume rows (``init_scale``: the matrix's, per precision)."""
+    common = {"world_size": world_size, "backend": backend, "resume_at": default_step(6)}
+    configs = [
+        ParityConfig(
+            precision=precision,
+            optimizer=optimizer,
+            resume_method=method,
+            init_scale=init_scale(precision, world_size, backend),
+            **layout,  # type: ignore[arg-type]
+            **common,  # type: ignore[arg-type]
+        )
+        for method in METHODS
+        for layout in LAYOUTS
+        for precision, optimizer in RECIPES
+    ]
+    configs.append(
+        ParityConfig(
+            engine="fsdp2", reshard_after_forward=True, workload="convnet", resume_method="dcp", **common
+        )  # type: ignore[arg-type]
+    )
+    configs += [
+        ParityConfig(resume_method="dcp", optimizer=optimizer, resume_layout=into, **layout, **common)  # type: ignore[arg-type]
+        for layout, into, optimizer in RELAYOUTS
+    ]
+    return configs
+
+
+def workload_rows(
+    common: dict[str, object], optimizers: tuple[str, ...], resume_at: int | None
+) -> list[ParityConfig]:
+    """A workload's resume rows: every method (the user's own when it declares ``save``/``load``)
+    under both layouts, in float32 and fp16, with each of its optimizers; none unless ``resume_at``
+    is given or the workload declares ``save``/``load`` (then at :func:`default_step`)."""
+    workload = registry.get(str(common["workload"]))
+    if resume_at is None and workload.save is None:
+        return []
+    steps = int(common["steps"])  # type: ignore[call-overload]
+    at = default_step(steps) if resume_at is None else resume_at
+    if not (isinstance(at, int) and 1 <= at < steps):
+        raise WorkloadError(
+            f"resume_at must be a step between 1 and {steps - 1} for workload {workload.name!r} "
+            f"({steps} steps: the candidate trains that many before it saves), got {resume_at!r}"
+        )
+    methods = (*METHODS, "user") if workload.save is not None else METHODS
+    return [
+        ParityConfig(
+            precision=precision,
+            optimizer=optimizer,
+            resume_at=at,
+            resume_method=method,
+            **layout,  # type: ignore[arg-type]
+            **common,  # type: ignore[arg-type]
+        )
+        for method in methods
+        for layout in LAYOUTS
+        for precision in ("fp32", "fp16")
+        for optimizer in optimizers
+    ]

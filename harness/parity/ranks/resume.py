@@ -1,0 +1,385 @@
+"""A run that stops, saves, comes back and trains on (rank side): the resume row's candidate.
+
+Why: resume bugs show up as a loss spike hours after a restart, and a plain unit test has none of
+what it takes (a save, a fresh model, a load into sharded state). At step ``config.resume_at`` the
+candidate saves a checkpoint (``resume_store.py``: the row's method), every rank drops its engine,
+optimizer, scaler and scheduler, builds a fresh engine whose weights are new random values (so a
+load that does nothing shows; in another layout when ``config.resume_layout`` says so), loads,
+and trains the remaining steps. The reference trains
+straight through, and the two are compared step by step as any row.
+
+Beside the checkpoint the loop keeps what a training script keeps itself, one file per rank: the
+step count (the data position: batches are drawn per ``(rank, step)``), the forward RNG state and
+the LR schedulers' states. A resume row's forward RNG runs on from step to step (both sides),
+seeded once per rank, as a real run's does; other rows reseed it per step.
+
+What the report names when a resume row fails comes from two audits recorded on the resumed step:
+``restored`` (right after the load, which state differs from what was saved: weights, optimizer
+moments, optimizer step counts, scaler, RNG, schedulers; each rank its own shards) and
+``weights_at_forward`` (whether the weights equalled the saved ones when the resumed step's
+forward began). A save or load that raises, a folder that cannot be written and a save that
+writes nothing are errors naming the rank and the function; the ranks agree through the case's
+store after each phase, so a rank whose load failed never leaves its peers in a collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.parity.plan import resume_spec
+from harness.parity.plan.config import ParityConfig
+from harness.parity.ranks import checkpoint, engines, resume_store
+from harness.parity.workload import registry
+from harness.rank import context
+from harness.rank.subtests import all_ranks
+
+DIR_ENV = "SHARDSCALE_RESUME_DIR"
+"""Where resume rows write their checkpoints (default: the system's temporary folder); it must be
+one folder every rank sees."""
+
+_FRESH_SEED = 7919
+"""Added to the configuration's seed for the fresh model's weights: new values, not the saved ones."""
+
+
+class ResumeError(RuntimeError):
+    """A resume phase failed; the message names the rank and the function."""
+
+
+class CarriedRng:
+    """torch's RNG for a resume row's forwards: seeded once per rank, then carried from step to step."""
+
+    def __init__(self, seed: int, rank: int, device: torch.device) -> None:
+        self.device = device
+        with registry.seeded(registry.forward_seed(seed, rank, 0), device):
+            self.state = self._get()
+
+    def _get(self) -> list[torch.Tensor]:
+        states = [torch.random.get_rng_state()]
+        if self.device.type != "cpu":
+            states.append(torch.get_device_module(self.device.type).get_rng_state(self.device))
+        return states
+
+    @contextlib.contextmanager
+    def around(self, step: int) -> Iterator[None]:
+        """The engine's ``forward_rng``: the carried state inside, carried on afterwards."""
+        saved = self._get()
+        torch.random.set_rng_state(self.state[0])
+        if self.device.type != "cpu":
+            torch.get_device_module(self.device.type).set_rng_state(self.state[1], self.device)
+        try:
+            yield
+        finally:
+            self.state = self._get()
+            torch.random.set_rng_state(saved[0])
+            if self.device.type != "cpu":
+                torch.get_device_module(self.device.type).set_rng_state(saved[1], self.device)
+
+
+def _scramble(engine: engines.Engine, seed: int) -> None:
+    """New random values in every local parameter (DDP: the same on every rank, as a fresh
+    replicated model's; sharded engines: each rank its own shard)."""
+    rank = 0 if engine.config.engine == "ddp" else engine.rank
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + rank)
+    with torch.no_grad():
+        for _, param in engine.named_trainable():
+            local = engine.local(param)
+            local.copy_(torch.randn(local.shape, generator=generator, dtype=torch.float32).to(local.dtype))
+
+
+def _local_state(
+    engine: engines.Engine, optimizer: torch.optim.Optimizer
+) -> dict[str, dict[str, torch.Tensor]]:
+    named = {id(p): n for n, p in engine.named_trainable()}
+    return {
+        named[id(p)]: {
+            k: engine.local(v).detach().clone() for k, v in values.items() if isinstance(v, torch.Tensor)
+        }
+        for p, values in optimizer.state.items()
+        if id(p) in named
+    }
+
+
+def snapshot(
+    engine: engines.Engine, optimizer: torch.optim.Optimizer, scaler: Any, loop: Loop
+) -> dict[str, Any]:
+    """This rank's state, local shards cloned, as the audit compares it."""
+    return {
+        "weights": {n: engine.local(p).detach().clone() for n, p in engine.named_trainable()},
+        "optimizer": _local_state(engine, optimizer),
+        "scaler": (float(scaler.get_scale()), int(scaler._get_growth_tracker())),
+        "rng": [s.clone() for s in loop.rng.state] if loop.rng is not None else [],
+        "schedulers": [s.state_dict() for s in loop.schedulers],
+    }
+
+
+def audit(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, list[str]]:
+    """Which state differs between two :func:`snapshot`\\ s, by group: ``weights`` and
+    ``optimizer`` (moments) and ``optimizer_step`` by name, ``scaler``, ``rng``, ``schedulers``."""
+    found: dict[str, list[str]] = {}
+
+    def differs(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+        return a is None or b is None or a.shape != b.shape or not torch.equal(a, b)
+
+    found["weights"] = [n for n, v in saved["weights"].items() if differs(v, now["weights"].get(n))]
+    moments, steps = [], []
+    for name, values in saved["optimizer"].items():
+        mine = now["optimizer"].get(name, {})
+        for key, value in values.items():
+            if differs(value, mine.get(key)):
+                (steps if key == "step" else moments).append(f"{name}:{key}")
+    found["optimizer"], found["optimizer_step"] = moments, steps
+    if saved["scaler"] != now["scaler"]:
+        (scale, tracker), (was, was_tracker) = now["scaler"], saved["scaler"]
+        found["scaler"] = [f"scale {scale:g} (saved {was:g}), growth tracker {tracker} (saved {was_tracker})"]
+    if len(saved["rng"]) != len(now["rng"]) or any(
+        not torch.equal(a, b) for a, b in zip(saved["rng"], now["rng"], strict=False)
+    ):
+        found["rng"] = ["torch's RNG state"]
+    schedulers = [
+        f"scheduler {i}: last_epoch {b.get('last_epoch')} (saved {a.get('last_epoch')})"
+        for i, (a, b) in enumerate(zip(saved["schedulers"], now["schedulers"], strict=True))
+        if a != b
+    ]
+    if schedulers:
+        found["schedulers"] = schedulers
+    return {group: names for group, names in found.items() if names}
+
+
+class Loop:
+    """What a run keeps beside its engine: schedulers, the carried RNG, and a resume row's restart."""
+
+    def __init__(self, config: ParityConfig, role: str, device: torch.device) -> None:
+        self.config, self.role, self.device = config, role, device
+        self.workload = registry.get(config.workload)
+        self.schedulers: list[Any] = []
+        self.rng: CarriedRng | None = None
+        self.pending: list[Callable[[], None]] = []
+        """Work for the end of the resumed step (the checkpoint folder's removal)."""
+        self._saved: dict[str, Any] | None = None
+        self._restored: dict[str, list[str]] | None = None
+        self._at_forward: bool | None = None
+        self._audit: dict[str, Any] | None = None
+        self._base: str | None = None
+        """The checkpoint's folder while it exists (removed after the resumed step, or by :meth:`close`)."""
+        self._phase = 0
+
+    def start(
+        self, engine: engines.Engine, optimizers: list[torch.optim.Optimizer], *, seed: int | None = None
+    ) -> None:
+        """Schedulers over ``optimizers``; a resume row's carried RNG (both roles), seeded from
+        ``seed`` (default: the configuration's; a restart's fresh process: another)."""
+        if self.workload.scheduler is not None:
+            self.schedulers = [self.workload.scheduler(opt) for opt in optimizers]
+        if self.config.resume_at is not None:
+            self.rng = CarriedRng(self.config.seed if seed is None else seed, engine.rank, self.device)
+            engine.forward_rng = self.rng.around  # type: ignore[method-assign]
+
+    def after_update(self) -> None:
+        """Step every scheduler once per optimizer step (after ``scaler.update()``)."""
+        for scheduler in self.schedulers:
+            scheduler.step()
+
+    def restarts_at(self, step: int) -> bool:
+        """Whether the candidate saves and restarts before ``step`` (the same on every rank)."""
+        return self.role == "candidate" and step == self.config.resume_at
+
+    # -- the restart --------------------------------------------------------------------------------
+    def restart(
+        self,
+        step: int,
+        engine: engines.Engine,
+        optimizers: list[torch.optim.Optimizer],
+        scaler: Any,
+        new_scaler: Callable[[], Any],
+    ) -> Any:
+        """Save, drop everything, build a fresh engine (and a ``new_scaler()``), load;
+        ``(engine, groups, optimizers, scaler)``."""
+        store = resume_store.method(self.config.resume_method or "dcp", self.config.workload)
+        base = self._folder()
+        self._base = base
+        folder = os.path.join(base, "checkpoint")
+        self._phase_ok("folder", lambda: _writable(folder), folder)
+        (optimizer,) = optimizers
+        saving = resume_store.function(store, "save")
+        self._saved = snapshot(engine, optimizer, scaler, self)
+        if self.config.resume_layout is not None:  # the shards move: compare whole tensors (collective)
+            self._saved["full_weights"] = engine.full_after_step([optimizer])[0]
+        self._phase_ok(
+            "save", functools.partial(store.save, folder, engine.wrapped, optimizer, scaler), saving
+        )
+        self._phase_ok("write", functools.partial(_wrote_something, folder, saving), saving)
+        self._phase_ok("save loop state", lambda: self._save_loop(base, step), "the loop's own state")
+        del engine, optimizers, optimizer, scaler
+        self.schedulers = []
+        gc.collect()
+        layout = self.config.with_(**resume_spec.into(self.config), resume_layout=None)
+        engine = engines.build(layout, self.role, self.device)
+        checkpoint.install(engine, layout, self.role)
+        _scramble(engine, self.config.seed + _FRESH_SEED)
+        groups = engine.param_groups(1)
+        optimizers = [engine.make_optimizer(group) for group in groups]
+        scaler = new_scaler()
+        self.start(engine, optimizers, seed=self.config.seed + _FRESH_SEED)  # as a new process has
+        self._load(base, folder, store, engine, optimizers[0], scaler, step)
+        self.pending.append(self.close)
+        return engine, groups, optimizers, scaler
+
+    def _load(
+        self,
+        base: str,
+        folder: str,
+        store: Any,
+        engine: engines.Engine,
+        optimizer: Any,
+        scaler: Any,
+        step: int,
+    ) -> None:
+        self._phase_ok(
+            "load",
+            lambda: store.load(folder, engine.wrapped, optimizer, scaler),
+            resume_store.function(store, "load"),
+        )
+        self._phase_ok("load loop state", lambda: self._load_loop(base, step), "the loop's own state")
+        assert self._saved is not None
+        now = snapshot(engine, optimizer, scaler, self)
+        moved: dict[str, list[str]] = {}
+        if self.config.resume_layout is not None:  # other shards, other names: whole tensors instead
+            for group in ("weights", "optimizer"):
+                self._saved[group], now[group] = {}, {}
+            moved = _moved(self._saved.pop("full_weights"), engine.full_after_step([optimizer])[0])
+        self._restored = {**audit(self._saved, now), **moved}
+
+    def before_step(self, step: int, engine: engines.Engine) -> None:
+        """At the resumed step: whether the weights the forward starts from are the saved ones."""
+        if self._saved is not None and step == self.config.resume_at and self._saved["weights"]:
+            now = {n: engine.local(p) for n, p in engine.named_trainable()}
+            self._at_forward = all(torch.equal(v, now[n]) for n, v in self._saved["weights"].items())
+
+    def after_step(self, step: int, found: dict[str, Any]) -> None:
+        """From the resumed step on: record both audits into ``found`` (a divergence that shows
+        later still finds them); at the resumed step, finish pending work first."""
+        if self._saved is not None and step == self.config.resume_at:
+            for work in self.pending:
+                work()
+            self.pending = []
+            self._audit = {"step": step, "restored": self._restored, "weights_at_forward": self._at_forward}
+            self._saved = None
+        if self._audit is not None:
+            found["resume"] = self._audit
+
+    def close(self) -> None:
+        """Remove the checkpoint (rank 0): after the resumed step, when every rank has loaded it, or
+        when the run ends early (a failed restart leaves no folder behind)."""
+        if self._base is not None and dist.is_initialized() and dist.get_rank() == 0:
+            shutil.rmtree(self._base, ignore_errors=True)
+        self._base = None
+
+    # -- pieces -------------------------------------------------------------------------------------
+    def _folder(self) -> str:
+        """One new folder every rank sees: rank 0 makes it, every rank receives its path."""
+        made = [None]
+        if dist.get_rank() == 0:
+            root = os.environ.get(DIR_ENV) or None
+            try:
+                made[0] = tempfile.mkdtemp(prefix="shardscale-resume-", dir=root)
+            except OSError as error:
+                made[0] = f"!{error}"
+        dist.broadcast_object_list(made, src=0)
+        path = str(made[0])
+        if path.startswith("!"):
+            raise ResumeError(
+                f"[rank {dist.get_rank()}] cannot make a checkpoint folder under "
+                f"{os.environ.get(DIR_ENV) or tempfile.gettempdir()}: {path[1:]}; set {DIR_ENV} to a "
+                "writable folder every rank sees"
+            )
+        return path
+
+    def _save_loop(self, base: str, step: int) -> None:
+        state = {
+            "data_position": step,
+            "rng": self.rng.state if self.rng is not None else [],
+            "schedulers": [s.state_dict() for s in self.schedulers],
+        }
+        torch.save(state, os.path.join(base, f"loop_rank{dist.get_rank()}.pt"))
+
+    def _load_loop(self, base: str, step: int) -> None:
+        state = torch.load(os.path.join(base, f"loop_rank{dist.get_rank()}.pt"), weights_only=False)
+        if state["data_position"] != step:
+            raise ResumeError(
+                f"the loop resumed at data position {state['data_position']}, the save was at {step}"
+            )
+        if self.rng is not None:
+            self.rng.state = state["rng"]
+        for scheduler, saved in zip(self.schedulers, state["schedulers"], strict=True):
+            scheduler.load_state_dict(saved)
+
+    def _phase_ok(self, phase: str, work: Callable[[], None], function: str) -> None:
+        """Run ``work``; then every rank learns whether it went well on every rank (the store, not
+        the group), and raises naming the rank and ``function`` if not."""
+        ctx = context.current()
+        self._phase += 1
+        error: BaseException | None = None
+        try:
+            work()
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as raised:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+            error = raised
+        key = f"resume/{self.config.id}/{self.role}/{self._phase}/{phase}"
+        if ctx.world_size > 1 and not all_ranks(ctx, key, ok=error is None):
+            if error is None:
+                raise ResumeError(
+                    f"[rank {ctx.rank}] another rank failed in the resume's {phase} ({function}); "
+                    "its error says why"
+                )
+        if error is not None:
+            raise ResumeError(
+                f"[rank {ctx.rank}] the resume's {phase} failed in {function}: "
+                f"{type(error).__name__}: {error}"
+            ) from error
+
+
+def _moved(saved: dict[str, torch.Tensor], now: dict[str, torch.Tensor]) -> dict[str, list[str]]:
+    """Whole weights that differ after a load into another layout: ``weights_misplaced`` when a
+    tensor holds exactly the saved values in other places (a shard loaded into the wrong rank or
+    rows), ``weights`` otherwise."""
+    found: dict[str, list[str]] = {"weights": [], "weights_misplaced": []}
+    for name, value in saved.items():
+        mine = now.get(name)
+        if mine is not None and mine.shape == value.shape and torch.equal(mine, value):
+            continue
+        same_values = mine is not None and torch.equal(
+            mine.flatten().sort().values, value.flatten().sort().values
+        )
+        found["weights_misplaced" if same_values else "weights"].append(name)
+    return {group: names for group, names in found.items() if names}
+
+
+def _writable(folder: str) -> None:
+    try:
+        os.makedirs(folder, exist_ok=True)
+        probe = os.path.join(folder, f".writable_rank{dist.get_rank()}")
+        with open(probe, "w") as handle:
+            handle.write("ok")
+        os.remove(probe)
+    except OSError as error:
+        raise ResumeError(
+            f"the checkpoint folder {folder} is not writable ({error}); set {DIR_ENV} to a writable "
+            "folder every rank sees"
+        ) from error
+
+
+def _wrote_something(folder: str, function: str) -> None:
+    """A save that returns without writing anything into ``folder`` would resume from nothing."""
+    if not any(os.scandir(folder)):
+        raise ResumeError(f"{function} returned but wrote nothing into the checkpoint folder {folder}")
