@@ -143,6 +143,10 @@ def t5() -> Workload:
         name="hf_t5",
         model=lambda: t.T5ForConditionalGeneration(config),
         batch=lambda rank, step: (torch.randint(0, VOCAB, (BATCH, SEQ)), torch.randint(0, VOCAB, (BATCH, 8))),
-        loss=lambda model, batch: model(input_ids=batch[0], labels=batch[1]).loss,
+        # Training needs no key/value cache, and a checkpointed decoder block that appends to one
+        # recomputes with another cache than it ran with (torch.utils.checkpoint's CheckpointError:
+        # "a different number of tensors was saved"): as Hugging Face's own gradient checkpointing
+        # does, the loop trains with use_cache=False.
+        loss=lambda model, batch: model(input_ids=batch[0], labels=batch[1], use_cache=False).loss,
         units="auto",
     )
