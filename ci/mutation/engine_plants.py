@@ -125,7 +125,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="the exact profile compares in float16, so float32 values a few ulps apart pass as equal",
         edits=(
             _edit(
-                "ranks/distance.py",
+                "ranks/measure/distance.py",
                 "same = (ref == cand) | both_nan",
                 "same = (ref.half() == cand.half()) | both_nan  # planted",
             ),
@@ -137,7 +137,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="a toleranced profile allows ten times its rtol/atol",
         edits=(
             _edit(
-                "ranks/distance.py",
+                "ranks/measure/distance.py",
                 "close = (c - r).abs() <= profile.atol + profile.rtol * r.abs()",
                 "close = (c - r).abs() <= 10 * (profile.atol + profile.rtol * r.abs())  # planted",
             ),
@@ -147,7 +147,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
     Plant(
         name="parity_one_ulp_labelled_bitwise",
         bug="a configuration 1 ulp from its reference is labelled bitwise",
-        edits=(_edit("ranks/ulp.py", "    if max_ulp == 0:\n", "    if max_ulp <= 1:  # planted\n"),),
+        edits=(_edit("ranks/measure/ulp.py", "    if max_ulp == 0:\n", "    if max_ulp <= 1:  # planted\n"),),
         tests=(_ULP,),
     ),
     Plant(
@@ -217,7 +217,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "the world size give each rank its own shape, the gather's sizes differ and gloo aborts a rank",
         edits=(
             _edit(
-                "ranks/gather.py",
+                "ranks/sides/gather.py",
                 "        run_check=False,\n        shape=param.shape,\n        stride=param.stride(),\n",
                 "        run_check=False,  # planted: shape and stride inferred from the local shard\n",
             ),
@@ -230,7 +230,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "candidate's policy (FSDP2 keeps buffers as they were: a rotary inv_freq stays float32)",
         edits=(
             _edit(
-                "ranks/twin.py",
+                "ranks/sides/twin.py",
                 "param, buffers = dtype(policy.param), dtype(policy.buffers)\n",
                 "param, buffers = dtype(policy.param), dtype(policy.buffers) or dtype(policy.param)  # planted\n",
             ),
@@ -244,7 +244,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "overflows where the reference's sum of quarters does not",
         edits=(
             _edit(
-                "ranks/engines.py",
+                "ranks/sides/references.py",
                 "            self.config.engine, twin.DTYPES[self.policy.reduce_dtype], self.world_size\n",
                 '            "ddp", twin.DTYPES[self.policy.reduce_dtype], self.world_size  # planted\n',
             ),
@@ -316,7 +316,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "(the shape and dtype checked, the values not): every differing tensor would compare equal",
         edits=(
             _edit(
-                "ranks/reuse.py",
+                "ranks/sides/reuse.py",
                 "        and torch.equal(want, got)\n",
                 "        # planted: values not compared\n",
             ),
@@ -329,7 +329,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "(a mixed-dtype batch) would be rounded before they are compared",
         edits=(
             _edit(
-                "ranks/gather.py",
+                "ranks/sides/gather.py",
                 "    return torch.float32 if dtypes == {torch.float32} else torch.float64\n",
                 "    return torch.float32  # planted\n",
             ),
@@ -343,7 +343,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "another rank's numbers than the gather onto rank 0 shows",
         edits=(
             _edit(
-                "ranks/local.py",
+                "ranks/measure/local.py",
                 "    if not handle.uses_sharded_strategy:\n        return _rank() == 0\n",
                 "    if not handle.uses_sharded_strategy:\n        return True  # planted\n",
             ),
@@ -356,7 +356,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "rows it holds: every rank but 0 measures the wrong elements",
         edits=(
             _edit(
-                "ranks/local.py",
+                "ranks/measure/local.py",
                 "    start = min(mesh_rank * chunk, shape[0] if shape else 0) * row\n",
                 "    start = 0  # planted\n",
             ),
@@ -369,7 +369,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "sent for them, and the judge reads a buffer without one as equal",
         edits=(
             _edit(
-                "ranks/stepcheck.py",
+                "ranks/measure/stepcheck.py",
                 '        measured["buffer"] = _compare(\n'
                 '            own_buffers(self._ref["buffers"], self.rank), own, self.profile, align=True\n'
                 "        )\n",
@@ -385,7 +385,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "inside a flat shard) is never judged",
         edits=(
             _edit(
-                "ranks/stepcheck.py",
+                "ranks/measure/stepcheck.py",
                 '        got = piece.values.to("cpu", dtype)\n',
                 '        got = piece.values.to("cpu", dtype)[:-1]  # planted\n',
             ),
@@ -398,7 +398,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "with the number of steps",
         edits=(
             _edit(
-                "ranks/stepcheck.py",
+                "ranks/measure/stepcheck.py",
                 "        self._drops = live is not None\n",
                 "        self._drops = False  # planted\n",
             ),
@@ -411,7 +411,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "difference that grows past the profile later can no longer be traced to where it began",
         edits=(
             _edit(
-                "ranks/stepcheck.py",
+                "ranks/measure/stepcheck.py",
                 "        keep = self.keep_all or self._origin or (failed and not self._failure_found)\n",
                 "        keep = self.keep_all or (failed and not self._failure_found)  # planted\n",
             ),
@@ -441,7 +441,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "candidate keeps float32 parameters",
         edits=(
             _edit(
-                "ranks/engines.py",
+                "ranks/sides/roles.py",
                 "    elif config.policy is not None and not registry.get(config.workload).sparse:\n",
                 '    elif config.precision != "fp32" and not registry.get(config.workload).sparse:  # planted\n',
             ),
@@ -525,7 +525,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "accumulates unsynced gradients is judged against another sum",
         edits=(
             _edit(
-                "ranks/accumulate.py",
+                "ranks/sides/accumulate.py",
                 '        if self.sync == "every":\n',
                 "        if True:  # planted\n",
             ),
@@ -536,7 +536,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         name="parity_accumulation_candidate_never_skips_the_sync",
         bug="the candidate reduces every microbatch on sync='last' (no no_sync()), so the rows "
         "said to accumulate unsynced check nothing of it",
-        edits=(_edit("ranks/accumulate.py", "    if sync:\n", "    if True:  # planted\n"),),
+        edits=(_edit("ranks/sides/accumulate.py", "    if sync:\n", "    if True:  # planted\n"),),
         tests=(f"{_ACCUMULATE}::test_fsdp_accumulating_microbatches_trains_bitwise_like_its_twin",),
     ),
     Plant(
@@ -557,7 +557,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "to checkpoint without replay checks a correct recompute",
         edits=(
             _edit(
-                "ranks/checkpoint.py",
+                "ranks/sides/checkpoint.py",
                 "    replay = replays(config, role)\n",
                 '    replay = replays(config, "reference")  # planted\n',
             ),

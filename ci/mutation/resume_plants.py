@@ -28,7 +28,7 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         bug="the DCP load restores the model and the scaler but not the optimizer (moments back at zero)",
         edits=(
             _edit(
-                "ranks/resume_store.py",
+                "ranks/sides/resume_store.py",
                 '        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])\n',
                 '        set_model_state_dict(model, state["model"])  # planted\n',
             ),
@@ -40,7 +40,7 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         bug="the name-keyed load hands the optimizer its moments but resets every step count",
         edits=(
             _edit(
-                "ranks/resume_store.py",
+                "ranks/sides/resume_store.py",
                 "key: self._like(value, param) for key, value in sharded.local_optimizer.state[local].items()\n",
                 'key: torch.zeros_like(value) if key == "step" else self._like(value, param)  # planted\n'
                 "                for key, value in sharded.local_optimizer.state[local].items()\n",
@@ -53,7 +53,7 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         bug="the DCP load never loads the scaler's state: the scale is back at its initial value",
         edits=(
             _edit(
-                "ranks/resume_store.py",
+                "ranks/sides/resume_store.py",
                 'optim_state_dict=state["optim"])\n        scaler.load_state_dict(state["scaler"])\n',
                 'optim_state_dict=state["optim"])  # planted: the scaler is not loaded\n',
             ),
@@ -65,7 +65,7 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         bug="the loop's saved RNG state is not restored: dropout after resuming draws other masks",
         edits=(
             _edit(
-                "ranks/resume.py",
+                "ranks/sides/resume.py",
                 '            self.rng.state = state["rng"]\n',
                 "            pass  # planted\n",
             ),
@@ -77,7 +77,7 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         bug="the load runs after the first resumed step: that step trains the fresh model's weights",
         edits=(
             _edit(
-                "ranks/resume.py",
+                "ranks/sides/resume.py",
                 "        self._load(base, folder, store, engine, optimizers[0], scaler, step)\n",
                 "        self.pending.insert(0, functools.partial(self._load, base, folder, store, engine, "
                 "optimizers[0], scaler, step))  # planted\n",
@@ -90,7 +90,7 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         bug="the LR schedulers' saved states are not restored: they start again from their first epoch",
         edits=(
             _edit(
-                "ranks/resume.py",
+                "ranks/sides/resume.py",
                 "            scheduler.load_state_dict(saved)\n",
                 "            pass  # planted\n",
             ),
@@ -102,7 +102,7 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         bug="the name-keyed load restores the optimizer and the scaler but never the model's weights",
         edits=(
             _edit(
-                "ranks/resume_store.py",
+                "ranks/sides/resume_store.py",
                 '        set_model_state_dict(model, state["model"])\n',
                 "        pass  # planted\n",
             ),
@@ -114,7 +114,7 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         bug="a load into another layout that put the saved values in other rows is reported as weights never loaded",
         edits=(
             _edit(
-                "ranks/resume.py",
+                "ranks/sides/resume.py",
                 "        same_values = mine is not None and torch.equal(",
                 "        same_values = False and torch.equal(  # planted",
             ),
@@ -138,7 +138,7 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         bug="the resumed step's audits never reach the record: the causes have nothing to read",
         edits=(
             _edit(
-                "ranks/resume.py",
+                "ranks/sides/resume.py",
                 '            found["resume"] = self._audit\n',
                 "            pass  # planted\n",
             ),

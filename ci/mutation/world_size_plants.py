@@ -1,5 +1,5 @@
 """Plants in what keeps the verdict true past two ranks: the reference's mirrored reduction
-(``harness/parity/ranks/reduce_layout.py``), the references it keeps apart, and the reduction's
+(``harness/parity/ranks/sides/reduce_layout.py``), the references it keeps apart, and the reduction's
 known causes.
 
 Why: each of these, loosened, gives a correct candidate a FAIL at world size 4 (a reference that
@@ -34,7 +34,7 @@ WORLD_SIZE_PLANTS: tuple[Plant, ...] = (
         "candidate's layout: from 3 ranks on each element is summed in another order",
         edits=(
             _edit(
-                "ranks/reduce_layout.py",
+                "ranks/sides/reduce_layout.py",
                 '    if config.engine not in ("fsdp1", "fsdp2"):\n',
                 "    if True:  # planted\n",
             ),
@@ -46,7 +46,7 @@ WORLD_SIZE_PLANTS: tuple[Plant, ...] = (
         bug="the reference lays out FSDP1's flat gradient without use_orig_params' alignment padding",
         edits=(
             _edit(
-                "ranks/reduce_layout.py",
+                "ranks/sides/reduce_layout.py",
                 "if config.use_orig_params else 0",
                 "if False else 0  # planted",
             ),
@@ -59,7 +59,7 @@ WORLD_SIZE_PLANTS: tuple[Plant, ...] = (
         "rank instead of its shard group's reduce-scatter and the replicate group's all-reduce",
         edits=(
             _edit(
-                "ranks/reduce_layout.py",
+                "ranks/sides/reduce_layout.py",
                 'hybrid=config.sharding == "hybrid_shard",',
                 "hybrid=False,  # planted",
             ),

@@ -7,7 +7,7 @@ calls, for all of the module's tests to read.
 A module may set ``SCALER_PINNED = True`` to keep each configuration's own scaler under
 ``--scaler torch`` (the side-by-side module runs both scalers on purpose), and ``KEEP_TENSORS =
 True`` when its tests read the full tensors of every step (the records otherwise hold them only
-for the steps the known causes read: ``ranks/stepcheck.py``).
+for the steps the known causes read: ``ranks/measure/stepcheck.py``).
 """
 
 from __future__ import annotations

@@ -31,8 +31,8 @@ from harness.parity.judge import result as results
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan import profiles
 from harness.parity.plan.config import FSDP1_SHARDING, ParityConfig, unsupported_reason
-from harness.parity.ranks import distance
-from harness.parity.ranks.record import RunRecord
+from harness.parity.ranks.measure import distance
+from harness.parity.ranks.measure.record import RunRecord
 from harness.parity.report import render
 
 WORKLOAD = "fixtures.edge_workload:edges"

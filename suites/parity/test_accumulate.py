@@ -12,7 +12,7 @@ from harness.parity.judge import causes
 from harness.parity.judge.compare import compare_runs
 from harness.parity.plan import matrix, profiles, workload_matrix
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks import accumulate
+from harness.parity.ranks.sides import accumulate
 from suites.parity.support import cli_in_process, describe, ranks_executor
 
 _FSDP1 = {"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": False}

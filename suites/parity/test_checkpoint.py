@@ -13,7 +13,7 @@ from harness.parity.judge.compare import compare_runs
 from harness.parity.judge.result import expected_failure
 from harness.parity.plan import matrix, profiles, workload_matrix
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks import checkpoint
+from harness.parity.ranks.sides import checkpoint
 from harness.parity.report import render
 from suites.parity.support import cli_in_process, describe, ranks_executor
 

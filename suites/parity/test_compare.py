@@ -133,7 +133,7 @@ def test_sparse_tensors_are_compared_as_their_dense_sums():
 
 
 def test_the_gap_between_two_runs_is_their_largest_loss_and_parameter_difference():
-    from harness.parity.ranks.gap import gap
+    from harness.parity.ranks.measure.gap import gap
 
     other = run(step(0), step(1))
     mine = run(step(0, loss=0.625), step(1, weight=1.5))
@@ -144,7 +144,7 @@ def test_the_gap_between_two_runs_is_their_largest_loss_and_parameter_difference
 
 
 def test_the_gap_measured_on_each_rank_step_by_step_and_merged_is_the_gap_of_the_merged_records():
-    from harness.parity.ranks.gap import gap, merge, of_steps
+    from harness.parity.ranks.measure.gap import gap, merge, of_steps
 
     def on_rank(rank: int) -> dict[str, float]:
         """As ``stepcheck.Check`` measures it: one step at a time, the running maximum kept."""

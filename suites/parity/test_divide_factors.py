@@ -16,7 +16,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import _get_gradient_
 
 from harness.parity.doors import runner
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks import twin
+from harness.parity.ranks.sides import twin
 from suites.parity.support import describe, ranks_executor
 
 WORKLOAD = "fixtures.user_workloads:five_classes"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fixtures.parity_records import run, step
-from harness.parity.ranks.record import RunRecord, merge_rank_runs, rank_run, rank_step
+from harness.parity.ranks.measure.record import RunRecord, merge_rank_runs, rank_run, rank_step
 
 
 def test_round_trip_keeps_every_field():

@@ -1,4 +1,4 @@
-"""The candidate's gradient buffers as the reference lays them out (``ranks/reduce_layout.py``):
+"""The candidate's gradient buffers as the reference lays them out (``ranks/sides/reduce_layout.py``):
 which parameters share a collective, in which order, with which alignment. Pure: no ranks (the
 reduction itself is checked bitwise at world size 4 in ``test_world_size.py``)."""
 
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks import reduce_layout
+from harness.parity.ranks.sides import reduce_layout
 
 
 class _Unit(nn.Module):

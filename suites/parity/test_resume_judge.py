@@ -5,7 +5,7 @@ from fixtures.parity_records import replace_step, run, step
 from harness.parity.judge import causes
 from harness.parity.judge.compare import compare_runs
 from harness.parity.plan import profiles
-from harness.parity.ranks.record import RunRecord
+from harness.parity.ranks.measure.record import RunRecord
 
 
 def _audit(restored=None, *, at_forward=True, at=1):

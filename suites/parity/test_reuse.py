@@ -1,12 +1,12 @@
-"""Candidate tensors equal to the reference's travel once (``ranks/reuse.py``): shared by object,
+"""Candidate tensors equal to the reference's travel once (``ranks/sides/reuse.py``): shared by object,
 sent once by pickle, and never shared where they differ, so verdicts cannot change."""
 
 import pickle
 
 import torch
 
-from harness.parity.ranks.record import rank_run, rank_step
-from harness.parity.ranks.reuse import share_equal_tensors
+from harness.parity.ranks.measure.record import rank_run, rank_step
+from harness.parity.ranks.sides.reuse import share_equal_tensors
 
 
 def _run(weight: torch.Tensor, steps: int = 3) -> dict:

@@ -14,7 +14,8 @@ import torch
 from fixtures import candidate_steps
 from harness.parity.judge import result as results
 from harness.parity.plan.config import Fault, ParityConfig
-from harness.parity.ranks import entry, local, stepcheck
+from harness.parity.ranks import entry
+from harness.parity.ranks.measure import local, stepcheck
 
 ENGINES = [
     ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam", workload="uneven"),

@@ -8,8 +8,8 @@ import torch
 from fixtures.parity_records import next_float, run, step
 from harness.parity.judge.compare import compare_runs
 from harness.parity.plan import profiles
-from harness.parity.ranks import ulp
-from harness.parity.ranks.distance import tensor_diff
+from harness.parity.ranks.measure import ulp
+from harness.parity.ranks.measure.distance import tensor_diff
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])

@@ -42,7 +42,7 @@ def test_the_checkout_keeps_every_import_contract():
 
 
 def test_a_rank_side_module_importing_a_front_door_breaks_the_pipeline_contract(scratch):
-    _plant(scratch, "harness.parity.ranks.engines", "from harness.parity.doors import runner")
+    _plant(scratch, "harness.parity.ranks.sides.engines", "from harness.parity.doors import runner")
     out = _lint(scratch)
     assert out.returncode == 1
     assert "harness.parity.ranks is not allowed to import harness.parity.doors" in out.stdout
@@ -63,19 +63,19 @@ def test_the_controller_importing_the_rank_side_breaks_the_role_contract(scratch
 
 
 def test_a_cycle_between_two_modules_of_a_stage_breaks_the_acyclic_contract(scratch):
-    _plant(scratch, "harness.parity.ranks.optimizers", "from harness.parity.ranks import engines")
+    _plant(scratch, "harness.parity.ranks.sides.optimizers", "from harness.parity.ranks.sides import engines")
     out = _lint(scratch)
     assert out.returncode == 1
-    assert "No cycles are allowed in harness.parity.ranks" in out.stdout
+    assert "No cycles are allowed in harness.parity.ranks.sides" in out.stdout
 
 
 def test_a_function_local_import_counts_as_an_import(scratch):
     """A cycle cannot be hidden by importing inside a function."""
     _plant(
         scratch,
-        "harness.parity.ranks.optimizers",
-        "def _later():\n    from harness.parity.ranks import engines\n    return engines",
+        "harness.parity.ranks.sides.optimizers",
+        "def _later():\n    from harness.parity.ranks.sides import engines\n    return engines",
     )
     out = _lint(scratch)
     assert out.returncode == 1
-    assert "No cycles are allowed in harness.parity.ranks" in out.stdout
+    assert "No cycles are allowed in harness.parity.ranks.sides" in out.stdout

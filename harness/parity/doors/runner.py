@@ -27,7 +27,7 @@ from harness.parity.judge import result as results
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig, by_world, unsupported_reason
-from harness.parity.ranks.record import RunRecord
+from harness.parity.ranks.measure.record import RunRecord
 
 Executor = Callable[..., list[list[dict[str, Any]]]]
 """``execute(batch, backend, world_size, target=RANK_TARGET)``: every rank's list of results."""

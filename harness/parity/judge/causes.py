@@ -18,7 +18,7 @@ import torch
 from harness.parity.judge import loop_causes, reduce_causes, resume_causes, rounding
 from harness.parity.judge.compare import Comparison
 from harness.parity.judge.evidence import Cause, Evidence, short
-from harness.parity.ranks.record import RunRecord, StepRecord
+from harness.parity.ranks.measure.record import RunRecord, StepRecord
 
 __all__ = ["CATALOGUE", "Cause", "Evidence", "dtype_differences", "localized", "match"]
 

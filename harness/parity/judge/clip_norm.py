@@ -23,8 +23,8 @@ from __future__ import annotations
 import math
 
 from harness.parity.plan.profiles import ToleranceProfile
-from harness.parity.ranks import ulp
-from harness.parity.ranks.record import StepRecord
+from harness.parity.ranks.measure import ulp
+from harness.parity.ranks.measure.record import StepRecord
 
 ORDER_ULPS = 8
 """Float32 ULPs two sums of the same squares in another order may differ by (measured: 2)."""

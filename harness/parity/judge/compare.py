@@ -32,9 +32,9 @@ import torch
 
 from harness.parity.judge import clip_norm
 from harness.parity.plan.profiles import ToleranceProfile
-from harness.parity.ranks import ulp
-from harness.parity.ranks.distance import TensorDiff, equal_diff, tensor_diff
-from harness.parity.ranks.record import RunRecord, StepRecord
+from harness.parity.ranks.measure import ulp
+from harness.parity.ranks.measure.distance import TensorDiff, equal_diff, tensor_diff
+from harness.parity.ranks.measure.record import RunRecord, StepRecord
 from harness.rank.execute import headline_of_text
 
 _TENSOR_KINDS = ("grad", "param", "optim_state")

@@ -10,7 +10,7 @@ import dataclasses
 
 import torch
 
-from harness.parity.ranks.record import StepRecord
+from harness.parity.ranks.measure.record import StepRecord
 
 
 def short(dtype: torch.dtype) -> str:

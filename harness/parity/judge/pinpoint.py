@@ -20,7 +20,7 @@ import torch
 
 from harness.parity.judge.evidence import short
 from harness.parity.plan.profiles import ToleranceProfile
-from harness.parity.ranks.distance import format_ulp, tensor_diff
+from harness.parity.ranks.measure.distance import format_ulp, tensor_diff
 
 PHASES = ("forward", "backward")
 _PHASE_WORDS = {"forward": "forward output", "backward": "gradient of its output"}

@@ -19,7 +19,7 @@ from __future__ import annotations
 from harness.parity.judge.causes import dtype_differences
 from harness.parity.judge.evidence import Cause
 from harness.parity.judge.pinpoint import ModuleDiff
-from harness.parity.ranks.record import RunRecord
+from harness.parity.ranks.measure.record import RunRecord
 
 _LOW = ("float16", "bfloat16")
 

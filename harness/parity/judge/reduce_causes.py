@@ -1,7 +1,7 @@
 """Known causes in the gradient reduction itself (controller side, pure).
 
 Why they can be told apart now: the reference reduces through its candidate's own collectives on
-its buffer layout (``ranks/reduce_layout.py``), so a correct candidate's reduced gradients are
+its buffer layout (``ranks/sides/reduce_layout.py``), so a correct candidate's reduced gradients are
 bitwise the reference's at any world size on gloo. Where they differ while everything computed on
 each rank matched, the reduction is the place to look:
 

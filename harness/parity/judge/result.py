@@ -16,10 +16,10 @@ import torch
 from harness.parity.judge import causes, compare, pinpoint
 from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig, poisoned_steps
-from harness.parity.ranks import gap, ulp
-from harness.parity.ranks.distance import TensorDiff
-from harness.parity.ranks.record import RunRecord, merge_rank_runs
-from harness.parity.ranks.twin import DTYPES
+from harness.parity.ranks.measure import gap, ulp
+from harness.parity.ranks.measure.distance import TensorDiff
+from harness.parity.ranks.measure.record import RunRecord, merge_rank_runs
+from harness.parity.ranks.sides.twin import DTYPES
 from harness.parity.workload import registry
 from harness.rank.execute import headline_of_text
 

@@ -33,7 +33,7 @@ def reduce_order(e: Evidence) -> Cause | None:
     Why it is no bug by itself: on gloo each element is summed in an order set by its position in
     the reduced buffer (measured at world size 4: the element in the c-th quarter of the buffer
     adds ranks c+2, c+3, c+1, c). The reference reduces through its candidate's collectives on its
-    candidate's buffers (``ranks/reduce_layout.py``), so a candidate that reduces as FSDP does never
+    candidate's buffers (``ranks/sides/reduce_layout.py``), so a candidate that reduces as FSDP does never
     shows this; one that reduces otherwise (a custom reduce hook or collective, another grouping
     of its buffers) does. Measured before the reference mirrored the layout, where it reduced one
     flat buffer: at step 0 of ``five_classes`` in bfloat16 on four ranks, a quarter to a half of
@@ -89,7 +89,7 @@ def reduce_order(e: Evidence) -> Cause | None:
             "alone (NCCL). An element that nearly cancels keeps that absolute error and fails a "
             "relative tolerance, and optimizer state accumulating it drifts further"
         ),
-        reference="harness/parity/ranks/reduce_layout.py",
+        reference="harness/parity/ranks/sides/reduce_layout.py",
     )
 
 

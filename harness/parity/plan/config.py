@@ -122,13 +122,13 @@ class ParityConfig:
     """The ``max_norm`` of ``clip_grad_norm_`` on path ``unscale_clip`` (the CLI's ``--clip NORM``);
     named in the id when it is not 1.0, so the rows that clip at 1.0 keep their ids."""
     accumulate: int = 1
-    """Microbatches per optimizer step (gradient accumulation, ``ranks/accumulate.py``); named in
+    """Microbatches per optimizer step (gradient accumulation, ``ranks/sides/accumulate.py``); named in
     the id when more than 1 (``acc4``)."""
     sync: str = "every"
     """With ``accumulate > 1``: reduce ``every`` microbatch, or only the ``last`` (DDP and FSDP1
     ``no_sync()``, FSDP2 ``set_requires_gradient_sync(False)``; ``synclast`` in the id)."""
     checkpoint: str | None = None
-    """Activation checkpointing of the units on both sides (``ranks/checkpoint.py``): ``replay``
+    """Activation checkpointing of the units on both sides (``ranks/sides/checkpoint.py``): ``replay``
     (RNG state preserved), ``no_replay`` (the candidate's recompute draws new dropout masks; the
     reference always replays); ``ckpt``/``ckpt_norng`` in the id."""
     faults: tuple[Fault, ...] = ()
@@ -141,7 +141,7 @@ class ParityConfig:
     resume_at: int | None = None
     """A resume row: the candidate trains ``resume_at`` steps, saves a checkpoint, drops everything,
     loads it into a fresh model (new random weights) and trains the rest; the reference trains
-    straight through (``ranks/resume.py``). ``None``: no resume."""
+    straight through (``ranks/sides/resume.py``). ``None``: no resume."""
     resume_method: str | None = None
     """With :attr:`resume_at`: how the checkpoint is written (``resume_spec.METHODS``)."""
     resume_layout: str | None = None
@@ -351,14 +351,14 @@ class ParityConfig:
             self.world_size,
             self.backend,
             self.steps,
-            self.resume_at is not None,  # a resume row's forward RNG runs on (ranks/resume.py)
+            self.resume_at is not None,  # a resume row's forward RNG runs on (ranks/sides/resume.py)
             self.init_scale,
             self.growth_interval,
             self.seed,
         )
 
     def reduce_layout_key(self) -> tuple[object, ...]:
-        """What of the candidate's gradient buffers the reference mirrors (``ranks/reduce_layout.py``)
+        """What of the candidate's gradient buffers the reference mirrors (``ranks/sides/reduce_layout.py``)
         from 3 ranks on: FSDP1's strategy (a reduce-scatter, an all-reduce of the whole flat
         gradient, or HYBRID_SHARD's two stages) and ``use_orig_params`` (its alignment padding).
         Empty at 2 ranks, where every layout sums each element in the same order, so the

@@ -25,7 +25,7 @@ def _init_scale(precision: str, world_size: int, backend: str) -> float:
     """fp16 starts high enough that its gradients overflow in the first steps, as real fp16 runs do:
     the scale backs off until they fit, then grows, and every rank must make the same decisions on
     the way, with overflows that may show up in one rank's shard only. Wherever the reference sums
-    each element as its candidate does (gloo, at any world size: ``ranks/reduce_layout.py``), the
+    each element as its candidate does (gloo, at any world size: ``ranks/sides/reduce_layout.py``), the
     partial sums that overflow are the same on both sides. On NCCL the order is not the buffer's
     alone, so a gradient at fp16's edge could overflow in one run and not the other, which is the
     backend's arithmetic and not the scaler's: there the matrix starts at 2**16, away from the edge."""

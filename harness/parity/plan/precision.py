@@ -17,7 +17,7 @@ field                      FSDP1 ``MixedPrecision``        FSDP2 ``MixedPrecisio
 
 The engines build FSDP's arguments from a :class:`PrecisionPolicy` (``engines.FSDP1.wrap``,
 ``engines.FSDP2.wrap``) and the low-precision DDP reference emulates the very same value
-(``engines.LowPrecisionDDP``), so the two cannot drift apart: a reference that casts buffers the
+(``references.LowPrecisionDDP``), so the two cannot drift apart: a reference that casts buffers the
 candidate keeps in float32 (Hugging Face's rotary ``inv_freq``) is a mismatch in *this* value,
 not in two copies of it. Torch-free (a :class:`~harness.parity.ParityConfig` carries one).
 """

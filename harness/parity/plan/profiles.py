@@ -69,7 +69,7 @@ def get(name: str) -> ToleranceProfile:
 def profile_for(config: ParityConfig) -> ToleranceProfile:
     """``exact`` on gloo at any world size: at 2 ranks the sum of two addends does not depend on
     the order, and from 3 on the reference reduces through the candidate's own collectives on its
-    buffer layout (``ranks/reduce_layout.py``), so every element is summed in the same order on
+    buffer layout (``ranks/sides/reduce_layout.py``), so every element is summed in the same order on
     both sides (gloo's ring is deterministic), and FSDP's divisions by its divide factors are the
     same operations. Except with a fused optimizer: its CPU kernel vectorises over each tensor,
     so one flat FSDP1 parameter and the reference's per-parameter tensors round some elements

@@ -1,5 +1,7 @@
-"""Stage 3, the rank side: the batch loop the pool calls (``entry``), engines, the training loop,
-optimizers, FSDP1 flat-parameter and gather helpers, the record, distances and ULPs, the
-localization probes (module and op level) and the fp32 gap. Imports ``plan``, ``workload`` and the
+"""Stage 3, the rank side, in two rooms and the loop over them: ``sides/`` (how each side trains:
+engines, the twin and its mirrored reduction, optimizers, accumulation, checkpointing, resume,
+records), ``measure/`` (how the sides are measured: local pieces, the step check, distances, ULPs,
+the fp32 gap, the op probe), and here the training loop (``train``), the batch loop the pool calls
+(``entry``) and the module-level localization (``localize``). Imports ``plan``, ``workload`` and the
 harness's rank modules (``harness.rank``); never the controller.
 """

@@ -44,8 +44,10 @@ from torch import nn
 
 from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks import engines, entry, ops, train
-from harness.parity.ranks.gather import module_names
+from harness.parity.ranks import entry, train
+from harness.parity.ranks.measure import ops
+from harness.parity.ranks.sides import engines
+from harness.parity.ranks.sides.gather import module_names
 from harness.rank import context
 from harness.rank.execute import prefix_lines
 from harness.rank.subtests import agree, leave_group

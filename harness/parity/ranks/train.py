@@ -35,7 +35,8 @@ import torch
 import torch.distributed as dist
 
 from harness.parity.plan.config import Fault, ParityConfig
-from harness.parity.ranks import accumulate, checkpoint, engines, record, resume, stepcheck
+from harness.parity.ranks.measure import record, stepcheck
+from harness.parity.ranks.sides import accumulate, checkpoint, engines, resume, roles
 from harness.rank import context
 from harness.rank.execute import prefix_lines
 
@@ -137,7 +138,7 @@ class Run:
         rank = self.rank
         scaler = None
         try:
-            engine = engines.build(self.config, self.role, self.device)
+            engine = roles.build(self.config, self.role, self.device)
             checkpoint.install(engine, self.config, self.role)
             self.description = engine.description
             groups = engine.param_groups(2 if self.config.path == "two_optimizers" else 1)

@@ -54,7 +54,7 @@ from typing import Any
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan import profiles
 from harness.parity.plan.config import SUITES, ParityConfig
-from harness.parity.ranks.distance import format_ulp
+from harness.parity.ranks.measure.distance import format_ulp
 
 SCHEMA = "shardscale.parity"
 _DETAIL_LINES = 30

@@ -1,7 +1,7 @@
 """``canary``: a wiring canary whose every gradient sums exactly, in any order, on any backend.
 
 Why: a verdict past two ranks rests on the reference summing each gradient element in its
-candidate's order (``ranks/reduce_layout.py``). Where that cannot be had (NCCL picks its algorithm
+candidate's order (``ranks/sides/reduce_layout.py``). Where that cannot be had (NCCL picks its algorithm
 by message size, NVLS is not deterministic between calls), the canary still asks for every bit:
 its output is linear in each parameter and no parameter feeds another's gradient, so each local
 gradient is the loss's coefficients times the inputs (small integers, over 4), whatever the

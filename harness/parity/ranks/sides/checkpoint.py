@@ -21,7 +21,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks import engines
+from harness.parity.ranks.sides import engines
 
 
 def replays(config: ParityConfig, role: str) -> bool | None:

@@ -4,7 +4,7 @@ Why two shapes: every rank records its own scalars (loss, scale, growth tracker,
 decisions) and its own distances from the reference (``stepcheck.py``: each rank compares its
 pieces of the candidate where they live), so the ranks send :func:`rank_run` dicts and the
 controller merges them into one :class:`RunRecord` per run with :func:`merge_rank_runs`: the
-distances of each tensor's pieces into one :class:`~harness.parity.ranks.distance.TensorDiff`, the
+distances of each tensor's pieces into one :class:`~harness.parity.ranks.measure.distance.TensorDiff`, the
 gradients' sums of squares into one norm. Full tensors travel for the few steps the known causes
 read (rank 0; ``StepRecord.params`` and the others are empty elsewhere). Records are keyed by
 (step, rank), never by arrival order; tensors are on the CPU in their own dtype.
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from harness.parity.ranks.distance import TensorDiff, merged
+from harness.parity.ranks.measure.distance import TensorDiff, merged
 
 Tensors = dict[str, torch.Tensor]
 Meta = dict[str, tuple[tuple[int, ...], torch.dtype]]
@@ -69,7 +69,7 @@ class StepRecord:
     """How the run recomputed its checkpointed units: ``replay`` (the RNG state replayed),
     ``no_replay``; ``None``: it did not checkpoint."""
     resume: tuple[dict[str, Any] | None, ...] = ()
-    """By rank, on a resume row's resumed step: the audits ``ranks/resume.py`` recorded
+    """By rank, on a resume row's resumed step: the audits ``ranks/sides/resume.py`` recorded
     (``restored``: the state that differed from the saved one right after the load, by group;
     ``weights_at_forward``); empty on every other step."""
 

@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from harness.parity.plan import resume_spec
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks import checkpoint, engines, resume_store
+from harness.parity.ranks.sides import checkpoint, engines, resume_store, roles
 from harness.parity.workload import registry
 from harness.rank import context
 from harness.rank.subtests import all_ranks
@@ -223,7 +223,7 @@ class Loop:
         self.schedulers = []
         gc.collect()
         layout = self.config.with_(**resume_spec.into(self.config), resume_layout=None)
-        engine = engines.build(layout, self.role, self.device)
+        engine = roles.build(layout, self.role, self.device)
         checkpoint.install(engine, layout, self.role)
         _scramble(engine, self.config.seed + _FRESH_SEED)
         groups = engine.param_groups(1)

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from harness.parity.plan.precision import PrecisionPolicy
-from harness.parity.ranks import reduce_layout
+from harness.parity.ranks.sides import reduce_layout
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 

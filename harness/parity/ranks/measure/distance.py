@@ -13,7 +13,7 @@ import math
 import torch
 
 from harness.parity.plan.profiles import ToleranceProfile
-from harness.parity.ranks import ulp
+from harness.parity.ranks.measure import ulp
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks import engines, reduce_layout, twin
-from harness.parity.ranks.twin import DTYPES
+from harness.parity.ranks.sides import engines, reduce_layout, references, twin
+from harness.parity.ranks.sides.twin import DTYPES
 
 
 def accumulated_in(config: ParityConfig, hand: HandAccumulation | None) -> str | None:
@@ -87,7 +87,7 @@ class HandAccumulation:
     def __init__(self, config: ParityConfig, engine: engines.Engine) -> None:
         self.sync = config.sync
         policy = config.policy
-        if isinstance(engine, engines.LowPrecisionDDP):
+        if isinstance(engine, references.LowPrecisionDDP):
             self.lows = list(engine.working.parameters())
             policy = engine.policy
         else:

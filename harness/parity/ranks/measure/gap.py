@@ -15,7 +15,7 @@ import dataclasses
 import math
 from typing import Any
 
-from harness.parity.ranks.record import RunRecord
+from harness.parity.ranks.measure.record import RunRecord
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -175,7 +175,7 @@ def _groups(layout: Layout, device: torch.device) -> tuple[Any, Any]:
     (``engines.FSDP1.wrap``: replicate x shard, shard groups of 2 ranks)."""
     if not layout.hybrid:
         return dist.group.WORLD, None
-    from harness.parity.ranks import gather
+    from harness.parity.ranks.sides import gather
 
     world = dist.get_world_size()
     mesh = gather.mesh(device.type, (world // 2, 2), ("replicate", "shard"))

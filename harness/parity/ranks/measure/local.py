@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.parity.ranks import engines, flat, gather
+from harness.parity.ranks.sides import engines, flat, gather
 
 _Pieces = dict[str, "Piece"]
 

@@ -1,0 +1,132 @@
+"""The references (rank side): the unsharded twins a candidate is compared with.
+
+Why apart from ``engines.py``: each is an :class:`~harness.parity.ranks.sides.engines.Engine` that
+answers the training loop's questions as its candidate's twin would: the low-precision twin of a
+mixed-precision policy (float32 masters, the policy emulated field by field), the float32 twin of
+an FSDP candidate (DDP's forward, the gradients reduced as the candidate reduces them), and the
+single process over every rank's batch (sparse gradients). ``roles.build`` picks one.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.precision import PrecisionPolicy
+from harness.parity.ranks.sides import reduce_layout, twin
+from harness.parity.ranks.sides.engines import Engine, to_device, unit_modules
+
+
+class LowPrecisionDDP(Engine):
+    """The mixed-precision reference: the candidate's unsharded twin, float32 master weights.
+
+    Why not DDP's own ``mixed_precision``: it needs device events, which the CPU backend lacks, and
+    it knows nothing of FSDP's buffer, input and output semantics. This trains a working copy made
+    from the candidate's own :class:`~harness.parity.plan.precision.PrecisionPolicy`
+    (``config.policy``, emulated by ``twin.py`` field by field: parameter dtype, buffers cast or
+    kept, inputs cast at the root or at every unit, output casts), under DDP for the forward (the
+    fp32 reference's path) but with its gradients reduced by hand in the policy's reduce dtype and
+    handed to an optimizer over the float32 masters.
+    """
+
+    def __init__(self, config: ParityConfig, device: torch.device) -> None:
+        policy = self.candidate_policy(config)
+        assert policy is not None, "a low-precision reference needs a mixed-precision policy"
+        self.policy = policy
+        self.dtype = twin.DTYPES[policy.param]
+        super().__init__(config, device)
+        self.description = f"DDP, {config.precision} working copy with float32 master weights ({policy})"
+
+    @staticmethod
+    def candidate_policy(config: ParityConfig) -> PrecisionPolicy | None:
+        """The policy to emulate: the candidate's, whatever its engine."""
+        return config.policy
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        self.working = twin.working_copy(module, self.policy)
+        twin.install_casts(self.working, unit_modules(self.working, self.units), self.policy)
+        return super().wrap(self.working)
+
+    def trained_module(self) -> nn.Module:
+        return self.working
+
+    def losses(self, step: int, scale: float) -> tuple[torch.Tensor, float]:
+        with torch.no_grad():
+            for low, master in zip(self.working.parameters(), self.module.parameters(), strict=True):
+                low.copy_(master)
+        batch = to_device(self.batch(step, self.rank), self.device)
+        with self.forward_rng(step), self.autocast(), self.wrapped.no_sync():  # type: ignore[operator]
+            loss = self.workload.loss(self.wrapped, batch)  # reduced by hand in after_backward
+        return loss, loss.item()
+
+    def after_backward(self) -> None:
+        factors = twin.divide_factors(
+            self.config.engine, twin.DTYPES[self.policy.reduce_dtype], self.world_size
+        )
+        if not hasattr(self, "layout"):
+            self.layout = self.candidate_layout()
+        twin.reduce_grads(
+            list(self.working.parameters()), list(self.module.parameters()), self.policy, factors, self.layout
+        )
+
+
+class MirroredDDP(Engine):
+    """The float32 reference of an FSDP candidate: DDP's forward, the gradients reduced by hand
+    through the candidate's collectives on its buffer layout (``reduce_layout.py``) with its divide
+    factors (``twin.divide_factors``), so that every element is summed in the candidate's order.
+
+    Why not DDP's own reducer: its buckets put each element at another offset of another buffer
+    than FSDP's, and from 3 ranks on the ring then sums it in another order (2 ranks: any order
+    gives the same bits, and this gives DDP's)."""
+
+    def __init__(self, config: ParityConfig, device: torch.device) -> None:
+        super().__init__(config, device)
+        self.description = f"DDP, gradients reduced as {config.engine.upper()} reduces them"
+        self.layout = self.candidate_layout()
+
+    def losses(self, step: int, scale: float) -> tuple[torch.Tensor, float]:
+        with self.wrapped.no_sync():  # type: ignore[operator]
+            return super().losses(step, scale)
+
+    def after_backward(self) -> None:
+        params = list(self.module.parameters())
+        grads = [p.grad for p in params]
+        if all(g is None for g in grads):
+            return
+        factors = twin.divide_factors(self.config.engine, torch.float32, self.world_size)
+        reduced = reduce_layout.reduce(self.layout, params, grads, torch.float32, factors)
+        for param, grad in zip(params, reduced, strict=True):
+            param.grad = None if grad is None else grad.to(param.dtype)
+
+
+class SingleProcess(Engine):
+    """The sparse reference: one unwrapped model trained on every rank's batch at once.
+
+    Every rank computes the same thing (so the scaler's agreement is trivially consistent). The
+    loss is the mean over ranks of each rank's loss, whose gradient is what DDP's averaging gives;
+    the recorded loss of rank ``r`` is its own batch's part, comparable with the candidate's.
+    """
+
+    description = "one process, every rank's batch"
+    unscales_first = True
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        return module
+
+    def before_step(self) -> None:
+        """Coalesce sparse gradients once the scaler has checked them as they came (duplicates
+        and all): DDP's sparse all-reduce hands its optimizer coalesced gradients, and the same
+        update applied per duplicate would round differently."""
+        for _, param in self.named_trainable():
+            if param.grad is not None and param.grad.is_sparse:
+                param.grad = param.grad.coalesce()
+
+    def losses(self, step: int, scale: float) -> tuple[torch.Tensor, float]:
+        batches = [
+            to_device(self.finish(self.batch(step, rank), scale), self.device)
+            for rank in range(self.world_size)
+        ]
+        with self.forward_rng(step):
+            parts = self.workload.losses(self.module, batches)
+        return torch.stack(parts).mean(), parts[self.rank].item()

@@ -1,0 +1,39 @@
+"""Which engine each role of a configuration trains with (rank side): the candidate's engine, or
+its reference twin (``references.py``).
+
+Why its own module: the engines and the references both build on ``engines.Engine``, and the choice
+between them needs all of them; a test that plants a bug in a candidate replaces :func:`build`
+here, for the duration of a rank call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.parity.plan.config import ParityConfig
+from harness.parity.ranks.sides import twin
+from harness.parity.ranks.sides.engines import FSDP1, FSDP2, Engine, unit_modules
+from harness.parity.ranks.sides.references import LowPrecisionDDP, MirroredDDP, SingleProcess
+from harness.parity.workload import registry
+
+
+def build(config: ParityConfig, role: str, device: torch.device) -> Engine:
+    """The engine of ``role`` (``reference`` or ``candidate``) for ``config``."""
+    if role == "candidate":
+        cls = {"ddp": Engine, "fsdp1": FSDP1, "fsdp2": FSDP2}[config.engine]
+    elif config.reference == "single":
+        cls = SingleProcess
+    elif config.policy is not None and not registry.get(config.workload).sparse:
+        cls = LowPrecisionDDP
+    elif config.engine in ("fsdp1", "fsdp2") and not registry.get(config.workload).sparse:
+        cls = MirroredDDP
+    else:
+        cls = Engine
+    engine = cls(config, device)
+    if config.autocast is not None:
+        engine.description += f", forward under torch.autocast({config.autocast})"
+    if role == "reference" and config.engine == "fsdp2" and cls is not SingleProcess:
+        # The twin of FSDP2's autograd graph too: its units' inputs pass one identity node each.
+        model = engine.trained_module()
+        twin.mirror_fsdp2_inputs(model, unit_modules(model, engine.units))
+    return engine
