@@ -11,6 +11,10 @@ module of the tier is skipped at collection with the install command
 from __future__ import annotations
 
 import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 INSTALL_HINT = "pip install 'shardscale[models]' (make setup installs it into .venv)"
 
@@ -27,3 +31,31 @@ def rows(name: str, *extra: str) -> str:
         return ""
     ids = [SMOKE.format(name=name), *extra]
     return " or ".join(f"({row})" for row in ids)
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _blocks(text: str) -> list[str]:
+    """The fenced code blocks of ``text``, without their fences."""
+    parts = text.split("```")
+    return [part.split("\n", 1)[1] for part in parts[1::2]]
+
+
+def run_readme_example(module: str, workload: str, folder: Path, *extra: str) -> subprocess.CompletedProcess:
+    """The README's code block that starts with ``# {module}.py`` written into ``folder`` (outside
+    the checkout, as a user's own module), and the README's ``python -m harness.parity`` line that
+    names ``--workload {workload}`` run there (reports in ``folder/reports``, plus ``extra``)."""
+    blocks = _blocks(README.read_text())
+    (code,) = [block for block in blocks if block.startswith(f"# {module}.py")]
+    (command,) = [line for block in blocks for line in block.splitlines() if f"--workload {workload}" in line]
+    (folder / f"{module}.py").write_text(code)
+    args = shlex.split(command)
+    assert args[:3] == ["python", "-m", "harness.parity"], command
+    return subprocess.run(
+        [sys.executable, *args[1:], "--out", str(folder / "reports"), *extra],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
