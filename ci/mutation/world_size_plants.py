@@ -79,6 +79,19 @@ WORLD_SIZE_PLANTS: tuple[Plant, ...] = (
         tests=(_WORLD_SIZE,),
     ),
     Plant(
+        name="parity_resume_reference_keeps_its_first_layout",
+        bug="the reference of a resume row that comes back in another layout keeps mirroring the "
+        "layout it saved in",
+        edits=(
+            _edit(
+                "ranks/sides/references.py",
+                "        if config.resume_layout is not None:\n            resumed = ",
+                "        if False:  # planted\n            resumed = ",
+            ),
+        ),
+        tests=(_WORLD_SIZE,),
+    ),
+    Plant(
         name="parity_reduction_cause_silent",
         bug="gradients that differ where every module matched on every rank are never named reduction_differs",
         edits=(

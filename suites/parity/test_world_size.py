@@ -15,6 +15,7 @@ import pytest
 
 from fixtures.parity_plants import Plant, planted_executor
 from harness.parity.doors import runner
+from harness.parity.plan import resume_matrix
 from harness.parity.plan.config import ParityConfig
 from suites.parity.support import ranks_executor
 
@@ -94,6 +95,15 @@ LAYOUTS = [
     ParityConfig(workload="uneven", precision="bf16", **{**_FSDP2, "world_size": 4}),
     ParityConfig(workload="transformer", precision="fp16", **{**_FSDP2, "world_size": 4}),
     ParityConfig(workload="uneven", precision="fp32", **{**_FSDP2, "world_size": 4}),
+]
+
+
+# A resume row whose candidate comes back in another layout: its reference mirrors each layout in
+# turn (the one it saves in before the resume step, the one it resumes in from there).
+LAYOUTS += [
+    c
+    for c in resume_matrix.default_rows(world_size=4, init_scale=lambda *_: 2.0**16)
+    if c.resume_layout is not None
 ]
 
 

@@ -361,12 +361,18 @@ class ParityConfig:
         """What of the candidate's gradient buffers the reference mirrors (``ranks/sides/reduce_layout.py``)
         from 3 ranks on: FSDP1's strategy (a reduce-scatter, an all-reduce of the whole flat
         gradient, or HYBRID_SHARD's two stages) and ``use_orig_params`` (its alignment padding).
+        A resume row that comes back in another layout adds where it changes and into what.
         Empty at 2 ranks, where every layout sums each element in the same order, so the
         references of the layouts stay one run."""
-        if self.world_size <= 2 or self.reference != "ddp" or self.engine != "fsdp1":
+        if self.world_size <= 2 or self.reference != "ddp":
             return ()
-        stages = self.sharding if self.sharding in ("no_shard", "hybrid_shard") else "reduce_scatter"
-        return (stages, self.use_orig_params)
+        own: tuple[object, ...] = ()
+        if self.engine == "fsdp1":
+            stages = self.sharding if self.sharding in ("no_shard", "hybrid_shard") else "reduce_scatter"
+            own = (stages, self.use_orig_params)
+        if self.resume_layout is None:
+            return own
+        return (*own, self.engine, self.resume_at, self.resume_layout)  # another layout from resume_at
 
     def with_(self, **changes: object) -> ParityConfig:
         """A copy with some fields changed (validated again)."""

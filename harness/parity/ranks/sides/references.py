@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from harness.parity.plan import resume_spec
 from harness.parity.plan.config import ParityConfig
 from harness.parity.plan.precision import PrecisionPolicy
 from harness.parity.ranks.sides import reduce_layout, twin
@@ -78,24 +79,46 @@ class MirroredDDP(Engine):
 
     Why not DDP's own reducer: its buckets put each element at another offset of another buffer
     than FSDP's, and from 3 ranks on the ring then sums it in another order (2 ranks: any order
-    gives the same bits, and this gives DDP's)."""
+    gives the same bits, and this gives DDP's). A resume row whose candidate comes back in another
+    layout (``ParityConfig.resume_layout``) is mirrored in each: its own layout before
+    ``resume_at``, the one it resumes in from there (a DDP phase reduces through DDP's own
+    reducer, as its candidate does)."""
 
     def __init__(self, config: ParityConfig, device: torch.device) -> None:
         super().__init__(config, device)
-        self.description = f"DDP, gradients reduced as {config.engine.upper()} reduces them"
-        self.layout = self.candidate_layout()
+        self.phases = [(0, config.engine, self._layout_of(config))]
+        """``(first step, engine, layout or None: DDP's own reducer)`` in step order."""
+        if config.resume_layout is not None:
+            resumed = config.with_(**resume_spec.into(config), resume_layout=None)
+            self.phases.append((config.resume_at, resumed.engine, self._layout_of(resumed)))
+        engines = " then ".join(engine.upper() for _, engine, _ in self.phases)
+        self.description = f"DDP, gradients reduced as {engines} reduces them"
+        self.layout = self.phases[0][2]
+        self._phase = self.phases[0]
+
+    def _layout_of(self, config: ParityConfig) -> reduce_layout.Layout | None:
+        if config.engine == "ddp":
+            return None
+        model = self.trained_module()
+        return reduce_layout.of(config, model, unit_modules(model, self.units), torch.float32)
 
     def losses(self, step: int, scale: float) -> tuple[torch.Tensor, float]:
+        self._phase = [phase for phase in self.phases if phase[0] <= step][-1]
+        if self._phase[2] is None:  # DDP's own reducer, syncing in backward
+            return super().losses(step, scale)
         with self.wrapped.no_sync():  # type: ignore[operator]
             return super().losses(step, scale)
 
     def after_backward(self) -> None:
+        _, engine, layout = self._phase
+        if layout is None:
+            return
         params = list(self.module.parameters())
         grads = [p.grad for p in params]
         if all(g is None for g in grads):
             return
-        factors = twin.divide_factors(self.config.engine, torch.float32, self.world_size)
-        reduced = reduce_layout.reduce(self.layout, params, grads, torch.float32, factors)
+        factors = twin.divide_factors(engine, torch.float32, self.world_size)
+        reduced = reduce_layout.reduce(layout, params, grads, torch.float32, factors)
         for param, grad in zip(params, reduced, strict=True):
             param.grad = None if grad is None else grad.to(param.dtype)
 

@@ -25,7 +25,9 @@ def build(config: ParityConfig, role: str, device: torch.device) -> Engine:
         cls = SingleProcess
     elif config.policy is not None and not registry.get(config.workload).sparse:
         cls = LowPrecisionDDP
-    elif config.engine in ("fsdp1", "fsdp2") and not registry.get(config.workload).sparse:
+    elif (config.engine in ("fsdp1", "fsdp2") or config.resume_layout is not None) and not registry.get(
+        config.workload
+    ).sparse:
         cls = MirroredDDP
     else:
         cls = Engine
