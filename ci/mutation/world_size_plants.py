@@ -72,7 +72,7 @@ WORLD_SIZE_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "plan/config.py",
-                '        if self.world_size <= 2 or self.reference != "ddp" or self.engine != "fsdp1":\n',
+                '        if self.world_size <= 2 or self.reference != "ddp":\n',
                 "        if True:  # planted\n",
             ),
         ),
