@@ -78,7 +78,14 @@ def zeros_like_shards(param: Any) -> torch.Tensor:
 
     if not isinstance(param, DTensor):
         return torch.zeros_like(param)
-    local = torch.zeros_like(param.to_local())
+    return shard_like(torch.zeros_like(param.to_local()), param)
+
+
+def shard_like(local: torch.Tensor, param: Any) -> Any:
+    """``local`` as this rank's shard of a DTensor laid out like ``param`` (a DTensor), its global
+    shape and stride stated, never inferred (see :func:`zeros_like_shards`)."""
+    from torch.distributed.tensor import DTensor
+
     return DTensor.from_local(
         local,
         param.device_mesh,

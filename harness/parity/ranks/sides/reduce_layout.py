@@ -263,7 +263,8 @@ def reduce(
                 for i in bucket.params
             ]
             whole = _fsdp1_bucket(members, bucket.align, factors, layout, groups)
-            reduced = [whole[bucket.params.index(i)] for i in held]
+            position = {index: at for at, index in enumerate(bucket.params)}
+            reduced = [whole[position[i]] for i in held]
         else:
             cast = [grads[i].to(reduce_dtype) for i in held]  # type: ignore[union-attr]
             flat = _all_reduced(torch._utils._flatten_dense_tensors(cast), factors)

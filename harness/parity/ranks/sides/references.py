@@ -47,6 +47,7 @@ class LowPrecisionDDP(Engine):
     def wrap(self, module: nn.Module) -> nn.Module:
         self.working = twin.working_copy(module, self.policy)
         twin.install_casts(self.working, unit_modules(self.working, self.units), self.policy)
+        self.layout = self.candidate_layout()  # over the working copy: its compute dtype aligns FSDP1
         return super().wrap(self.working)
 
     def trained_module(self) -> nn.Module:
@@ -65,8 +66,6 @@ class LowPrecisionDDP(Engine):
         factors = twin.divide_factors(
             self.config.engine, twin.DTYPES[self.policy.reduce_dtype], self.world_size
         )
-        if not hasattr(self, "layout"):
-            self.layout = self.candidate_layout()
         twin.reduce_grads(
             list(self.working.parameters()), list(self.module.parameters()), self.policy, factors, self.layout
         )

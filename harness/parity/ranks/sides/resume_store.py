@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from harness.parity.ranks.sides import gather
 from harness.parity.workload import registry
 
 
@@ -144,16 +145,7 @@ class NameKeyedOptimizer:
         """A local state tensor as the plain optimizer holds it: a DTensor like its parameter."""
         if not (_is_dtensor(param) and isinstance(value, torch.Tensor) and value.dim() > 0):
             return value
-        from torch.distributed.tensor import DTensor
-
-        return DTensor.from_local(
-            value,
-            param.device_mesh,
-            param.placements,
-            run_check=False,
-            shape=param.shape,
-            stride=param.stride(),
-        )
+        return gather.shard_like(value, param)
 
     @staticmethod
     def _dtensors(named: dict[str, torch.Tensor]) -> bool:
