@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from harness.parity.judge import causes, compare, pinpoint
+from harness.parity.judge import staged as staged_check
 from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig, poisoned_steps
 from harness.parity.ranks.measure import gap, ulp
@@ -100,6 +101,9 @@ class ParityResult:
     workload (the gap the precision is expected to cost), next to the candidate's distance."""
     localization: pinpoint.Localization | None = None
     """The first diverging module at the first diverging step (failed configurations only)."""
+    staged: staged_check.Staged | None = None
+    """The staged check's verdict, for a row whose straight comparison was not bitwise: it decided
+    the status (``judge/staged.py``)."""
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, self.status
@@ -110,7 +114,10 @@ class ParityResult:
 
     @property
     def closeness(self) -> str:
-        """``bitwise``, ``≤ N ulp`` or ``toleranced`` for a pass (what was measured), else empty."""
+        """``bitwise``, ``≤ N ulp``, ``staged`` (the staged check decided: every stage held from a
+        common state) or ``toleranced`` for a pass (what was measured), else empty."""
+        if self.status == "pass" and self.staged is not None and self.staged.passed and self.max_ulp > 0:
+            return "staged"
         return ulp.label(self.max_ulp, passed=self.status == "pass")
 
     @property

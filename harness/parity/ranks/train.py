@@ -69,7 +69,7 @@ def _counters(scaler: Any) -> dict[str, int]:
     }
 
 
-def _poison(engine: engines.Engine, params: list[torch.Tensor], fault: Fault) -> None:
+def poison(engine: engines.Engine, params: list[torch.Tensor], fault: Fault) -> None:
     """Write the fault's value into element 0 of this rank's largest local gradient of ``params``."""
     local = [engine.local(p.grad) for p in params if p.grad is not None]
     local = [g._values() if g.is_sparse else g for g in local]
@@ -80,7 +80,7 @@ def _poison(engine: engines.Engine, params: list[torch.Tensor], fault: Fault) ->
         target.view(-1)[0] = float(fault.value)
 
 
-def _faults_now(config: ParityConfig, role: str, step: int, rank: int) -> list[Fault]:
+def faults_now(config: ParityConfig, role: str, step: int, rank: int) -> list[Fault]:
     """The reference takes every fault on every rank: what all candidate ranks must then do."""
     return [f for f in config.faults if f.step == step and (role == "reference" or f.rank in (None, rank))]
 
@@ -199,8 +199,8 @@ class Run:
                 scaler.scale(loss).backward()
         if hand is None:
             engine.after_backward()
-        for fault in _faults_now(config, self.role, step, rank):
-            _poison(engine, groups[fault.optimizer], fault)
+        for fault in faults_now(config, self.role, step, rank):
+            poison(engine, groups[fault.optimizer], fault)
         unscaled = config.path == "unscale_clip" or engine.unscales_first
         clip_norm = None
         if unscaled:
