@@ -55,9 +55,7 @@ e2e: setup ## the end-to-end tests make test leaves out (-m e2e): inner sessions
 	$(PY) -m pytest suites -q -m e2e
 
 # make world-sizes [WS8_K='fsdp2 and sgd'] [REPORTS=reports]; reports in $(REPORTS)/ws4 and $(REPORTS)/ws8
-# The resume rows stay at 4: at 8 ranks FSDP1's fp16 resume rows crash in the DCP load on rank 7
-# ("Missing key in checkpoint state_dict: optim.param_groups"), an open finding of the resume work.
-WS8_K = not adam and not offload and not resume
+WS8_K = not adam and not offload
 world-sizes: setup ## parity past 2 ranks: the default matrix at world size 4, its WS8_K rows at 8, and the tests marked world_sizes
 	$(PY) -m harness.parity --backend gloo --world-size 4 --out $(REPORTS)/ws4
 	$(PY) -m harness.parity --backend gloo --world-size 8 --out $(REPORTS)/ws8 -k "$(WS8_K)"
