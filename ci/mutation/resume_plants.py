@@ -114,7 +114,7 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         bug="a load into another layout that put the saved values in other rows is reported as weights never loaded",
         edits=(
             _edit(
-                "ranks/sides/resume.py",
+                "ranks/sides/resume_state.py",
                 "        same_values = mine is not None and torch.equal(",
                 "        same_values = False and torch.equal(  # planted",
             ),

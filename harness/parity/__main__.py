@@ -122,7 +122,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="resume rows for your --workload: the candidate saves after K steps, loads into a fresh "
         "model and trains on, against a run straight through (with its own save/load if it declares them)",
     )
+    parser.add_argument(
+        "--reshard",
+        action="store_true",
+        help="the resharded resume rows instead of the embedded matrix: saved at world size 4 and "
+        "loaded at 2, and 2 -> 4 (two rank calls each, so --world-size does not apply; not under torchrun)",
+    )
     options = parser.parse_args(argv)
+    if options.reshard and (options.workload or launched.launched()):
+        parser.error(
+            "--reshard runs the embedded resharded rows on the rank pool: not with --workload or torchrun"
+        )
     options.units = {}
     loop = [name for name in ("accumulate", "sync") if getattr(options, name) is not None]
     loop += ["checkpoint"] if options.checkpoint else []
@@ -181,6 +191,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _matrix(options: argparse.Namespace) -> list[ParityConfig]:
     """The embedded matrix, or every ``--workload``'s (each checked first: :class:`BadWorkload`)."""
     kwargs = {"world_size": options.world_size, "backend": options.backend, "scaler": options.scaler}
+    if options.reshard:
+        resharded = matrix.reshard(backend=options.backend)
+        return [c.with_(scaler=options.scaler) for c in resharded] if options.scaler != "ours" else resharded
     if not options.workload:
         return matrix.default_matrix(**kwargs)
     options.recipes = {}
