@@ -56,7 +56,7 @@ e2e: setup ## the end-to-end tests make test leaves out (-m e2e): inner sessions
 
 # make world-sizes [WS8_K='fsdp2 and sgd'] [REPORTS=reports]; reports in $(REPORTS)/ws4 and $(REPORTS)/ws8
 WS8_K = not adam and not offload
-world-sizes: setup ## parity past 2 ranks: the default matrix at world size 4, its WS8_K rows at 8, and the tests marked world_sizes
+world-sizes: setup ## parity past 2 ranks: the default matrix at world size 4, its WS8_K rows at 8, and the tests marked world_sizes but not reshard
 	$(PY) -m harness.parity --backend gloo --world-size 4 --out $(REPORTS)/ws4
 	$(PY) -m harness.parity --backend gloo --world-size 8 --out $(REPORTS)/ws8 -k "$(WS8_K)"
 	$(PY) -m pytest suites -q -m "world_sizes and not reshard"

@@ -154,7 +154,7 @@ RESUME_PLANTS: tuple[Plant, ...] = (
             _edit(
                 "ranks/sides/reshard.py",
                 "        return saved.numel() > 1 and torch.equal(",
-                "        return False and torch.equal(  # planted",
+                "        return False and torch.equal(  # planted\n            ",
             ),
         ),
         tests=(_RESHARD,),

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from harness.parity.doors import launched, runner
 from harness.parity.judge.result import ParityResult
-from harness.parity.plan import matrix, workload_matrix
+from harness.parity.plan import matrix, resume_matrix, workload_matrix
 from harness.parity.plan.config import BACKENDS, SCALERS, ParityConfig, unique, unsupported_reason
 from harness.parity.plan.recipe import RECIPES
 from harness.parity.plan.select import ExpressionError, select
@@ -245,6 +245,12 @@ def _gpus(backend: str) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def _world_sizes(options: argparse.Namespace) -> str:
+    if options.reshard:
+        return "world sizes " + ", ".join(f"{a} -> {b}" for a, b in resume_matrix.WORLD_SIZE_CHANGES)
+    return f"world size {options.world_size}"
+
+
 def _progress(update: runner.Progress) -> None:
     result = update.outcome.result
     width = len(str(update.total))
@@ -282,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not quiet:
         print(
-            f"parity: {len(options.configs)} configurations, {options.backend}, world size {options.world_size}"
+            f"parity: {len(options.configs)} configurations, {options.backend}, {_world_sizes(options)}"
             + (" (torchrun)" if in_torchrun else "")
             + f", scaler {options.scaler}, torch {torch.__version__}",
             flush=True,
@@ -332,7 +338,7 @@ def _finish(options: argparse.Namespace, results: list[ParityResult], wall: floa
     out.mkdir(parents=True, exist_ok=True)
     run = {
         "backend": options.backend,
-        "world_size": options.world_size,
+        "world_size": _world_sizes(options).split(" ", 2)[-1] if options.reshard else options.world_size,
         "scaler": options.scaler,
         "filter": options.expression,
         "workloads": options.workload,
