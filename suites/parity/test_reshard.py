@@ -9,11 +9,13 @@ The whole resharded matrix is its own tier (``-m reshard``, ``make reshard``; al
 """
 
 import pytest
+import torch
 
 from fixtures.resume_plants import planted_executor
 from harness.parity.doors import runner
 from harness.parity.plan import matrix, resume_spec
 from harness.parity.plan.config import ParityConfig
+from harness.parity.ranks.sides import reshard
 from suites.parity.support import cli_in_process, describe, ranks_executor
 
 _AT = 3
@@ -82,6 +84,31 @@ def test_the_cli_lists_the_resharded_rows():
 def test_the_cli_refuses_reshard_with_a_workload():
     done = cli_in_process("--reshard", "--workload", "mlp", "--list")
     assert done.returncode == 2 and "--reshard runs the embedded resharded rows" in done.stderr
+
+
+def test_the_whole_tensor_audit_tells_misplaced_values_from_lost_ones():
+    saved = {
+        "params": {"w": torch.arange(6.0).reshape(3, 2), "b": torch.ones(3)},
+        "state": {"w": {"exp_avg": torch.arange(6.0).reshape(3, 2), "step": torch.tensor(3.0)}},
+    }
+    rows_swapped = torch.arange(6.0).reshape(3, 2)[[1, 0, 2]]
+    found = reshard.whole_audit(
+        saved,
+        {"w": rows_swapped, "b": torch.zeros(3)},
+        {"w": {"exp_avg": torch.zeros(3, 2), "step": torch.tensor(0.0)}},
+    )
+    assert found == {
+        "misplaced": ["w"],
+        "weights": ["b"],
+        "optimizer": ["w:exp_avg"],
+        "optimizer_step": ["w:step"],
+    }
+    assert reshard.whole_audit(saved, saved["params"], saved["state"]) == {}
+
+
+def test_a_rank_the_saving_world_lacked_reads_rank_0s_loop_state_but_not_its_rng():
+    assert reshard.loop_file(1, 2) == (1, True)
+    assert reshard.loop_file(3, 2) == (0, False)
 
 
 _PLANTED = {
