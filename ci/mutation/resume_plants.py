@@ -16,6 +16,7 @@ _PARITY = "harness/parity"
 _ROWS = "suites/parity/test_resume.py"
 _JUDGE = "suites/parity/test_resume_judge.py"
 _CAUSES = "suites/parity/test_resume_causes.py"
+_RESHARD = "suites/parity/test_reshard.py"
 
 
 def _edit(file: str, old: str, new: str) -> Edit:
@@ -66,7 +67,7 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/sides/resume.py",
-                '            self.rng.state = state["rng"]\n',
+                "            self.rng.state = rng\n",
                 "            pass  # planted\n",
             ),
         ),
@@ -114,7 +115,7 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         bug="a load into another layout that put the saved values in other rows is reported as weights never loaded",
         edits=(
             _edit(
-                "ranks/sides/resume.py",
+                "ranks/sides/resume_state.py",
                 "        same_values = mine is not None and torch.equal(",
                 "        same_values = False and torch.equal(  # planted",
             ),
@@ -144,5 +145,31 @@ RESUME_PLANTS: tuple[Plant, ...] = (
             ),
         ),
         tests=(_ROWS,),
+    ),
+    Plant(
+        name="resume_reshard_shard_misplaced_unnamed",
+        bug="a load at another world size that put the saved values in another rank's place is "
+        "reported as weights never loaded",
+        edits=(
+            _edit(
+                "ranks/sides/reshard.py",
+                "        return saved.numel() > 1 and torch.equal(",
+                "        return False and torch.equal(  # planted\n            ",
+            ),
+        ),
+        tests=(_RESHARD,),
+    ),
+    Plant(
+        name="resume_reshard_reference_optimizer_fresh",
+        bug="the reference that changes world size takes over its weights and scaler but not its "
+        "optimizer: a correct resharded row fails against a reference whose moments restarted",
+        edits=(
+            _edit(
+                "ranks/sides/reshard.py",
+                '    optimizer.load_state_dict(whole["optimizer"])\n',
+                "    pass  # planted\n",
+            ),
+        ),
+        tests=(_RESHARD,),
     ),
 )

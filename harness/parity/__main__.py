@@ -21,7 +21,7 @@ from pathlib import Path
 
 from harness.parity.doors import launched, runner
 from harness.parity.judge.result import ParityResult
-from harness.parity.plan import matrix, workload_matrix
+from harness.parity.plan import matrix, resume_matrix, workload_matrix
 from harness.parity.plan.config import BACKENDS, SCALERS, ParityConfig, unique, unsupported_reason
 from harness.parity.plan.recipe import RECIPES
 from harness.parity.plan.select import ExpressionError, select
@@ -122,7 +122,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="resume rows for your --workload: the candidate saves after K steps, loads into a fresh "
         "model and trains on, against a run straight through (with its own save/load if it declares them)",
     )
+    parser.add_argument(
+        "--reshard",
+        action="store_true",
+        help="the resharded resume rows instead of the embedded matrix: saved at world size 4 and "
+        "loaded at 2, and 2 -> 4 (two rank calls each, so --world-size does not apply; not under torchrun)",
+    )
     options = parser.parse_args(argv)
+    if options.reshard and (options.workload or launched.launched()):
+        parser.error(
+            "--reshard runs the embedded resharded rows on the rank pool: not with --workload or torchrun"
+        )
     options.units = {}
     loop = [name for name in ("accumulate", "sync") if getattr(options, name) is not None]
     loop += ["checkpoint"] if options.checkpoint else []
@@ -181,6 +191,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _matrix(options: argparse.Namespace) -> list[ParityConfig]:
     """The embedded matrix, or every ``--workload``'s (each checked first: :class:`BadWorkload`)."""
     kwargs = {"world_size": options.world_size, "backend": options.backend, "scaler": options.scaler}
+    if options.reshard:
+        resharded = matrix.reshard(backend=options.backend)
+        return [c.with_(scaler=options.scaler) for c in resharded] if options.scaler != "ours" else resharded
     if not options.workload:
         return matrix.default_matrix(**kwargs)
     options.recipes = {}
@@ -232,6 +245,12 @@ def _gpus(backend: str) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def _world_sizes(options: argparse.Namespace) -> str:
+    if options.reshard:
+        return "world sizes " + ", ".join(f"{a} -> {b}" for a, b in resume_matrix.WORLD_SIZE_CHANGES)
+    return f"world size {options.world_size}"
+
+
 def _progress(update: runner.Progress) -> None:
     result = update.outcome.result
     width = len(str(update.total))
@@ -269,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not quiet:
         print(
-            f"parity: {len(options.configs)} configurations, {options.backend}, world size {options.world_size}"
+            f"parity: {len(options.configs)} configurations, {options.backend}, {_world_sizes(options)}"
             + (" (torchrun)" if in_torchrun else "")
             + f", scaler {options.scaler}, torch {torch.__version__}",
             flush=True,
@@ -319,7 +338,7 @@ def _finish(options: argparse.Namespace, results: list[ParityResult], wall: floa
     out.mkdir(parents=True, exist_ok=True)
     run = {
         "backend": options.backend,
-        "world_size": options.world_size,
+        "world_size": _world_sizes(options).split(" ", 2)[-1] if options.reshard else options.world_size,
         "scaler": options.scaler,
         "filter": options.expression,
         "workloads": options.workload,

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from harness.parity.doors import reshard
 from harness.parity.judge import causes, pinpoint, recipe_causes, reduce_causes, staged
 from harness.parity.judge import result as results
 from harness.parity.judge.result import ParityResult
@@ -151,14 +152,22 @@ def run(
         reason = unsupported_reason(config, gpus=gpus)
         if reason is not None:
             finish(Outcome(result=results.skipped(config, reason)))
-    for (backend, world_size), group in by_world(runnable):
+
+    def finish_all(judged: list[Judged]) -> None:
+        for verdict, reference, candidate in judged:
+            if keep_records:
+                finish(Outcome(result=verdict, reference=reference, candidate=candidate))
+            else:
+                finish(Outcome(result=verdict))
+
+    plain = [config for config in runnable if config.resume_world_size is None]
+    for (backend, world_size), group in by_world(plain):
         for batch in _chunks(group, batch_size):
-            judged = _judged_batch(batch, execute, backend, world_size, localize, keep_tensors)
-            for verdict, reference, candidate in judged:
-                if keep_records:
-                    finish(Outcome(result=verdict, reference=reference, candidate=candidate))
-                else:
-                    finish(Outcome(result=verdict))
+            finish_all(_judged_batch(batch, execute, backend, world_size, localize, keep_tensors))
+    resharded = [config for config in runnable if config.resume_world_size is not None]
+    for _, group in reshard.groups(resharded):  # two halves, at two world sizes (reshard.py)
+        for batch in _chunks(group, batch_size):
+            finish_all(reshard.judged_batch(batch, execute, BatchFailed))
     return [outcomes[config.id] for config in configs]
 
 
