@@ -61,3 +61,14 @@ def test_the_report_says_which_rows_the_staged_check_decided_and_what_it_measure
     found = render.to_json([result], {})["configs"][0]["staged"]
     assert found["passed"] is True and found["reordered"] > 0 and found["findings"] == []
     assert render.to_json([result], {})["summary"]["closeness"] == {"staged": 1}
+
+
+def test_a_last_bit_each_update_stays_one_steps_ulp_because_the_reference_is_re_anchored(module_ranks):
+    """Straight through, a fused kernel's last bit every step compounds; re-anchored, each step
+    starts from the candidate's state, so the next step's local gradients stay bitwise and the
+    update stage sees one step's ulp (held to the fused fallback)."""
+    config = ParityConfig(optimizer="adam_fused", **{**_FSDP2, "steps": 4})
+    result = _run(module_ranks, config, Plant(kind="update_ulp"))
+    assert result.status == "pass", (result.reason, result.staged)
+    assert result.staged is not None and result.staged.passed
+    assert result.staged.update_fallback == "fp32" and 0 < result.staged.update_max_ulp <= 2
