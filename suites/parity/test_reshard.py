@@ -15,7 +15,7 @@ from fixtures.resume_plants import planted_executor
 from harness.parity.doors import runner
 from harness.parity.plan import matrix, resume_spec
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks.sides import reshard
+from harness.parity.ranks.restart import reshard
 from suites.parity.support import cli_in_process, describe, ranks_executor
 
 _AT = 3

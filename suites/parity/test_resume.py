@@ -8,7 +8,7 @@ import pytest
 from harness.parity.doors import runner
 from harness.parity.plan import matrix, resume_matrix, workload_matrix
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks.sides import resume
+from harness.parity.ranks.restart import resume
 from harness.parity.workload.spec import WorkloadError
 from suites.parity.support import cli_in_process, describe, ranks_executor
 

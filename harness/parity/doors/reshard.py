@@ -21,7 +21,7 @@ from typing import Any
 
 from harness.parity.judge import result as results
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks.sides.resume import DIR_ENV
+from harness.parity.ranks.restart.resume import DIR_ENV
 
 TARGET = "harness.parity.ranks.phases:run_batch"
 

@@ -2,7 +2,7 @@
 checkpoint lost.
 
 Why from the candidate's own audit: a resumed run that diverges shows *where* (the first step
-after the resume) but not *what* was lost; the rank side (``ranks/sides/resume.py``) compared each
+after the resume) but not *what* was lost; the rank side (``ranks/restart/resume.py``) compared each
 rank's state right after the load with what it saved (weights, optimizer moments, step counts,
 scaler, RNG, schedulers) and whether the resumed forward ran on the saved weights. Each pattern
 here turns one lost piece into its sentence. Pure, controller side.

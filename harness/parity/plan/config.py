@@ -141,7 +141,7 @@ class ParityConfig:
     resume_at: int | None = None
     """A resume row: the candidate trains ``resume_at`` steps, saves a checkpoint, drops everything,
     loads it into a fresh model (new random weights) and trains the rest; the reference trains
-    straight through (``ranks/sides/resume.py``). ``None``: no resume."""
+    straight through (``ranks/restart/resume.py``). ``None``: no resume."""
     resume_method: str | None = None
     """With :attr:`resume_at`: how the checkpoint is written (``resume_spec.METHODS``)."""
     resume_layout: str | None = None
@@ -357,7 +357,7 @@ class ParityConfig:
             self.world_size,
             self.backend,
             self.steps,
-            self.resume_at is not None,  # a resume row's forward RNG runs on (ranks/sides/resume.py)
+            self.resume_at is not None,  # a resume row's forward RNG runs on (ranks/restart/resume.py)
             self.resume_world_size,
             self.init_scale,
             self.growth_interval,

@@ -1,5 +1,5 @@
 """Resume rows: the candidate saves at a step, comes back in a fresh model and trains on, against a
-reference that trains straight through (``ranks/sides/resume.py``).
+reference that trains straight through (``ranks/restart/resume.py``).
 
 Why a few rows of their own: a resume is one more axis of the same question (does the run that
 stopped and came back train exactly like the one that did not), and each checkpoint method must

@@ -13,7 +13,7 @@ from typing import Any
 from harness.parity.workload import registry
 
 METHODS = ("dcp", "sharded_optimizer", "user")
-"""How a resume row checkpoints (``ranks/sides/resume_store.py``): ``dcp`` (torch.distributed.checkpoint's
+"""How a resume row checkpoints (``ranks/restart/resume_store.py``): ``dcp`` (torch.distributed.checkpoint's
 ``get_state_dict``/``set_state_dict``, sharded, to a folder), ``sharded_optimizer`` (the optimizer
 through ``scaler.ShardedOptimizer``'s name-keyed state), ``user`` (the workload's ``save``/``load``)."""
 WORDS = {"dcp": "dcp", "sharded_optimizer": "sopt", "user": "user"}

@@ -20,7 +20,7 @@ from harness.parity.plan import resume_spec
 from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks import entry, train
 from harness.parity.ranks.measure import stepcheck
-from harness.parity.ranks.sides.reshard import Half
+from harness.parity.ranks.restart.reshard import Half
 from harness.rank import context
 from harness.rank.subtests import agree, leave_group
 

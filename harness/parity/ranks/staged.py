@@ -43,7 +43,8 @@ from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig, poisoned_steps
 from harness.parity.ranks import entry, train
 from harness.parity.ranks.measure import bound, ulp
-from harness.parity.ranks.sides import accumulate, anchor, capture, checkpoint, gather, resume, roles
+from harness.parity.ranks.restart import resume
+from harness.parity.ranks.sides import accumulate, anchor, capture, checkpoint, gather, roles
 from harness.parity.ranks.sides.twin import DTYPES
 from harness.rank import context
 from harness.rank.execute import prefix_lines

@@ -38,7 +38,8 @@ import torch.distributed as dist
 
 from harness.parity.plan.config import Fault, ParityConfig
 from harness.parity.ranks.measure import record, stepcheck
-from harness.parity.ranks.sides import accumulate, checkpoint, engines, reshard, resume, roles
+from harness.parity.ranks.restart import reshard, resume
+from harness.parity.ranks.sides import accumulate, checkpoint, engines, roles
 from harness.rank import context
 from harness.rank.execute import prefix_lines
 

@@ -69,7 +69,7 @@ class StepRecord:
     """How the run recomputed its checkpointed units: ``replay`` (the RNG state replayed),
     ``no_replay``; ``None``: it did not checkpoint."""
     resume: tuple[dict[str, Any] | None, ...] = ()
-    """By rank, on a resume row's resumed step: the audits ``ranks/sides/resume.py`` recorded
+    """By rank, on a resume row's resumed step: the audits ``ranks/restart/resume.py`` recorded
     (``restored``: the state that differed from the saved one right after the load, by group;
     ``weights_at_forward``); empty on every other step."""
 

@@ -37,9 +37,10 @@ import torch.distributed as dist
 
 from harness.parity.plan import resume_spec
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks.sides import checkpoint, engines, reshard, resume_store, roles
-from harness.parity.ranks.sides.resume_state import CarriedRng, audit, scramble, snapshot
-from harness.parity.ranks.sides.resume_state import moved as moved_weights
+from harness.parity.ranks.restart import reshard, resume_store
+from harness.parity.ranks.restart.resume_state import CarriedRng, audit, scramble, snapshot
+from harness.parity.ranks.restart.resume_state import moved as moved_weights
+from harness.parity.ranks.sides import checkpoint, engines, roles
 from harness.parity.workload import registry
 from harness.rank import context
 from harness.rank.subtests import all_ranks
