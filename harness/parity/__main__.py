@@ -71,6 +71,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-plot", action="store_true", help="do not write parity.png")
     parser.add_argument(
+        "--drift",
+        action="store_true",
+        help="for each row the staged check decides, also train its reference twice straight through "
+        "(once summing the ranks in another order) and show the drift a reordering alone produces "
+        "beside the row's own, in parity.md and parity.png (two more reference runs per such row)",
+    )
+    parser.add_argument(
         "--workload",
         action="append",
         default=[],
@@ -309,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
             gpus=gpus,
             on_progress=_progress,
             finish=finish,
+            drift=options.drift,
         )
     from harness.controller.pool import PoolError, RankPool
 
@@ -321,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             batch_size=options.batch_size,
             keep_records=False,
             on_progress=_progress,
+            drift=options.drift,
         )
     except PoolError as error:
         print(f"parity: the ranks could not be started: {error}", file=sys.stderr)

@@ -72,3 +72,13 @@ def test_a_last_bit_each_update_stays_one_steps_ulp_because_the_reference_is_re_
     assert result.status == "pass", (result.reason, result.staged)
     assert result.staged is not None and result.staged.passed
     assert result.staged.update_fallback == "fp32" and 0 < result.staged.update_max_ulp <= 2
+
+
+def test_on_request_a_staged_row_shows_the_drift_a_reordering_alone_produces(module_ranks):
+    config = ParityConfig(optimizer="sgd", **_FSDP2)
+    (outcome,) = runner.run([config], planted_executor(module_ranks, _REORDERED), drift=True)
+    result = outcome.result
+    drift = result.staged.reordering_drift
+    assert len(drift) == config.steps and max(drift) > 0, drift  # another order moves bits at 4 ranks
+    text = render.render_markdown([result], {"backend": "gloo", "world_size": 4})
+    assert "the reference against itself summing in another order" in text

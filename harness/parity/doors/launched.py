@@ -139,6 +139,7 @@ def run(
     gpus: int,
     on_progress: Callable[[Any], None] | None,
     finish: Callable[[list[Any]], int],
+    drift: bool = False,
 ) -> int:
     """Run ``configs`` on the launched ranks; ``finish(results)`` (reports, verdict) runs on rank 0
     only and its status is every process's exit status."""
@@ -153,6 +154,7 @@ def run(
             batch_size=batch_size,
             keep_records=False,
             on_progress=on_progress if rank.rank == 0 else None,
+            drift=drift,
         )
         status = finish([outcome.result for outcome in outcomes]) if rank.rank == 0 else 0
         return rank.agree_on_exit(status)

@@ -119,10 +119,12 @@ def run(
     on_progress: Callable[[Progress], None] | None = None,
     localize: bool = True,
     keep_tensors: bool = False,
+    drift: bool = False,
 ) -> list[Outcome]:
     """Judge every configuration (in the given order), localizing each failure unless
     ``localize`` is False; see the module docstring. The records hold full tensors only for the
-    steps the known causes read, unless ``keep_tensors`` (every step: for tests that read them)."""
+    steps the known causes read, unless ``keep_tensors`` (every step: for tests that read them).
+    ``drift``: each row the staged check decides also gets the drift a reordering alone produces."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     configs = list(configs)
@@ -163,7 +165,7 @@ def run(
     plain = [config for config in runnable if config.resume_world_size is None]
     for (backend, world_size), group in by_world(plain):
         for batch in _chunks(group, batch_size):
-            finish_all(_judged_batch(batch, execute, backend, world_size, localize, keep_tensors))
+            finish_all(_judged_batch(batch, execute, backend, world_size, localize, keep_tensors, drift))
     resharded = [config for config in runnable if config.resume_world_size is not None]
     for _, group in reshard.groups(resharded):  # two halves, at two world sizes (reshard.py)
         for batch in _chunks(group, batch_size):
@@ -181,6 +183,7 @@ def _judged_batch(
     world_size: int,
     localize: bool,
     keep_tensors: bool = False,
+    drift: bool = False,
 ) -> list[Judged]:
     """The verdicts of ``batch``. When the batch does not come back (a rank died mid-batch: a C++
     abort, a segfault, the OOM killer; or missed its deadline), each of its configurations runs
@@ -198,18 +201,21 @@ def _judged_batch(
         return [
             judged
             for config in batch
-            for judged in _judged_batch([config], execute, backend, world_size, localize, keep_tensors)
+            for judged in _judged_batch([config], execute, backend, world_size, localize, keep_tensors, drift)
         ]
     judged: list[Judged] = [
         results.judge(config, [rank[index] for rank in per_rank]) for index, config in enumerate(batch)
     ]
-    judged = _staged(judged, execute, backend, world_size)
+    judged = _staged(judged, execute, backend, world_size, drift)
     return _localized(judged, execute, backend, world_size) if localize else judged
 
 
-def _staged(judged: list[Judged], execute: Executor, backend: str, world_size: int) -> list[Judged]:
+def _staged(
+    judged: list[Judged], execute: Executor, backend: str, world_size: int, drift: bool = False
+) -> list[Judged]:
     """``judged`` with the staged check's verdict on each row it can judge whose straight
-    comparison was not bitwise (one rank call for all of them; none when every row was bitwise)."""
+    comparison was not bitwise (one rank call for all of them; none when every row was bitwise);
+    ``drift``: with the drift a reordering alone produces (``ranks/drift.py``)."""
     configs = [
         verdict.config
         for verdict, _, _ in judged
@@ -218,7 +224,8 @@ def _staged(judged: list[Judged], execute: Executor, backend: str, world_size: i
     if not configs:
         return judged
     try:
-        per_rank = execute(configs, backend, world_size, target=STAGED_TARGET)  # type: ignore[call-arg]
+        requests = [(config, drift) for config in configs]
+        per_rank = execute(requests, backend, world_size, target=STAGED_TARGET)  # type: ignore[call-arg]
         found = {
             config.id: staged.judge(config, [rank[index] for rank in per_rank])
             for index, config in enumerate(configs)

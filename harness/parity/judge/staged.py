@@ -72,6 +72,10 @@ class Staged:
     update_max_ulp: float = 0.0
     update_fallback: str = ""
     """The profile a fused optimizer's update was held to (empty: bitwise was required)."""
+    reordering_drift: tuple[float, ...] = ()
+    """On request (``--drift``): per step, the largest ulp distance of any parameter between the
+    reference trained straight through twice, once summing its ranks in reverse order: the drift a
+    legitimate reordering alone produces, to read the row's own straight-through drift against."""
 
     def summary(self) -> str:
         """One line for the report."""
@@ -163,6 +167,7 @@ def judge(config: ParityConfig, parts: list[dict[str, Any]]) -> Staged:
         reordered=reordered,
         update_max_ulp=update_ulp,
         update_fallback=fallback,
+        reordering_drift=tuple(parts[0].get("drift") or ()),
     )
 
 

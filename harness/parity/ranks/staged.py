@@ -42,6 +42,7 @@ import torch.distributed as dist
 from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig, poisoned_steps
 from harness.parity.ranks import entry, train
+from harness.parity.ranks.drift import reordering_drift
 from harness.parity.ranks.measure import bound, ulp
 from harness.parity.ranks.restart import resume
 from harness.parity.ranks.sides import accumulate, anchor, capture, checkpoint, gather, roles
@@ -238,13 +239,15 @@ def _update(cand: _Side, ref: _Side, found: dict[str, Any]) -> None:
     anchor.load_scaler(ref.scaler, cand.scaler)
 
 
-def run_one(config: ParityConfig) -> dict[str, Any]:
+def run_one(config: ParityConfig, drift: bool = False) -> dict[str, Any]:
     """The staged check of ``config`` on this rank: one record per step (module docstring); never
-    raises (an error is recorded, prefixed with the rank)."""
+    raises (an error is recorded, prefixed with the rank). ``drift``: also the drift a reordering
+    alone produces (``drift.py``; two more reference runs)."""
     device = context.current().device
     rank = dist.get_rank()
     steps: list[dict[str, Any]] = []
     error = None
+    reordering: list[float] | None = None
     started = time.perf_counter()
     poisoned = poisoned_steps(config)
     try:
@@ -256,6 +259,7 @@ def run_one(config: ParityConfig) -> dict[str, Any]:
             _update(cand, ref, found)
             steps.append(found)
             context.heartbeat()
+        reordering = reordering_drift(config, device) if drift else None
     except Exception:  # noqa: BLE001 - recorded; the controller reads it
         error = prefix_lines(traceback.format_exc(), rank)
     return {
@@ -263,19 +267,21 @@ def run_one(config: ParityConfig) -> dict[str, Any]:
         "rank": rank,
         "steps": steps,
         "error": error,
+        "drift": reordering,
         "duration_s": time.perf_counter() - started,
     }
 
 
-def run_batch(configs: list[ParityConfig]) -> list[dict[str, Any]]:
-    """:func:`run_one` for each configuration in order, isolated as ``entry.run_batch`` isolates
-    them (a rank that failed leaves the group; the ranks agree; the group is re-created)."""
+def run_batch(requests: list[tuple[ParityConfig, bool]]) -> list[dict[str, Any]]:
+    """:func:`run_one` for each ``(configuration, drift)`` in order, isolated as
+    ``entry.run_batch`` isolates them (a rank that failed leaves the group; the ranks agree; the
+    group is re-created)."""
     ctx = context.current()
     results = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        for index, config in enumerate(configs):
-            found = run_one(config)
+        for index, (config, drift) in enumerate(requests):
+            found = run_one(config, drift)
             if found["error"] and ctx.world_size > 1:
                 leave_group()
             if ctx.world_size > 1 and not agree(ctx, f"staged{index}", ok=not found["error"]):

@@ -249,6 +249,25 @@ def _scale_line(
     ax.plot(marks, [values[i] for i in marks], "x", color=line.get_color(), markersize=5)
 
 
+def _drift(ax: Any, rows: list[ParityResult]) -> None:
+    """Rows the staged check decided, with ``--drift``: each one's straight-through drift (solid)
+    beside the drift of its reference against itself summing in another order (dashed). A solid
+    line on or under its dashed twin is drift of the ordinary kind."""
+    for colour, r in zip(_PALETTE, rows, strict=False):
+        own = [math.log2(d.max_ulp + 1) if math.isfinite(d.max_ulp) else math.nan for d in r.distances]
+        alone = [math.log2(u + 1) if math.isfinite(u) else math.nan for u in r.staged.reordering_drift]  # type: ignore[union-attr]
+        ax.plot(range(len(own)), own, color=colour, linewidth=1.2, marker=".", label=f"{r.config.id}")
+        ax.plot(range(len(alone)), alone, color=colour, linewidth=1, linestyle="--")
+    ax.set_xlabel("step", fontsize=7)
+    ax.set_ylabel("log2(ulp distance + 1)", fontsize=7)
+    ax.set_title(
+        "decided by the staged check: straight-through drift (solid) vs the reference against itself "
+        "summing in another order (dashed)",
+        fontsize=7,
+    )
+    ax.legend(fontsize=5, loc="upper left")
+
+
 def render_png(results: list[ParityResult], path: str | Path) -> bool:
     """Write the figure to ``path``; False (and nothing written) when no configuration ran."""
     import matplotlib
@@ -260,7 +279,8 @@ def render_png(results: list[ParityResult], path: str | Path) -> bool:
     if not rows:
         return False
     failing = [r for r in rows if r.broken and r.distances][:MAX_DETAILED]
-    detail_rows = 1 + len(failing)
+    drifted = [r for r in rows if r.staged is not None and r.staged.reordering_drift and not r.broken]
+    detail_rows = 1 + len(failing) + (1 if drifted else 0)
     height = max(6.0, 1.5 + 0.07 * len(rows), 2.6 * detail_rows)
     fig = plt.figure(figsize=(15, height))
     grid = fig.add_gridspec(detail_rows, 3, width_ratios=[1.25, 1, 1.4], wspace=0.35, hspace=0.9)
@@ -273,6 +293,8 @@ def render_png(results: list[ParityResult], path: str | Path) -> bool:
     for index, r in enumerate(failing, start=1):
         _error_per_step(fig.add_subplot(grid[index, 1]), r)
         _modules(fig.add_subplot(grid[index, 2]), r)
+    if drifted:
+        _drift(fig.add_subplot(grid[detail_rows - 1, 1:]), drifted[: len(_PALETTE)])
     broken = sum(1 for r in rows if r.broken)
     fig.suptitle(
         f"shardscale parity: {len(rows)} configurations, {broken} broken "

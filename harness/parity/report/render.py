@@ -33,7 +33,7 @@
             "op": null | {"compared", "first", "index", "max_abs", "max_rel", "max_ulp", "missing", "extra"},
             "modules": [{...as first...}]},            # every module, every rank, forward then backward
         "staged": null | {"passed", "summary", "error", "steps", "local_elements", "reduced_elements",
-            "worst_ratio", "reordered", "update_max_ulp", "update_fallback",
+            "worst_ratio", "reordered", "update_max_ulp", "update_fallback", "reordering_drift",
             "findings": [{"step", "stage", "what", "detail", "rank"}]},
                                                        # rows whose straight comparison was not bitwise
         "skipped_steps", "reference_skipped_steps", "counters", "time_s",
@@ -152,13 +152,26 @@ def _localization_json(result: ParityResult) -> dict[str, Any] | None:
     }
 
 
+def drift_line(result: ParityResult) -> str:
+    """The straight-through drift of a staged row beside a reordering's alone (``--drift``)."""
+    own = ", ".join(format_ulp(d.max_ulp) for d in result.distances)
+    alone = ", ".join(format_ulp(u) for u in result.staged.reordering_drift)  # type: ignore[union-attr]
+    return (
+        f"drift by step, straight through (the largest distance of any tensor): this row {own}; "
+        f"the reference against itself summing in another order {alone}"
+    )
+
+
 def _staged_json(result: ParityResult) -> dict[str, Any] | None:
     found = result.staged
     if found is None:
         return None
     fields = {f.name: getattr(found, f.name) for f in dataclasses.fields(found) if f.name != "findings"}
     return {
-        **{key: _number(value) if isinstance(value, float) else value for key, value in fields.items()},
+        **{
+            key: _numbers(value) if isinstance(value, (float, tuple)) else value
+            for key, value in fields.items()
+        },
         "summary": found.summary(),
         "findings": [dataclasses.asdict(f) for f in found.findings],
     }
@@ -374,7 +387,10 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
             "distances in the table are the drift that leaves.",
             "",
         ]
-        lines += [f"- `{r.config.id}`: {r.staged.summary()}" for r in staged]
+        for r in staged:
+            lines.append(f"- `{r.config.id}`: {r.staged.summary()}")  # type: ignore[union-attr]
+            if r.staged.reordering_drift:  # type: ignore[union-attr]
+                lines.append(f"  - {drift_line(r)}")
     skipped = [r for r in results if r.status == "skip"]
     if skipped:
         lines += ["", "## Not run here", ""]

@@ -33,7 +33,9 @@ all-gather copies, it does not round), so each rank keeps the full reduced gradi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -142,6 +144,38 @@ def _op(layout: Layout, factors: tuple[float | None, float | None]) -> tuple[Any
     return dist.ReduceOp.SUM, pre, post
 
 
+_reversed = False
+"""Inside :func:`summed_in_reverse`: every reduction sums the ranks in reverse rank order."""
+
+
+@contextlib.contextmanager
+def summed_in_reverse() -> Iterator[None]:
+    """Inside the block, every reduction here gathers each rank's buffer and sums them in reverse
+    rank order instead of through the candidate's collective: another order, still correct. The
+    staged check's drift (``ranks/staged.py``, on request) trains a reference this way beside a
+    plain one, to show the drift a legitimate reordering alone produces."""
+    global _reversed
+    _reversed = True
+    try:
+        yield
+    finally:
+        _reversed = False
+
+
+def _reverse_sum(buffer: torch.Tensor, op: Any) -> torch.Tensor:
+    """Every rank's ``buffer`` summed in reverse rank order (``AVG``: then divided by the world)."""
+    world = dist.get_world_size()
+    gathered = torch.empty(world * buffer.numel(), dtype=buffer.dtype, device=buffer.device)
+    dist.all_gather_into_tensor(gathered, buffer.contiguous().view(-1))
+    rows = gathered.view(world, -1)
+    total = rows[world - 1].clone()
+    for rank in range(world - 2, -1, -1):
+        total += rows[rank]
+    if op == dist.ReduceOp.AVG:
+        total /= world
+    return total.view_as(buffer)
+
+
 def _scattered_and_gathered(
     buffer: torch.Tensor, layout: Layout, factors: tuple[float | None, float | None], groups: tuple[Any, Any]
 ) -> torch.Tensor:
@@ -152,6 +186,10 @@ def _scattered_and_gathered(
     size = dist.get_world_size(shard)
     op, pre, post = _op(layout, factors)
     _divide(buffer, pre)
+    if _reversed:
+        whole = _reverse_sum(buffer, op)
+        _divide(whole, post)
+        return whole
     out = torch.empty(buffer.numel() // size, dtype=buffer.dtype, device=buffer.device)
     _reduce_scatter(out, buffer, shard, op)
     if replicate is not None:
@@ -165,7 +203,10 @@ def _scattered_and_gathered(
 def _all_reduced(buffer: torch.Tensor, factors: tuple[float | None, float | None]) -> torch.Tensor:
     pre, post = factors
     _divide(buffer, pre)
-    dist.all_reduce(buffer)
+    if _reversed:
+        buffer = _reverse_sum(buffer, dist.ReduceOp.SUM)
+    else:
+        dist.all_reduce(buffer)
     _divide(buffer, post)
     return buffer
 
