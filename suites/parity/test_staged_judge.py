@@ -1,0 +1,133 @@
+"""The staged check's verdict from what the ranks sent (``judge/staged.py``; pure, no ranks): each
+stage that does not hold fails the row and is named, where it is and on which rank; which rows
+the runner sends to it at all.
+
+Why pure: the rank side is exercised at world size 4 in ``test_staged.py`` and
+``test_world_size.py``; here each stage's rule is checked alone, with records made by hand.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.parity.judge import staged
+from harness.parity.plan.config import ParityConfig
+
+_FSDP2 = ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="sgd", world_size=4, steps=1)
+
+
+def _step(**changes: object) -> dict[str, object]:
+    found = {
+        "loss": [1.5, 1.5],
+        "local": {"w": [8.0, 0.0, 0.0]},
+        "poisoned": False,
+        "reduction": {"w": [8.0, 0.0, 0.4]},
+        "reduction_names": [[], []],
+        "reordered": 3,
+        "scale": [65536.0, 65536.0],
+        "tracker": [1, 1],
+        "update": {"param:w": [8.0, 0.0, 0.0, 0.0]},
+    }
+    found.update(changes)
+    return found
+
+
+def _parts(*steps: dict[str, object], world: int = 4) -> list[dict[str, object]]:
+    return [{"steps": list(steps), "error": None, "drift": None} for _ in range(world)]
+
+
+def test_every_stage_holding_passes_and_says_what_it_measured():
+    found = staged.judge(_FSDP2, _parts(_step()))
+    assert found.passed and found.local_elements == 32 and found.reduced_elements == 8
+    assert found.reordered == 3 and found.worst_ratio == pytest.approx(0.4)
+    assert "staged check passed over 1 steps" in found.summary()
+
+
+@pytest.mark.parametrize(
+    ("changes", "stage"),
+    [
+        ({"loss": [1.5, 1.25]}, "loss"),
+        ({"local": {"w": [8.0, 1.0, 3.0]}}, "local"),
+        ({"reduction": {"w": [8.0, 2.0, 7.5]}}, "reduction"),
+        ({"reduction_names": [["w"], []]}, "reduction"),
+        ({"update": {"param:w": [8.0, 1.0, 1.0, 0.0]}}, "update"),
+        ({"scale": [65536.0, 32768.0]}, "scale"),
+        ({"clip": [0.5, 0.25]}, "clip"),
+    ],
+    ids=["loss", "local", "reduction", "reduced_by_one_side", "update", "scale", "clip_norm"],
+)
+def test_a_stage_that_does_not_hold_fails_the_row_and_is_named(changes, stage):
+    found = staged.judge(_FSDP2, _parts(_step(**changes)))
+    assert not found.passed
+    assert found.findings[0].stage == stage, found.findings
+    assert found.summary().startswith("staged check failed: step 0, " + stage)
+
+
+def test_a_fused_optimizers_update_is_held_to_the_fp32_fallback_not_bitwise():
+    fused = ParityConfig(
+        engine="fsdp2", reshard_after_forward=True, optimizer="adam_fused", world_size=4, steps=1
+    )
+    within = staged.judge(fused, _parts(_step(update={"param:w": [8.0, 2.0, 3.0, 0.0]})))
+    assert within.passed and within.update_fallback == "fp32" and within.update_max_ulp == 3.0
+    outside = staged.judge(fused, _parts(_step(update={"param:w": [8.0, 2.0, 900.0, 1.0]})))
+    assert not outside.passed and "fp32 profile" in outside.findings[0].detail
+
+
+def test_the_rank_that_differs_is_named():
+    parts = _parts(_step())
+    parts[2] = {"steps": [_step(local={"w": [8.0, 2.0, 1.0]})], "error": None, "drift": None}
+    found = staged.judge(_FSDP2, parts)
+    assert found.findings[0].rank == 2 and "on rank 2" in found.findings[0].line()
+
+
+def test_a_rank_that_raised_leaves_the_check_unrun_with_its_error():
+    parts = _parts(_step())
+    parts[1] = {"steps": [], "error": "[rank 1] RuntimeError: boom", "drift": None}
+    found = staged.judge(_FSDP2, parts)
+    assert not found.passed and found.error.startswith("[rank 1]")
+    assert "could not run" in found.summary()
+
+
+@pytest.mark.parametrize(
+    ("config", "status", "max_ulp", "sent"),
+    [
+        (_FSDP2, "pass", 0.0, False),  # bitwise: nothing to decide
+        (_FSDP2, "pass", 3.0, True),
+        (_FSDP2, "fail", 9.0, True),
+        (_FSDP2, "crash", 0.0, False),
+        (ParityConfig(engine="ddp", optimizer="sgd", world_size=4, steps=1), "fail", 9.0, False),  # DDP
+        (
+            ParityConfig(
+                engine="fsdp2",
+                reshard_after_forward=True,
+                optimizer="sgd",
+                accumulate=2,
+                sync="every",
+                world_size=4,
+            ),
+            "fail",
+            9.0,
+            False,
+        ),
+        (
+            ParityConfig(
+                engine="fsdp2",
+                reshard_after_forward=True,
+                optimizer="sgd",
+                accumulate=2,
+                sync="last",
+                world_size=4,
+            ),
+            "fail",
+            9.0,
+            True,
+        ),
+    ],
+    ids=["bitwise", "close", "failed", "crashed", "ddp", "accumulate_every", "accumulate_last"],
+)
+def test_which_rows_the_runner_sends_to_the_staged_check(config, status, max_ulp, sent):
+    assert staged.wanted(config, status, max_ulp, expected_failure="") is sent
+
+
+def test_a_row_expected_to_fail_keeps_its_straight_verdict():
+    assert not staged.wanted(_FSDP2, "fail", 9.0, expected_failure="torch's scaler ...")
