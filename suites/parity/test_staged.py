@@ -82,3 +82,15 @@ def test_on_request_a_staged_row_shows_the_drift_a_reordering_alone_produces(mod
     assert len(drift) == config.steps and max(drift) > 0, drift  # another order moves bits at 4 ranks
     text = render.render_markdown([result], {"backend": "gloo", "world_size": 4})
     assert "the reference against itself summing in another order" in text
+
+
+def test_on_a_gpu_both_sides_run_deterministic_kernels_and_the_switch_is_restored():
+    import torch
+
+    from harness.parity.ranks import staged
+
+    with staged.deterministic(torch.device("cpu")):
+        assert not torch.are_deterministic_algorithms_enabled()  # CPU kernels already are
+    with staged.deterministic(torch.device("cuda", 0)):  # only the switch: no GPU is touched
+        assert torch.are_deterministic_algorithms_enabled()
+    assert not torch.are_deterministic_algorithms_enabled()

@@ -31,9 +31,12 @@ Import target for the pool: ``harness.parity.ranks.staged:run_batch``.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 import traceback
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -239,6 +242,25 @@ def _update(cand: _Side, ref: _Side, found: dict[str, Any]) -> None:
     anchor.load_scaler(ref.scaler, cand.scaler)
 
 
+@contextlib.contextmanager
+def deterministic(device: torch.device) -> Iterator[None]:
+    """On a GPU, both sides under ``torch.use_deterministic_algorithms(True)`` (cuBLAS with a
+    fixed workspace, ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` unless set): the local stage's premise,
+    that the same computation from the same state gives the same bits, holds only then, and an op
+    without a deterministic kernel raises naming itself, which the check records. On the CPU its
+    kernels already are; nothing changes. Restored afterwards."""
+    if device.type != "cuda":
+        yield
+        return
+    before = torch.are_deterministic_algorithms_enabled()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
 def run_one(config: ParityConfig, drift: bool = False) -> dict[str, Any]:
     """The staged check of ``config`` on this rank: one record per step (module docstring); never
     raises (an error is recorded, prefixed with the rank). ``drift``: also the drift a reordering
@@ -249,17 +271,9 @@ def run_one(config: ParityConfig, drift: bool = False) -> dict[str, Any]:
     error = None
     reordering: list[float] | None = None
     started = time.perf_counter()
-    poisoned = poisoned_steps(config)
     try:
-        cand = _Side(config, "candidate", device)
-        ref = _Side(config, "reference", device)
-        anchor.load_scaler(ref.scaler, cand.scaler)
-        for step in range(config.steps):
-            found = _step(config, step, cand, ref, step in poisoned)
-            _update(cand, ref, found)
-            steps.append(found)
-            context.heartbeat()
-        reordering = reordering_drift(config, device) if drift else None
+        with deterministic(device):
+            steps, reordering = _run(config, device, drift)
     except Exception:  # noqa: BLE001 - recorded; the controller reads it
         error = prefix_lines(traceback.format_exc(), rank)
     return {
@@ -270,6 +284,23 @@ def run_one(config: ParityConfig, drift: bool = False) -> dict[str, Any]:
         "drift": reordering,
         "duration_s": time.perf_counter() - started,
     }
+
+
+def _run(
+    config: ParityConfig, device: torch.device, drift: bool
+) -> tuple[list[dict[str, Any]], list[float] | None]:
+    """Both sides in lockstep, every step: the steps' records (and the drift, if asked)."""
+    steps: list[dict[str, Any]] = []
+    poisoned = poisoned_steps(config)
+    cand = _Side(config, "candidate", device)
+    ref = _Side(config, "reference", device)
+    anchor.load_scaler(ref.scaler, cand.scaler)
+    for step in range(config.steps):
+        found = _step(config, step, cand, ref, step in poisoned)
+        _update(cand, ref, found)
+        steps.append(found)
+        context.heartbeat()
+    return steps, (reordering_drift(config, device) if drift else None)
 
 
 def run_batch(requests: list[tuple[ParityConfig, bool]]) -> list[dict[str, Any]]:
