@@ -65,6 +65,19 @@ STAGED_PLANTS: tuple[Plant, ...] = (
         tests=_TESTS,
     ),
     Plant(
+        name="parity_staged_buffers_unchecked",
+        bug="the staged check never compares each rank's buffers after the step: a running statistic "
+        "that moves otherwise when wrapped passes (the anchor then copies the candidate's over)",
+        edits=(
+            _edit(
+                "judge/staged.py",
+                '    for name, (elements, differing, max_ulp) in step.get("buffers", {}).items():\n',
+                "    for name, (elements, differing, max_ulp) in {}.items():  # planted\n",
+            ),
+        ),
+        tests=_TESTS,
+    ),
+    Plant(
         name="parity_staged_never_anchors",
         bug="the reference is never re-anchored to the candidate's state: a reordering's last bits "
         "compound through the steps as in the straight comparison",

@@ -94,3 +94,10 @@ def test_on_a_gpu_both_sides_run_deterministic_kernels_and_the_switch_is_restore
     with staged.deterministic(torch.device("cuda", 0)):  # only the switch: no GPU is touched
         assert torch.are_deterministic_algorithms_enabled()
     assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_a_running_statistic_that_moves_otherwise_fails_the_buffer_stage(module_ranks):
+    config = ParityConfig(workload="fixtures.edge_workload:edges", optimizer="sgd", **_FSDP2)
+    result = _run(module_ranks, config, Plant(kind="buffer_ulp"))  # its buffer: a gain
+    assert result.status == "fail", result.reason
+    assert result.staged is not None and result.staged.findings[0].stage == "buffer", result.staged

@@ -53,8 +53,9 @@ def test_every_stage_holding_passes_and_says_what_it_measured():
         ({"update": {"param:w": [8.0, 1.0, 1.0, 0.0]}}, "update"),
         ({"scale": [65536.0, 32768.0]}, "scale"),
         ({"clip": [0.5, 0.25]}, "clip"),
+        ({"buffers": {"bn.running_mean": [4.0, 1.0, 2.0]}}, "buffer"),
     ],
-    ids=["loss", "local", "reduction", "reduced_by_one_side", "update", "scale", "clip_norm"],
+    ids=["loss", "local", "reduction", "reduced_by_one_side", "update", "scale", "clip_norm", "buffer"],
 )
 def test_a_stage_that_does_not_hold_fails_the_row_and_is_named(changes, stage):
     found = staged.judge(_FSDP2, _parts(_step(**changes)))

@@ -7,7 +7,8 @@ norm summed otherwise) a tolerance used to decide, wrong both ways. The staged c
 *known*: local gradients and losses bitwise; each reduced element within the order-free bound of
 the exact mean (``ranks/measure/bound.py``: a proof for any order); the clip norm within what any
 order of summing its squares gives (``clip_norm.order_free_bound``); the update bitwise, or
-within the ``fp32`` profile for a fused optimizer (:data:`FUSED_FALLBACK`, marked as a fallback); the scale and growth tracker equal. A row whose
+within the ``fp32`` profile for a fused optimizer (:data:`FUSED_FALLBACK`, marked as a fallback);
+each rank's buffers (running statistics) bitwise; the scale and growth tracker equal. A row whose
 straight comparison was not bitwise passes when every stage holds at every step, and fails with
 the first stage that does not, named.
 """
@@ -40,7 +41,7 @@ class Finding:
 
     step: int
     stage: str
-    """``local``, ``loss``, ``reduction``, ``clip``, ``update`` or ``scale``."""
+    """``local``, ``loss``, ``reduction``, ``clip``, ``update``, ``buffer`` or ``scale``."""
     what: str
     """The tensor (``param:blocks.0.weight``), or the scalar."""
     detail: str
@@ -171,7 +172,7 @@ def judge(config: ParityConfig, parts: list[dict[str, Any]]) -> Staged:
     )
 
 
-_ORDER = ("loss", "local", "reduction", "clip", "update", "scale")
+_ORDER = ("loss", "local", "reduction", "clip", "update", "buffer", "scale")
 
 
 def _outside(elements: float, violations: float, ratio: float) -> str:
@@ -193,6 +194,12 @@ def _local(index: int, rank: int, step: dict[str, Any], found: Any) -> int:
                 detail=f"candidate {cand_loss!r}, reference {ref_loss!r} from the same state",
             )
         )
+    for name, (elements, differing, max_ulp) in step.get("buffers", {}).items():
+        if differing:
+            detail = (
+                f"{int(differing)} of {int(elements)} elements differ after the step (max {max_ulp:g} ulp)"
+            )
+            found(Finding(step=index, stage="buffer", what=name, rank=rank, detail=detail))
     local = step.get("local")
     if local is None:
         return 0
