@@ -162,7 +162,7 @@ def summed_in_reverse() -> Iterator[None]:
         _reversed = False
 
 
-def _reverse_sum(buffer: torch.Tensor, op: Any) -> torch.Tensor:
+def reverse_sum(buffer: torch.Tensor, op: Any) -> torch.Tensor:
     """Every rank's ``buffer`` summed in reverse rank order (``AVG``: then divided by the world)."""
     world = dist.get_world_size()
     gathered = torch.empty(world * buffer.numel(), dtype=buffer.dtype, device=buffer.device)
@@ -187,7 +187,7 @@ def _scattered_and_gathered(
     op, pre, post = _op(layout, factors)
     _divide(buffer, pre)
     if _reversed:
-        whole = _reverse_sum(buffer, op)
+        whole = reverse_sum(buffer, op)
         _divide(whole, post)
         return whole
     out = torch.empty(buffer.numel() // size, dtype=buffer.dtype, device=buffer.device)
@@ -204,7 +204,7 @@ def _all_reduced(buffer: torch.Tensor, factors: tuple[float | None, float | None
     pre, post = factors
     _divide(buffer, pre)
     if _reversed:
-        buffer = _reverse_sum(buffer, dist.ReduceOp.SUM)
+        buffer = reverse_sum(buffer, dist.ReduceOp.SUM)
     else:
         dist.all_reduce(buffer)
     _divide(buffer, post)
