@@ -385,5 +385,15 @@ def _finish(options: argparse.Namespace, results: list[ParityResult], wall: floa
     return 0
 
 
+def _main_to_a_pipe() -> int:
+    """:func:`main`, quiet when its reader goes away (``--list | head``): the rest of the output is
+    simply not wanted, which is not an error of the run."""
+    try:
+        return main()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_main_to_a_pipe())

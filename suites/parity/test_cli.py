@@ -222,3 +222,19 @@ def test_a_workload_named_by_an_entry_point_runs_by_its_name(tmp_path):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "pass  ddp-fp32-sgd-resmlp-inf@r1s2-inf@r1s5-w2" in done.stdout
+
+
+def test_list_into_a_reader_that_stops_early_exits_quietly():
+    """``--list | head -1``: the reader closing the pipe ends the listing, without a traceback."""
+    listing = subprocess.Popen(
+        [sys.executable, "-m", "harness.parity", "--list"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert listing.stdout is not None
+    first = listing.stdout.readline()
+    listing.stdout.close()  # the reader goes away, as head does
+    _, stderr = listing.communicate(timeout=120)
+    assert first.startswith(b"fsdp1-") and listing.returncode == 0, stderr
+    assert b"Traceback" not in stderr and b"BrokenPipeError" not in stderr
