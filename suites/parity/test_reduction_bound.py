@@ -96,3 +96,18 @@ def test_nearly_cancelling_terms_may_move_far_from_their_mean_and_pass():
 def test_gamma_is_infinite_once_k_u_reaches_one():
     assert bound.gamma(2**23, torch.bfloat16) == float("inf")
     assert bound.gamma(3, torch.float32) == pytest.approx(3 * 2.0**-24, rel=1e-6)
+
+
+def test_microbatches_each_reduced_then_summed_lie_within_the_summed_bound():
+    """An accumulation that reduces every microbatch: each reduction in some order, their running
+    sum in float32; a rank left out of one microbatch is still outside."""
+    world, parts, total = 4, [], None
+    for k in range(3):
+        local = _local(world, 4096, seed=10 + k, dtype=torch.float32)
+        parts.append(_means(local))
+        order = tuple(reversed(range(world))) if k % 2 else tuple(range(world))
+        reduced = _sum_in_order(local, order, torch.float32, 1.0, world)
+        total = reduced if total is None else total + reduced
+    assert bound.check_sum(total, parts, world, torch.float32).violations == 0
+    broken = total - parts[1][0].float() / world  # a quarter of one microbatch's mean missing
+    assert bound.check_sum(broken, parts, world, torch.float32).violations > 1000

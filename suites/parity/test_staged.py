@@ -34,8 +34,9 @@ def _run(module_ranks, config: ParityConfig, plant: Plant):
         ParityConfig(precision="bf16", optimizer="adam", **_FSDP2),
         ParityConfig(precision="fp16", optimizer="adam_fused", **_FSDP2),
         ParityConfig(optimizer="sgd", accumulate=2, sync="last", **_FSDP2),
+        ParityConfig(optimizer="sgd", accumulate=2, sync="every", **_FSDP2),
     ],
-    ids=["fp32-sgd", "bf16-adam", "fp16-fused-adam", "fp32-sgd-accumulated"],
+    ids=["fp32-sgd", "bf16-adam", "fp16-fused-adam", "accumulated-sync-last", "accumulated-sync-every"],
 )
 def test_a_reduction_summed_in_another_order_passes_the_staged_check(module_ranks, config):
     result = _run(module_ranks, config, _REORDERED)

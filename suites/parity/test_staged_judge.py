@@ -108,7 +108,7 @@ def test_a_rank_that_raised_leaves_the_check_unrun_with_its_error():
             ),
             "fail",
             9.0,
-            False,
+            True,
         ),
         (
             ParityConfig(

@@ -101,13 +101,13 @@ class Staged:
 
 def wanted(config: ParityConfig, status: str, max_ulp: float, expected_failure: str) -> bool:
     """Whether a row's straight verdict goes to the staged check: a passing or failing row of an
-    FSDP candidate that was not bitwise and that the check can judge (no accumulation reducing
-    every microbatch, resume, sparse workload, or row expected to fail)."""
+    FSDP candidate that was not bitwise and that the check can judge (no resume, sparse workload,
+    or row expected to fail)."""
     if status not in ("pass", "fail") or (status == "pass" and max_ulp == 0) or expected_failure:
         return False
     if config.engine not in ("fsdp1", "fsdp2") or config.reference != "ddp":
         return False
-    if (config.accumulate > 1 and config.sync != "last") or config.resume_at is not None:
+    if config.resume_at is not None:
         return False
     try:
         return not registry.get(config.workload).sparse

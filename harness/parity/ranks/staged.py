@@ -1,4 +1,4 @@
-"""The staged check, rank side: every step judged from a common state, in three stages.
+"""The staged check, rank side: every step judged from a common state, stage by stage.
 
 Why: a straight-through comparison is a proof only where both sides sum every element in the
 same order (gloo, the reference reducing through the candidate's layout: ``reduce_layout.py``).
@@ -17,14 +17,16 @@ optimizer state, buffers and scale, and the step is checked in the order it runs
 3. **the update**: the reference adopts the candidate's reduced gradients (and, on path
    ``unscale_clip``, clips them by the candidate's own total norm, itself checked against the
    reference's measure of the same gradients), steps its optimizer and scaler, and the two
-   parameter sets, optimizer states and scales are compared (bitwise; a fused optimizer within
-   a stated number of ulps, judged by the controller: ``judge/staged.py``).
+   parameter sets, optimizer states, scales and each rank's buffers are compared (bitwise; a
+   fused optimizer's update within the ``fp32`` profile, a named fallback: ``judge/staged.py``).
 
 The runner asks for it (``STAGED_TARGET``) only for rows whose straight comparison was not
-bitwise, so a bitwise matrix costs nothing more. Rows it cannot judge (gradient accumulation that
-reduces every microbatch, a resume, a sparse workload, a DDP candidate: its reducer runs in C++)
-are never sent. Accumulation with ``sync="last"`` reduces once per step, the sum of the
-microbatches' unreduced gradients: those sums are the local gradients compared and bounded.
+bitwise, so a bitwise matrix costs nothing more. Rows it cannot judge (a resume, a sparse
+workload, a DDP candidate: its reducer runs in C++) are never sent. Accumulation with
+``sync="last"`` reduces once per step, the sum of the microbatches' unreduced gradients: those
+sums are the local gradients compared and bounded; with ``sync="every"`` each microbatch is
+reduced, and each microbatch's local gradients are compared, the sum of the reductions bounded
+(``bound.check_sum``).
 
 Import target for the pool: ``harness.parity.ranks.staged:run_batch``.
 """
@@ -68,21 +70,22 @@ class _Side:
         self.loop.start(self.engine, self.optimizers)
         self.config, self.role = config, role
         self.hand = None
-        self.unreduced: dict[str, torch.Tensor] = {}
-        """The reference's local gradients as its hand accumulation reduces them (``sync="last"``)."""
+        self.unreduced: dict[str, list[torch.Tensor]] = {}
+        """The reference's local gradients as its hand accumulation reduces them: each microbatch's
+        (``sync="every"``), or their unreduced sum once (``sync="last"``)."""
         if config.accumulate > 1 and role == "reference":
             self.hand = accumulate.HandAccumulation(config, self.engine)
             self._watch(self.hand)
 
     def _watch(self, hand: accumulate.HandAccumulation) -> None:
-        """Record the unreduced sum the hand accumulation hands to its reduction (its local gradients)."""
+        """Record what the hand accumulation hands to its reduction (its local gradients)."""
         names = [gather.clean_name(n) for n, _ in self.engine.trained_module().named_parameters()]
         reduce = hand._add_reduced
 
         def recording(grads: list[torch.Tensor | None]) -> None:
-            self.unreduced = {
-                n: g.detach().clone() for n, g in zip(names, grads, strict=True) if g is not None
-            }
+            for name, grad in zip(names, grads, strict=True):
+                if grad is not None:
+                    self.unreduced.setdefault(name, []).append(grad.detach().clone())
             reduce(grads)
 
         hand._add_reduced = recording  # type: ignore[method-assign]
@@ -94,6 +97,7 @@ class _Side:
     def backward(self, step: int, scale: float) -> float:
         """Forward and scaled backward (every microbatch, accumulated as the row says), then the
         candidate's reduction; the reference's stays for the caller (:func:`_step`)."""
+        self.unreduced = {}
         if self.config.accumulate > 1:
             return accumulate.forward_backward(
                 self.engine, self.role, self.config, step, self.scaler, self.hand
@@ -187,20 +191,28 @@ def _step(config: ParityConfig, step: int, cand: _Side, ref: _Side, poisoned: bo
     if ref.hand is not None:  # reduced by its hand accumulation already
         ref_local = ref.unreduced
     else:
-        ref_local = anchor.local_grads(ref.engine)
+        ref_local = {name: [grad] for name, grad in anchor.local_grads(ref.engine).items()}
         ref.engine.after_backward()  # its own mirrored reduction: kept to say whether the order differed
     mirrored = ref.engine.full_grads()
     found: dict[str, Any] = {
         "loss": [cand_loss, ref_loss],
-        "local": None if cand_local is None else _compared(ref_local, cand_local),
+        "local": None if cand_local is None else _compared(_stacked(ref_local), _stacked(cand_local)),
         "poisoned": poisoned,
     }
     names = sorted(reduced)
-    means = bound.exact_means(ref_local, names, cand.engine.device)  # collective: every rank
+    reductions = config.accumulate if config.accumulate > 1 and config.sync == "every" else 1
+    means = [  # collectives: every rank, the same number of them
+        bound.exact_means({n: v[k] for n, v in ref_local.items() if len(v) > k}, names, cand.engine.device)
+        for k in range(reductions)
+    ]
     if rank == 0:
         world = dist.get_world_size()
         found["reduction"] = {
-            name: list(_checked(bound.check(reduced[name], *means[name], world, _reduce_dtype(config))))
+            name: list(
+                _checked(
+                    bound.check_sum(reduced[name], [m[name] for m in means], world, _reduce_dtype(config))
+                )
+            )
             for name in names
             if not poisoned
         }
@@ -223,6 +235,11 @@ def _step(config: ParityConfig, step: int, cand: _Side, ref: _Side, poisoned: bo
     found["scale"] = [cand.scaler.get_scale(), ref.scaler.get_scale()]
     found["tracker"] = [int(cand.scaler._get_growth_tracker()), int(ref.scaler._get_growth_tracker())]
     return found
+
+
+def _stacked(grads: dict[str, list[torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Each name's gradients, one per reduction, as one tensor (a count that differs shows)."""
+    return {name: torch.stack(values) for name, values in grads.items()}
 
 
 def _checked(found: bound.Checked) -> tuple[float, float, float]:

@@ -122,19 +122,44 @@ def check(
     """``reduced`` (the candidate's reduced gradient, full) against ``(mean, mean_abs)`` of its
     ranks' local gradients, elementwise (module docstring). Non-finite elements are not judged
     here (an overflow is the scaler's business, compared exactly elsewhere)."""
-    got = reduced.detach().to("cpu", torch.float64).reshape(mean.shape)
-    finite = got.isfinite() & mean.isfinite()
-    allowed = (
+    return check_sum(reduced, [(mean, mean_abs)], world, reduce_dtype)
+
+
+def _one(mean: torch.Tensor, mean_abs: torch.Tensor, world: int, reduce_dtype: torch.dtype, out: torch.dtype):
+    """How far one reduction's result may lie from its exact mean."""
+    return (
         gamma(world + 1, reduce_dtype) * mean_abs
-        + unit_roundoff(reduced.dtype) * mean.abs()
+        + unit_roundoff(out) * mean.abs()
         + (world + 2) * _eta(reduce_dtype)
-        + 4 * 2.0**-53 * mean_abs  # the float64 sums' own rounding
     )
-    apart = (got - mean).abs()
+
+
+def check_sum(
+    reduced: torch.Tensor,
+    parts: list[tuple[torch.Tensor, torch.Tensor]],
+    world: int,
+    reduce_dtype: torch.dtype,
+) -> Checked:
+    """:func:`check` of a gradient that is the sum of several reductions (one per microbatch of an
+    accumulation that reduces every microbatch, added in the gradient's dtype in microbatch
+    order): each reduction within its own bound of its exact mean, and the running sum of ``K``
+    of them within ``gamma_{K-1}(u_out)`` of the sum of their magnitudes (Higham 4.2 once more).
+    One part is one reduction: the bound of the module docstring."""
+    out = reduced.dtype
+    got = reduced.detach().to("cpu", torch.float64).reshape(parts[0][0].shape)
+    want = sum((mean for mean, _ in parts), torch.zeros_like(got))
+    each = [_one(mean, mean_abs, world, reduce_dtype, out) for mean, mean_abs in parts]
+    magnitude = sum((mean.abs() + e for (mean, _), e in zip(parts, each, strict=True)), torch.zeros_like(got))
+    allowed = sum(each, torch.zeros_like(got)) + 4 * 2.0**-53 * sum(
+        (mean_abs for _, mean_abs in parts), torch.zeros_like(got)
+    )  # the float64 sums' own rounding
+    if len(parts) > 1:
+        allowed = allowed + gamma(len(parts) - 1, out) * magnitude
+    finite = got.isfinite() & want.isfinite()
+    apart = (got - want).abs()
     ratio = torch.where(finite, apart / allowed, torch.zeros_like(apart))
-    violations = int((ratio > 1).sum())
     return Checked(
         elements=int(finite.sum()),
-        violations=violations,
+        violations=int((ratio > 1).sum()),
         worst_ratio=float(ratio.max()) if ratio.numel() else 0.0,
     )

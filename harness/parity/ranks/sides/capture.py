@@ -32,9 +32,11 @@ from harness.parity.ranks.sides import engines, gather
 
 
 @contextlib.contextmanager
-def local_grads(engine: engines.Engine) -> Iterator[dict[str, torch.Tensor] | None]:
+def local_grads(engine: engines.Engine) -> Iterator[dict[str, list[torch.Tensor]] | None]:
     """Inside the block, each gradient ``engine`` reduces is copied into the yielded dict (by name
-    as in the user's model); ``None`` for an engine whose reduction cannot be observed."""
+    as in the user's model; one entry per reduction, in order: an accumulation that reduces every
+    microbatch reduces each parameter once per microbatch); ``None`` for an engine whose reduction
+    cannot be observed."""
     if isinstance(engine, engines.FSDP2):
         with _fsdp2(engine) as found:
             yield found
@@ -46,17 +48,17 @@ def local_grads(engine: engines.Engine) -> Iterator[dict[str, torch.Tensor] | No
 
 
 @contextlib.contextmanager
-def _fsdp2(engine: engines.Engine) -> Iterator[dict[str, torch.Tensor]]:
+def _fsdp2(engine: engines.Engine) -> Iterator[dict[str, list[torch.Tensor]]]:
     from torch.distributed.fsdp._fully_shard import _fsdp_param_group
 
-    found: dict[str, torch.Tensor] = {}
+    found: dict[str, list[torch.Tensor]] = {}
     original = _fsdp_param_group.foreach_reduce
 
     def recording(
         fsdp_params: list[Any], unsharded_grads: list[torch.Tensor], *args: Any, **kwargs: Any
     ) -> Any:
         for fsdp_param, grad in zip(fsdp_params, unsharded_grads, strict=True):
-            found[gather.clean_name(fsdp_param._param_fqn)] = grad.detach().clone()
+            found.setdefault(gather.clean_name(fsdp_param._param_fqn), []).append(grad.detach().clone())
         return original(fsdp_params, unsharded_grads, *args, **kwargs)
 
     _fsdp_param_group.foreach_reduce = recording  # type: ignore[assignment]
@@ -80,7 +82,7 @@ def _split_flat(flat: torch.Tensor, flat_param: Any, prefix: str) -> dict[str, t
 
 
 @contextlib.contextmanager
-def _fsdp1(engine: engines.Engine) -> Iterator[dict[str, torch.Tensor]]:
+def _fsdp1(engine: engines.Engine) -> Iterator[dict[str, list[torch.Tensor]]]:
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import _runtime_utils
 
@@ -89,13 +91,14 @@ def _fsdp1(engine: engines.Engine) -> Iterator[dict[str, torch.Tensor]]:
         for name, module in engine.wrapped.named_modules()
         if isinstance(module, FSDP)
     }
-    found: dict[str, torch.Tensor] = {}
+    found: dict[str, list[torch.Tensor]] = {}
     originals = {name: getattr(_runtime_utils, name) for name in ("_reduce_grad", "_reduce_grad_no_shard")}
 
     def recording(name: str) -> Any:
         def record(state: Any, handle: Any) -> Any:
             flat = handle.flat_param.grad.detach()
-            found.update(_split_flat(flat, handle.flat_param, prefixes.get(id(state), "")))
+            for name, grad in _split_flat(flat, handle.flat_param, prefixes.get(id(state), "")).items():
+                found.setdefault(name, []).append(grad)
             return originals[name](state, handle)
 
         return record
