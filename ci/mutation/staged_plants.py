@@ -78,6 +78,19 @@ STAGED_PLANTS: tuple[Plant, ...] = (
         tests=_TESTS,
     ),
     Plant(
+        name="parity_staged_one_reduction_per_step",
+        bug="the staged check bounds an accumulation that reduces every microbatch as if it reduced "
+        "once: the sum of the reductions against the first microbatch's mean, a correct row fails",
+        edits=(
+            _edit(
+                "ranks/staged.py",
+                '    reductions = config.accumulate if config.accumulate > 1 and config.sync == "every" else 1\n',
+                "    reductions = 1  # planted\n",
+            ),
+        ),
+        tests=_TESTS,
+    ),
+    Plant(
         name="parity_staged_never_anchors",
         bug="the reference is never re-anchored to the candidate's state: a reordering's last bits "
         "compound through the steps as in the straight comparison",
