@@ -102,3 +102,16 @@ def test_a_running_statistic_that_moves_otherwise_fails_the_buffer_stage(module_
     result = _run(module_ranks, config, Plant(kind="buffer_ulp"))  # its buffer: a gain
     assert result.status == "fail", result.reason
     assert result.staged is not None and result.staged.findings[0].stage == "buffer", result.staged
+
+
+def test_a_one_ulp_forward_change_a_fallback_tolerance_let_through_fails_and_is_located(module_ranks):
+    """Under fused Adam the straight comparison falls back to the ``fp32`` profile, which a layer
+    whose output moves by one ulp under FSDP2 passes; the staged check's local stage does not, and
+    the failed row is then located to that layer."""
+    config = ParityConfig(optimizer="adam_fused", **_FSDP2)
+    result = _run(module_ranks, config, Plant(kind="output_ulp", module="inner.1.linear", amount=1))
+    assert result.status == "fail", result.reason
+    assert result.staged.findings[0].stage in ("loss", "local"), result.staged.findings
+    assert result.reason.startswith("staged check: step 0"), result.reason
+    assert result.localization is not None and result.localization.first is not None
+    assert result.localization.first.module.startswith("inner.1"), result.localization.describe()

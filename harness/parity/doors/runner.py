@@ -255,12 +255,19 @@ def _localized(judged: list[Judged], execute: Executor, backend: str, world_size
         for verdict, _, _ in judged
         if (step := results.localizable(verdict)) is not None
     ]
+    # A row the staged check judged is located bitwise: its local stage asks for equal bits, so
+    # a module one ulp off is where it broke, whatever fallback the straight comparison used.
+    exact = {v.config.id for v, _, _ in judged if v.staged is not None and not v.staged.error}
     if not requests:
         return judged
     try:
         per_rank = execute(requests, backend, world_size, target=LOCALIZE_TARGET)  # type: ignore[call-arg]
         found = {
-            config.id: pinpoint.locate(step, [rank[index] for rank in per_rank], profiles.profile_for(config))
+            config.id: pinpoint.locate(
+                step,
+                [rank[index] for rank in per_rank],
+                profiles.EXACT if config.id in exact else profiles.profile_for(config),
+            )
             for index, (config, step) in enumerate(requests)
         }
     except BatchFailed as failure:

@@ -178,13 +178,15 @@ def expected_failure(config: ParityConfig) -> str:
 
 def localizable(result: ParityResult) -> int | None:
     """The step to probe module by module when ``result`` failed, else ``None``: the first
-    diverging step, for configurations whose two sides run the same model per rank (not the
-    single-process sparse reference, which runs every rank's batch at once)."""
-    if result.status != "fail" or result.first_diverging_step is None:
+    diverging step (a row only the staged check failed: its first finding's step), for
+    configurations whose two sides run the same model per rank (not the single-process sparse
+    reference, which runs every rank's batch at once)."""
+    if result.status != "fail" or result.config.reference != "ddp":
         return None
-    if result.config.reference != "ddp":
-        return None
-    return result.first_diverging_step
+    if result.first_diverging_step is not None:
+        return result.first_diverging_step
+    found = result.staged  # failed by the staged check alone: where it first did not hold
+    return found.findings[0].step if found is not None and found.findings else None
 
 
 def skipped(config: ParityConfig, reason: str) -> ParityResult:
