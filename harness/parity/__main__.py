@@ -21,7 +21,7 @@ from pathlib import Path
 
 from harness.parity.doors import launched, runner
 from harness.parity.judge.result import ParityResult
-from harness.parity.plan import matrix, workload_matrix
+from harness.parity.plan import matrix, two_d_matrix, workload_matrix
 from harness.parity.plan.config import BACKENDS, SCALERS, ParityConfig, unique, unsupported_reason
 from harness.parity.plan.recipe import RECIPES
 from harness.parity.plan.select import ExpressionError, select
@@ -122,6 +122,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="resume rows for your --workload: the candidate saves after K steps, loads into a fresh "
         "model and trains on, against a run straight through (with its own save/load if it declares them)",
     )
+    parser.add_argument(
+        "--tp",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run your --workload's 2-D matrix instead (needs --world-size 4 or more): FSDP2 + tensor "
+        "parallelism of degree N over its tp_plan, and HSDP (replicate x shard)",
+    )
     options = parser.parse_args(argv)
     options.units = {}
     loop = [name for name in ("accumulate", "sync") if getattr(options, name) is not None]
@@ -151,6 +159,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(
             "--recipe declares the recipe of a --workload's matrix; the embedded matrix's rows of one "
             f"recipe are -k recipe={options.recipe}"
+        )
+    if options.tp is not None and not options.workload:
+        parser.error(
+            "--tp runs a --workload's 2-D matrix (FSDP2 + TP, HSDP); e.g. --workload llama --world-size 4 --tp 2"
+        )
+    if options.tp is not None and (
+        options.tp < 1 or options.world_size < 4 or options.world_size % options.tp
+    ):
+        parser.error(
+            f"--tp {options.tp} needs a 2-D mesh: --world-size 4 or more that --tp divides "
+            f"(got --world-size {options.world_size}); e.g. --world-size 4 --tp 2"
         )
     if options.world_size < 1:
         parser.error(f"--world-size must be >= 1, got {options.world_size}")
@@ -193,6 +212,9 @@ def _matrix(options: argparse.Namespace) -> list[ParityConfig]:
 
                 check(registry.get(name))
             options.units[registry.get(name).name] = units.chosen(name)
+            if options.tp is not None:
+                configs += two_d_matrix.rows(name, tp=options.tp, **kwargs)
+                continue
             configs += workload_matrix.for_workload(
                 name,
                 recipe=options.recipe,

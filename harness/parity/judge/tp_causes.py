@@ -1,0 +1,92 @@
+"""Known causes of tensor-parallel rows: a TP reduction missing, a plan that leaves a module out.
+
+Why apart from ``causes.py``: these read what only a TP row has, the workload's plan (which
+module is split how) next to the localization or the candidate's error, so they need the
+configuration and not only the two records. Controller side; resolving the plan builds the
+workload's model once (only for a failed TP row).
+
+* ``tp_partial_not_reduced``: the first module whose output differs (forward, at the first
+  diverging step) is one the plan splits by rows (``RowwiseParallel``): its output is a sum of
+  partial products across the TP group, and the reference computes that sum; a candidate whose
+  output differs there did not sum them (a missing all-reduce, a style whose output layout is
+  not ``Replicate``).
+* ``tp_plan_incomplete``: a TP candidate crashed on a shape mismatch: a module the model's code
+  needs split was left out of the plan, so it got a TP rank's share of its input (or of the heads)
+  and a whole weight.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from harness.parity.judge.evidence import Cause
+from harness.parity.judge.pinpoint import Localization
+from harness.parity.plan.config import ParityConfig
+from harness.parity.workload import registry, tp_plan
+
+_SHAPES = re.compile(
+    r"size of tensor a \(\d+\) must match|shapes cannot be multiplied|mat1 and mat2|"
+    r"shape '\[.*\]' is invalid for input|Expected size|doesn't match the broadcast shape"
+)
+"""What a shape mismatch says in torch 2.13 (elementwise, matmul, view, broadcast)."""
+
+
+def _styles(config: ParityConfig) -> dict[str, Any]:
+    """``{module name: ParallelStyle}`` of the workload's plan over a freshly built model."""
+    workload = registry.get(config.workload)
+    model = registry.build_model(workload, config.seed)
+    plan = tp_plan.resolve(workload, model)
+    return dict(tp_plan.styled_modules(plan, model))
+
+
+def partial_not_reduced(config: ParityConfig, localization: Localization) -> Cause | None:
+    """The ``tp_partial_not_reduced`` cause when the first diverging module of a TP row is split
+    by rows in its plan."""
+    first = localization.first
+    if config.tp is None or first is None or first.phase != "forward":
+        return None
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    module = first.module.split("#")[0].split("[")[0]
+    style = _styles(config).get(module)
+    if not isinstance(style, RowwiseParallel):
+        return None
+    return Cause(
+        name="tp_partial_not_reduced",
+        evidence=(
+            f"at step {localization.step} the first module whose output differs is {module!r}, which the "
+            f"TP plan splits by rows ({type(style).__name__}); max abs {first.max_abs:.3g} over {first.mismatched} / "
+            f"{first.numel} elements"
+        ),
+        explanation=(
+            "A RowwiseParallel linear computes partial products on each TP rank, and its output is their "
+            "sum across the TP group; the reference (the same linear split the same way, summed) "
+            "differs from the candidate's there, so the partial sums were not reduced: a missing "
+            "all-reduce, or an output layout other than Replicate handed on as if it were whole"
+        ),
+        reference="torch.distributed.tensor.parallel.RowwiseParallel",
+    )
+
+
+def plan_incomplete(config: ParityConfig, candidate_error: str | None) -> Cause | None:
+    """The ``tp_plan_incomplete`` cause when a TP candidate raised on a shape mismatch."""
+    if config.tp is None or not candidate_error:
+        return None
+    found = _SHAPES.search(candidate_error)
+    if found is None:
+        return None
+    line = next(
+        (text.strip() for text in candidate_error.splitlines() if found.group(0) in text), found.group(0)
+    )
+    return Cause(
+        name="tp_plan_incomplete",
+        evidence=f"the TP candidate raised on a shape mismatch: {line[:200]}",
+        explanation=(
+            "A module the model's code needs split was left out of the TP plan (or split another way "
+            "than its neighbours): it received a TP rank's share of its input, or of the heads, and a "
+            "whole weight. Every linear between a ColwiseParallel and the RowwiseParallel that closes "
+            "the block must be in the plan (Megatron's pairs: q, k, v with o; gate, up with down)"
+        ),
+        reference="torch.distributed.tensor.parallel.parallelize_module",
+    )
