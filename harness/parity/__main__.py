@@ -27,7 +27,7 @@ from harness.parity.plan.recipe import RECIPES
 from harness.parity.plan.select import ExpressionError, select
 from harness.parity.ranks import entry
 from harness.parity.report import render
-from harness.parity.workload import registry, units
+from harness.parity.workload import registry, tp_plan, units
 from harness.parity.workload.spec import WorkloadError
 
 
@@ -204,6 +204,7 @@ def _matrix(options: argparse.Namespace) -> list[ParityConfig]:
         return matrix.default_matrix(**kwargs)
     options.recipes = {}
     options.loops = {}
+    options.tp_plans = {}
     configs = []
     for name in options.workload:
         try:
@@ -213,6 +214,10 @@ def _matrix(options: argparse.Namespace) -> list[ParityConfig]:
                 check(registry.get(name))
             options.units[registry.get(name).name] = units.chosen(name)
             if options.tp is not None:
+                workload = registry.get(name)
+                if workload.tp_plan is not None:  # checked here: a plan key that matches nothing exits 2
+                    model = registry.build_model(workload, 0)
+                    options.tp_plans[workload.name] = tp_plan.describe(workload, model)
                 configs += two_d_matrix.rows(name, tp=options.tp, **kwargs)
                 continue
             configs += workload_matrix.for_workload(
@@ -285,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"recipe of {name}: {declared} (under every engine layout)")
             for name, loop in getattr(options, "loops", {}).items():
                 print(f"loop of {name}: {loop} (under every engine layout)")
+            for name, plan in getattr(options, "tp_plans", {}).items():
+                print(f"tp plan of {name}: {plan}")
             print("\n".join(list_workloads()))
         return 0
     import torch
@@ -348,6 +355,7 @@ def _finish(options: argparse.Namespace, results: list[ParityResult], wall: floa
         "units": options.units,
         "recipes": getattr(options, "recipes", {}),
         "loops": getattr(options, "loops", {}),
+        "tp_plans": getattr(options, "tp_plans", {}),
         "launcher": launcher,
         "torch": torch.__version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

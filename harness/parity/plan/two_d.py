@@ -47,10 +47,16 @@ def check(config: Any) -> None:
                 f"{field} must be a degree that divides world_size {config.world_size}, got {value!r} "
                 f"(use one of {[d for d in range(1, config.world_size + 1) if config.world_size % d == 0]})"
             )
-        if config.offload or config.resume_at is not None or config.accumulate > 1 or config.checkpoint:
+        if (
+            config.offload
+            or config.resume_at is not None
+            or config.accumulate > 1
+            or config.checkpoint
+            or config.path != "plain"
+        ):
             raise ValueError(
-                f"{field}={value}: the 2-D rows run the plain loop (no offload, resume, accumulation "
-                "or activation checkpointing)"
+                f"{field}={value}: the 2-D rows run the plain loop (path 'plain'; no offload, resume, "
+                "accumulation or activation checkpointing)"
             )
     if config.hsdp is not None and config.hsdp < 2:
         raise ValueError(
