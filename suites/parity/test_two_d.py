@@ -86,6 +86,9 @@ def test_a_planted_2d_bug_fails_its_row_and_is_named(module_ranks, case):
             [c.name for c in result.causes],
             result.reason,
         )
+    if config.hsdp is not None:  # said in HSDP's terms: the replicas summed, not averaged
+        (named,) = [c for c in result.causes if c.name == "divide_factor"]
+        assert f"{config.hsdp}x the reference's were summed across the replicas" in named.explanation
 
 
 def test_the_2d_matrix_has_hsdp_at_both_sharding_degrees_and_tp_in_every_recipe_and_optimizer():

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from harness.parity.judge import causes, compare, pinpoint, tp_causes
+from harness.parity.judge import causes, compare, pinpoint, two_d_causes
 from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig, poisoned_steps
 from harness.parity.ranks.measure import gap, ulp
@@ -246,8 +246,8 @@ def judge(
     matched = causes.match(
         reference, candidate, comparison, poisoned_steps=poisoned, reduce_dtype=_low_reduce_dtype(config)
     )
-    incomplete = tp_causes.plan_incomplete(config, candidate.error)
-    matched += (incomplete,) if incomplete is not None else ()
+    incomplete = two_d_causes.plan_incomplete(config, candidate.error)
+    matched = two_d_causes.hsdp_factor(config, matched) + ((incomplete,) if incomplete is not None else ())
     first = comparison.first
     result = ParityResult(
         status=status,

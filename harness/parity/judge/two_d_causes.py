@@ -1,15 +1,18 @@
-"""Known causes of tensor-parallel rows: a TP reduction missing, a plan that leaves a module out.
+"""Known causes of 2-D rows: a TP reduction missing, a plan that leaves a module out, HSDP's
+replicas summed instead of averaged.
 
-Why apart from ``causes.py``: these read what only a TP row has, the workload's plan (which
-module is split how) next to the localization or the candidate's error, so they need the
-configuration and not only the two records. Controller side; resolving the plan builds the
-workload's model once (only for a failed TP row).
+Why apart from ``causes.py``: these read what only a 2-D row has, its mesh and the workload's plan
+(which module is split how) next to the localization, the candidate's error or a cause the
+catalogue found, so they need the configuration and not only the two records. Controller side;
+resolving the plan builds the workload's model once (only for a failed TP row).
 
 * ``tp_partial_not_reduced``: the first module whose output differs (forward, at the first
   diverging step) is one the plan splits by rows (``RowwiseParallel``): its output is a sum of
   partial products across the TP group, and the reference computes that sum; a candidate whose
   output differs there did not sum them (a missing all-reduce, a style whose output layout is
   not ``Replicate``).
+* ``divide_factor`` under HSDP (:func:`hsdp_factor`): the catalogue's cause, its explanation
+  narrowed to HSDP's two stages (averaged within the shard group, and again across the replicas).
 * ``tp_plan_incomplete``: a TP candidate crashed on a shape mismatch: a module the model's code
   needs split was left out of the plan, so it got a TP rank's share of its input (or of the heads)
   and a whole weight.
@@ -17,6 +20,7 @@ workload's model once (only for a failed TP row).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -89,4 +93,24 @@ def plan_incomplete(config: ParityConfig, candidate_error: str | None) -> Cause 
             "the block must be in the plan (Megatron's pairs: q, k, v with o; gate, up with down)"
         ),
         reference="torch.distributed.tensor.parallel.parallelize_module",
+    )
+
+
+def hsdp_factor(config: ParityConfig, found: tuple[Cause, ...]) -> tuple[Cause, ...]:
+    """``found`` with a ``divide_factor`` cause of an HSDP row explained in HSDP's terms."""
+    if config.hsdp is None:
+        return found
+    shard = config.world_size // config.hsdp
+    note = (
+        f". Under HSDP ({config.hsdp} replicas x {shard} shards) FSDP2 averages within the shard group "
+        f"(reduce-scatter) and again across the replicas (all-reduce): gradients {config.hsdp}x the "
+        "reference's were summed across the replicas, as FSDP's divide factor (the shard group's size) "
+        "used for HSDP does (pytorch/pytorch#155903), or as a factor lost at a sharding degree of 1 "
+        "does (pytorch/pytorch#167178)"
+    )
+    return tuple(
+        dataclasses.replace(cause, explanation=cause.explanation + note)
+        if cause.name == "divide_factor"
+        else cause
+        for cause in found
     )
