@@ -214,10 +214,11 @@ def _matrix(options: argparse.Namespace) -> list[ParityConfig]:
                 check(registry.get(name))
             options.units[registry.get(name).name] = units.chosen(name)
             if options.tp is not None:
+                # Checked here: no plan, an "auto" plan the model lacks or a key that matches
+                # nothing exits 2 naming the fix.
                 workload = registry.get(name)
-                if workload.tp_plan is not None:  # checked here: a plan key that matches nothing exits 2
-                    model = registry.build_model(workload, 0)
-                    options.tp_plans[workload.name] = tp_plan.describe(workload, model)
+                model = registry.build_model(workload, 0)
+                options.tp_plans[workload.name] = tp_plan.describe(workload, model)
                 configs += two_d_matrix.rows(name, tp=options.tp, **kwargs)
                 continue
             configs += workload_matrix.for_workload(

@@ -134,6 +134,10 @@ def test_the_cli_runs_the_2d_matrix_with_tp_and_says_the_plan():
     [
         (("--tp", "2", "--world-size", "4"), "--tp runs a --workload's 2-D matrix"),
         (("--workload", "llama", "--tp", "2"), "--world-size 4 or more"),
+        (
+            ("--workload", "mlp", "--tp", "2", "--world-size", "4"),
+            "'mlp' has no tp_plan: give it Workload(tp_plan=",
+        ),
     ],
 )
 def test_the_cli_refuses_tp_without_a_workload_or_a_2d_world(args, words):
