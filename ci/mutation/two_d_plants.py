@@ -28,8 +28,8 @@ TWO_D_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/sides/tensor_parallel.py",
-                '        module.forward = (_columns if kind == "colwise" else _rows)(module, parts)',
-                "        pass  # planted",
+                "        kind = _kind(name, module, style, parts)\n",
+                '        kind = "layout"  # planted\n',
             ),
         ),
         tests=(_TWO_D,),

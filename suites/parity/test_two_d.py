@@ -27,6 +27,12 @@ CORRECT = [
     SMOKE,
     ParityConfig(hsdp=2, precision="bf16", optimizer="adamw", **_COMMON),
     ParityConfig(hsdp=4, precision="fp32", optimizer="sgd", **_COMMON),
+    ParityConfig(
+        **{**_COMMON, "workload": "fixtures.two_d_workloads:llama_sp"},
+        tp=2,
+        precision="bf16",
+        optimizer="sgd",
+    ),
 ]
 PLANTS = {
     "hsdp2x2_divides_by_the_shard_group": (
@@ -48,6 +54,15 @@ PLANTS = {
         ParityConfig(tp=2, precision="bf16", optimizer="sgd", **_COMMON),
         TwoDPlant(kind="tp_module_left_out", module="layers.*.ffn.up"),
         "tp_plan_incomplete",
+    ),
+    "sp_norm_left_out": (
+        ParityConfig(
+            **{**_COMMON, "workload": "fixtures.two_d_workloads:llama_sp_norm_left_out"},
+            tp=2,
+            optimizer="sgd",
+        ),
+        TwoDPlant(kind="none"),
+        "tp_grad_not_reduced",
     ),
     "reference_without_tp_split": (
         ParityConfig(tp=2, optimizer="sgd", **_COMMON),

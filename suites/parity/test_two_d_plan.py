@@ -117,8 +117,8 @@ def test_the_twin_refuses_a_style_it_cannot_mirror_before_training():
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4, bias=True))
     with pytest.raises(ValueError, match="RowwiseParallel nn.Linear with a bias"):
         tensor_parallel.mirror(model, {"1": RowwiseParallel()}, 2)
-    with pytest.raises(ValueError, match="default layouts"):
-        tensor_parallel.mirror(model, {"0": ColwiseParallel(use_local_output=False)}, 2)
+    with pytest.raises(ValueError, match="is a Conv1d under ColwiseParallel"):
+        tensor_parallel.mirror(nn.Sequential(nn.Conv1d(4, 4, 1)), {"0": ColwiseParallel()}, 2)
 
 
 def test_the_cli_runs_the_2d_matrix_with_tp_and_says_the_plan():

@@ -1,6 +1,7 @@
 """The ``two_d`` tier (``make two-d``): the whole 2-D matrix at world size 4 of the built-in
 Llama-style decoder and of tiny Hugging Face Llama (its plan read from ``base_model_tp_plan``):
-HSDP 2 x 2 and 4 x 1 and FSDP2 + TP dp 2 x tp 2, in fp32, bf16 and bf16 reducing in float32, SGD
+HSDP 2 x 2 and 4 x 1 and FSDP2 + TP dp 2 x tp 2 (and the decoder's TP rows again under a
+sequence-parallel plan), in fp32, bf16 and bf16 reducing in float32, SGD
 and AdamW, under the scaler, and an inf on one rank. Every row must pass bitwise (``exact``): the
 references mirror HSDP's two stages and TP's split matmuls (``test_two_d.py`` says why, and plants
 the bugs these rows would show).
@@ -20,7 +21,10 @@ pytestmark = pytest.mark.two_d
 
 HF_LLAMA = "suites.models.workloads:llama"
 WORKLOADS = ["llama"] + ([HF_LLAMA] if importlib.util.find_spec("transformers") is not None else [])
+SEQUENCE_PARALLEL = "fixtures.two_d_workloads:llama_sp"
+"""The decoder under torchtitan's sequence-parallel plan (its TP rows; its HSDP rows are llama's)."""
 ROWS = [config for workload in WORKLOADS for config in two_d_matrix.rows(workload, world_size=4)]
+ROWS += [config for config in two_d_matrix.rows(SEQUENCE_PARALLEL, world_size=4) if config.tp is not None]
 
 
 @pytest.fixture(scope="module")

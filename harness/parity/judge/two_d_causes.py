@@ -13,6 +13,10 @@ resolving the plan builds the workload's model once (only for a failed TP row).
   not ``Replicate``).
 * ``divide_factor`` under HSDP (:func:`hsdp_factor`): the catalogue's cause, its explanation
   narrowed to HSDP's two stages (averaged within the shard group, and again across the replicas).
+* ``tp_grad_not_reduced`` (:func:`grad_not_reduced`): at step 0 the losses match but the gradient
+  of a parameter the plan does not split differs: a parameter replicated across the TP group whose
+  gradient was computed from a TP rank's share (of the positions, under a sequence-parallel plan)
+  and never summed across the group (a norm left out of ``SequenceParallel``).
 * ``tp_plan_incomplete``: a TP candidate crashed on a shape mismatch: a module the model's code
   needs split was left out of the plan, so it got a TP rank's share of its input (or of the heads)
   and a whole weight.
@@ -113,4 +117,44 @@ def hsdp_factor(config: ParityConfig, found: tuple[Cause, ...]) -> tuple[Cause, 
         if cause.name == "divide_factor"
         else cause
         for cause in found
+    )
+
+
+def grad_not_reduced(config: ParityConfig, comparison: Any, losses_equal: bool) -> Cause | None:
+    """The ``tp_grad_not_reduced`` cause: a TP row whose first divergence is at step 0, with equal
+    losses, on gradients of parameters of modules the plan leaves whole (``comparison``: the
+    judge's; ``losses_equal``: every rank's step-0 loss bitwise equal)."""
+    first = comparison.first
+    if config.tp is None or first is None or first.step != 0 or not losses_equal:
+        return None
+    differing = [d.name for d in comparison.at_first if d.kind == "grad" and d.mismatched]
+    if not differing:
+        return None
+    styles = _styles(config)
+    whole = [name for name in differing if name.rsplit(".", 1)[0] not in styles]
+    if not whole:
+        return None
+    from torch.distributed.tensor.parallel import SequenceParallel
+
+    sequence = any(isinstance(style, SequenceParallel) for style in styles.values())
+    modules = sorted({name.rsplit(".", 1)[0] for name in whole})
+    return Cause(
+        name="tp_grad_not_reduced",
+        evidence=(
+            f"at step 0 every loss matches, but the gradients of {', '.join(whole[:4])} differ, and the TP "
+            f"plan leaves {', '.join(modules[:4])} whole"
+            + (" under a sequence-parallel plan" if sequence else "")
+        ),
+        explanation=(
+            "A parameter replicated on every TP rank whose gradient was computed from that rank's share "
+            "(of the positions, under sequence parallelism) and never summed across the TP group: FSDP "
+            "reduces it over the data-parallel group only. "
+            + (
+                f"Under a sequence-parallel plan, make {modules[0]} SequenceParallel (its weight's "
+                "gradient is then summed across the group)"
+                if sequence
+                else "Put the module in the plan, or all-reduce its gradient over the TP group"
+            )
+        ),
+        reference="torch.distributed.tensor.parallel.SequenceParallel",
     )

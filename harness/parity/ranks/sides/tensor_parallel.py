@@ -15,9 +15,11 @@ What the twin takes from the candidate: the plan (which modules, which style), a
 the shapes of the parts are derived from the weight and ``T``. So a candidate whose partial sums
 are not reduced, or whose plan leaves a module out that the model's code needs split, differs.
 
-The styles the twin mirrors: ``ColwiseParallel`` and ``RowwiseParallel`` with their default
-layouts on ``nn.Linear`` (what Llama-style plans and Hugging Face's ``colwise``/``rowwise`` use);
-any other style or module is refused with its name, before training.
+The styles the twin mirrors: ``ColwiseParallel`` and ``RowwiseParallel`` on ``nn.Linear`` (any
+layouts: what they move changes no value) and on ``nn.Embedding`` (a vocabulary split adds zeros),
+``SequenceParallel`` (the module run on each share of the sequence, its weight's gradient the sum
+of the shares'), ``PrepareModuleInput``/``PrepareModuleOutput`` (data moved, nothing computed); any
+other style or module is refused with its name, before training.
 """
 
 from __future__ import annotations
@@ -57,10 +59,11 @@ class FSDP2TP(FSDP2):
         self.plan_text = ", ".join(f"{key} {type(style).__name__}" for key, style in plan.items())
         parallelize_module(module, mesh["tp"], plan)
         self.tp_group = mesh["tp"].get_group()
-        self.sharded_outputs = {
-            name for name, style in tp_plan.styled_modules(plan, module) if _is_colwise(style)
-        }
+        styled = tp_plan.styled_modules(plan, module)
+        self.column_outputs = {name for name, style in styled if _is_colwise(style)}
         """The modules whose outputs (and their gradients) are a TP rank's share of the last dim."""
+        self.sequence_dim = next((s.sequence_sharding[0].dim for _, s in styled if _is_sequence(s)), None)
+        """Under a sequence-parallel plan, the dim along which activations between blocks are shared."""
         kwargs: dict[str, Any] = {"mesh": mesh["dp"], "reshard_after_forward": config.reshard_after_forward}
         if config.policy is not None:
             from harness.parity.ranks.sides import twin
@@ -72,41 +75,78 @@ class FSDP2TP(FSDP2):
         return module
 
     def observed(self, module: str, tensor: torch.Tensor) -> torch.Tensor:
-        """A ``ColwiseParallel`` module's output, or its gradient, gathered along the last dim over
-        the TP group (collective: every TP rank probes the same modules in the same order)."""
-        if module not in self.sharded_outputs:
-            return tensor
+        """An activation (or its gradient) whole: a plain tensor the TP ranks hold differently is
+        each rank's share, gathered over the TP group along the last dim (a ``ColwiseParallel``
+        output) or the sequence dim (between the blocks of a sequence-parallel plan); one the ranks
+        hold alike is whole already; a DTensor is gathered by the probe. Collective: every TP rank
+        probes the same modules in the same order."""
         import torch.distributed as dist
 
+        if hasattr(tensor, "full_tensor"):
+            return tensor
         parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(self.tp_group))]
         dist.all_gather(parts, tensor.detach().contiguous(), group=self.tp_group)
-        return torch.cat(parts, -1)
+        if all(torch.equal(parts[0], part) for part in parts[1:]):
+            return tensor
+        dim = -1 if module in self.column_outputs else self.sequence_dim
+        return tensor if dim is None else torch.cat(parts, dim)
 
     def plan(self, module: nn.Module) -> dict[str, Any]:
         """The workload's plan over ``module`` (``"auto"`` read from it), checked against its names."""
         return tp_plan.resolve(self.workload, module)
 
 
-class _Identity(torch.autograd.Function):
-    """One autograd node in front of a column-split linear: the gradient of its input is the sum of
-    the parts' gradients, made here as one node's, as the candidate's TP all-reduce makes it,
-    before autograd adds it to the gradients of the input's other consumers."""
+class _FanOut(torch.autograd.Function):
+    """One copy of ``x`` per TP rank, as one autograd node: each copy collects the gradients one TP
+    rank computes locally from its share of the weights (summed in the order autograd delivers
+    them, as that rank's autograd does), and the node sums the ranks' totals, as the TP all-reduce
+    (or reduce-scatter) of the ``Partial`` gradient does, before autograd adds the result to the
+    gradients of the input's other consumers."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return x.view_as(x)
+    def forward(ctx: Any, x: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        return tuple(x.view_as(x) for _ in range(parts))
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return grad
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, None]:  # type: ignore[override]
+        held = [grad for grad in grads if grad is not None]
+        total = held[0] if held else None
+        for grad in held[1:]:
+            total = total + grad
+        return total, None
+
+
+_SHARES: dict[int, tuple[torch.Tensor, ...]] = {}
+"""The per-rank copies of a tensor an enclosing ``PrepareModuleInput`` made ``Replicate`` (by the
+``id`` of the copy its module's code receives), while that module runs: the column-split linears
+inside take their rank's copy, so each rank's partial gradients are summed before the ranks'."""
 
 
 def _columns(module: nn.Linear, parts: int) -> Any:
     def forward(x: torch.Tensor) -> torch.Tensor:
-        x = _Identity.apply(x)
+        shares = _SHARES.get(id(x)) or _FanOut.apply(x, parts)
         weights = module.weight.chunk(parts, 0)
         biases = module.bias.chunk(parts, 0) if module.bias is not None else [None] * parts
-        return torch.cat([F.linear(x, w.contiguous(), b) for w, b in zip(weights, biases, strict=True)], -1)
+        return torch.cat(
+            [F.linear(share, w.contiguous(), b) for share, w, b in zip(shares, weights, biases, strict=True)],
+            -1,
+        )
+
+    return forward
+
+
+def _replicated_input(module: nn.Module, parts: int) -> Any:
+    """A module whose ``PrepareModuleInput`` hands its code a ``Replicate`` DTensor: the TP
+    reduction of its input's gradient happens here, once for every column-split linear inside."""
+    inner = module.forward
+
+    def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        shares = _FanOut.apply(x, parts)
+        _SHARES[id(shares[0])] = shares
+        try:
+            return inner(shares[0], *args, **kwargs)
+        finally:
+            del _SHARES[id(shares[0])]
 
     return forward
 
@@ -129,11 +169,49 @@ def _is_colwise(style: Any) -> bool:
     return isinstance(style, ColwiseParallel)
 
 
-def _check_style(name: str, module: nn.Module, style: Any, parts: int) -> str:
-    """``colwise`` or ``rowwise`` for a style the twin mirrors; else a ValueError naming it."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+def _is_sequence(style: Any) -> bool:
+    from torch.distributed.tensor.parallel import SequenceParallel
 
+    return isinstance(style, SequenceParallel)
+
+
+def _sequence(module: nn.Module, dim: int, parts: int) -> Any:
+    """A ``SequenceParallel`` module (a norm) run on each TP rank's share of the sequence: the parts
+    computed apart and joined, so its weight's gradient is the sum of the parts' (two addends)."""
+    inner = module.forward
+
+    def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.cat([inner(piece.contiguous(), *args, **kwargs) for piece in x.chunk(parts, dim)], dim)
+
+    return forward
+
+
+def _kind(name: str, module: nn.Module, style: Any, parts: int) -> str:
+    """How the twin computes ``module`` under ``style``: ``colwise``/``rowwise`` (a linear split),
+    ``sequence`` (run per sequence share), ``layout`` (the style moves data only: the twin's
+    values are already whole); else a ValueError naming the style."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    if isinstance(style, PrepareModuleInput):
+        from torch.distributed.tensor import Replicate
+
+        desired = tuple(style.desired_input_layouts or ())
+        gathered = bool(desired) and isinstance(desired[0], Replicate) and not style.use_local_output
+        return "replicated" if gathered else "layout"
+    if isinstance(style, PrepareModuleOutput):
+        return "layout"
+    if isinstance(style, SequenceParallel):
+        return "sequence"
+    if isinstance(style, (ColwiseParallel, RowwiseParallel)) and isinstance(module, nn.Embedding):
+        # A vocabulary split sums one looked-up row with zeros, an embedding-dim split joins
+        # columns: both exact, the whole lookup's values.
+        return "layout"
     kind = (
         "colwise"
         if isinstance(style, ColwiseParallel)
@@ -141,20 +219,11 @@ def _check_style(name: str, module: nn.Module, style: Any, parts: int) -> str:
         if isinstance(style, RowwiseParallel)
         else None
     )
-    defaults = {
-        "colwise": ((Replicate(),), (Shard(-1),)),
-        "rowwise": ((Shard(-1),), (Replicate(),)),
-    }
     if kind is None or not isinstance(module, nn.Linear):
         raise ValueError(
             f"tp_plan: {name!r} is a {type(module).__name__} under {type(style).__name__}; the reference "
-            "mirrors ColwiseParallel and RowwiseParallel on nn.Linear (leave other modules out of the plan)"
-        )
-    layouts = (tuple(style.input_layouts), tuple(style.output_layouts))
-    if layouts != defaults[kind] or not style.use_local_output:
-        raise ValueError(
-            f"tp_plan: {name!r} uses {type(style).__name__} with input/output layouts {layouts}; the "
-            f"reference mirrors the default layouts {defaults[kind]} with use_local_output=True"
+            "mirrors ColwiseParallel and RowwiseParallel on nn.Linear and nn.Embedding, SequenceParallel, "
+            "PrepareModuleInput and PrepareModuleOutput (leave other modules out of the plan)"
         )
     if kind == "rowwise" and module.bias is not None:
         raise ValueError(
@@ -171,13 +240,24 @@ def _check_style(name: str, module: nn.Module, style: Any, parts: int) -> str:
 
 
 def mirror(model: nn.Module, plan: dict[str, Any], parts: int) -> list[tuple[str, str]]:
-    """Make every linear ``plan`` parallelizes in ``model`` (the reference's trained module)
-    compute as the plan splits it over ``parts`` TP ranks; ``[(module name, "colwise"|"rowwise")]``."""
+    """Make every module ``plan`` parallelizes in ``model`` (the reference's trained module) compute
+    as the plan splits it over ``parts`` TP ranks; ``[(module name, how)]``.
+
+    The layouts a style moves data between (all-gathers, the chunks of a redistribution, a
+    reduce-scatter's two addends) change no value, so a linear is mirrored by its split whatever
+    its input and output layouts; a ``SequenceParallel`` module runs per sequence share."""
     modules = dict(model.named_modules())
     done = []
     for name, style in tp_plan.styled_modules(plan, model):
         module = modules[name]
-        kind = _check_style(name, module, style, parts)
-        module.forward = (_columns if kind == "colwise" else _rows)(module, parts)  # type: ignore[method-assign]
+        kind = _kind(name, module, style, parts)
+        if kind == "colwise":
+            module.forward = _columns(module, parts)  # type: ignore[method-assign, arg-type]
+        elif kind == "rowwise":
+            module.forward = _rows(module, parts)  # type: ignore[method-assign, arg-type]
+        elif kind == "replicated":
+            module.forward = _replicated_input(module, parts)  # type: ignore[method-assign]
+        elif kind == "sequence":
+            module.forward = _sequence(module, style.sequence_sharding[0].dim, parts)  # type: ignore[method-assign]
         done.append((name, kind))
     return done

@@ -134,6 +134,38 @@ def tp_plan() -> dict[str, object]:
     return plan
 
 
+def sequence_parallel_plan() -> dict[str, object]:
+    """:func:`tp_plan` with sequence parallelism, as torchtitan writes it: between the blocks each
+    TP rank holds its share of the positions (``Shard(1)``), the norms run on that share
+    (``SequenceParallel``, their weights' gradients summed across the TP group), each block
+    all-gathers its input and its closing linear reduce-scatters its output. The embedding and the
+    tied head stay whole: the first layer takes its share of the embedded positions, the head
+    all-gathers them back."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, RowwiseParallel, SequenceParallel
+
+    def gather_input() -> PrepareModuleInput:
+        return PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+
+    plan: dict[str, object] = {
+        "layers.0": PrepareModuleInput(
+            input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True
+        ),
+        **tp_plan(),
+        "layers.*.attention_norm": SequenceParallel(),
+        "layers.*.attention": gather_input(),
+        "layers.*.attention.o": RowwiseParallel(output_layouts=Shard(1)),
+        "layers.*.ffn_norm": SequenceParallel(),
+        "layers.*.ffn": gather_input(),
+        "layers.*.ffn.down": RowwiseParallel(output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+        ),
+    }
+    return plan
+
+
 def llama() -> Workload:
     return Workload(
         name="llama",
