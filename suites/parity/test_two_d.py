@@ -111,6 +111,6 @@ def test_the_2d_matrix_has_hsdp_at_both_sharding_degrees_and_tp_in_every_recipe_
     assert {"hsdp2x2", "hsdp4x1", "tp2"} <= {part for i in ids for part in i.split("-")}
     tp_rows = [c for c in two_d_matrix.rows("llama", world_size=4) if c.tp == 2 and not c.faults]
     assert {(c.recipe_name, c.optimizer) for c in tp_rows} == {
-        (r, o) for r in ("fp32", "pure-bf16", "bf16-reduce32") for o in ("sgd", "adamw")
+        (r, o) for r in ("fp32", "pure-bf16", "bf16-reduce32", "pure-fp16") for o in ("sgd", "adamw")
     }
     assert two_d_matrix.rows("llama", world_size=2) == []

@@ -147,7 +147,7 @@ def test_the_cli_refuses_tp_without_a_workload_or_a_2d_world(args, words):
 
 def test_parity_test_with_tp_expands_the_2d_matrix_and_refuses_a_1d_world():
     configs = pytest_plugin._configs("llama", {"tp": 2, "world_size": 4, "k": "tp2"})
-    assert {c.tp for c in configs} == {2} and len(configs) == 7
+    assert {c.tp for c in configs} == {2} and len(configs) == 9
     with pytest.raises(
         ValueError, match=r"world_size=4 or more.*parity_test\(workload, tp=2, world_size=4\)"
     ):

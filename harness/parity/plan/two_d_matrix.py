@@ -3,7 +3,7 @@
 Why a matrix of its own: a 2-D mesh needs at least four ranks, so these rows run where the world
 size allows (``make two-d``, ``--world-size 4 --tp 2``), apart from the 2-rank matrix every
 workload gets. The axes are the ones large runs use (torchtitan's Llama recipes): float32, bf16
-and bf16 reducing in float32, SGD with momentum and AdamW, each under the scaler, plus an inf on
+and bf16 reducing in float32 (and fp16), SGD with momentum and AdamW, each under the scaler, plus an inf on
 one rank so the skip is agreed across a 2-D mesh. HSDP comes twice: ``2 x world/2`` and
 ``world x 1`` (a sharding degree of 1, where pytorch/pytorch#167178 lost a divide factor).
 """
@@ -13,8 +13,13 @@ from __future__ import annotations
 from harness.parity.plan.config import Fault, ParityConfig, unique
 from harness.parity.workload import registry
 
-RECIPES = (("fp32", "pure"), ("bf16", "pure"), ("bf16", "reduce32"))
-"""``(precision, recipe)``: float32, pure bf16, bf16 reducing in float32."""
+RECIPES = (("fp32", "pure"), ("bf16", "pure"), ("bf16", "reduce32"), ("fp16", "pure"))
+"""``(precision, recipe)``: float32, pure bf16, bf16 reducing in float32, and fp16, where FSDP2
+divides before and after its sums (HSDP: a power of two before the reduce-scatter, the rest after
+the all-reduce) and the scaler skips what overflows."""
+FP16_INIT_SCALE = 2.0**8
+"""fp16 rows start at this loss scale: at the default 2**16 the built-in decoder's gradients
+overflow for the first five steps (measured), and a row that skips every step trains nothing."""
 OPTIMIZERS = ("sgd", "adamw")
 
 
@@ -52,7 +57,14 @@ def rows(
         meshes.append({"tp": tp})
     optimizers = ("own",) if spec.optimizer is not None else OPTIMIZERS
     configs = [
-        ParityConfig(precision=precision, recipe=recipe, optimizer=optimizer, **mesh, **common)  # type: ignore[arg-type]
+        ParityConfig(
+            precision=precision,
+            recipe=recipe,
+            optimizer=optimizer,
+            init_scale=FP16_INIT_SCALE if precision == "fp16" else 2.0**16,
+            **mesh,  # type: ignore[arg-type]
+            **common,  # type: ignore[arg-type]
+        )
         for mesh in meshes
         for precision, recipe in RECIPES
         for optimizer in optimizers
