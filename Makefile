@@ -17,7 +17,7 @@ export MKL_NUM_THREADS ?= 1
 export PYTHONUNBUFFERED := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup parity test e2e world-sizes two-d property test-gpu models gate kernels mutation bench demo lint clean
+.PHONY: help setup parity test e2e world-sizes reshard two-d property test-gpu models gate kernels mutation bench demo lint clean
 
 help: ## list the targets and what each does
 	@echo "usage: make <target> [VARIABLE=value ...]"
@@ -55,13 +55,17 @@ e2e: setup ## the end-to-end tests make test leaves out (-m e2e): inner sessions
 	$(PY) -m pytest suites -q -m e2e
 
 # make world-sizes [WS8_K='fsdp2 and sgd'] [REPORTS=reports]; reports in $(REPORTS)/ws4 and $(REPORTS)/ws8
-# The resume rows stay at 4: at 8 ranks FSDP1's fp16 resume rows crash in the DCP load on rank 7
-# ("Missing key in checkpoint state_dict: optim.param_groups"), an open finding of the resume work.
-WS8_K = not adam and not offload and not resume
-world-sizes: setup ## parity past 2 ranks: the default matrix at world size 4, its WS8_K rows at 8, and the tests marked world_sizes
+WS8_K = not adam and not offload
+world-sizes: setup ## parity past 2 ranks: the default matrix at world size 4, its WS8_K rows at 8, and the tests marked world_sizes but not reshard
 	$(PY) -m harness.parity --backend gloo --world-size 4 --out $(REPORTS)/ws4
 	$(PY) -m harness.parity --backend gloo --world-size 8 --out $(REPORTS)/ws8 -k "$(WS8_K)"
-	$(PY) -m pytest suites -q -m world_sizes
+	$(PY) -m pytest suites -q -m "world_sizes and not reshard"
+
+# make reshard [REPORTS=reports]; reports in $(REPORTS)/reshard. Each row runs two rank calls, one per
+# world size; its tests are marked world_sizes too, so make test leaves them out.
+reshard: setup ## resume across world sizes: rows saved at 4 ranks and loaded at 2, and 2 -> 4, then the tests marked reshard
+	$(PY) -m harness.parity --reshard --out $(REPORTS)/reshard
+	$(PY) -m pytest suites -q -m reshard
 
 # make two-d [REPORTS=reports]; the built-in decoder's 2-D matrix report in $(REPORTS)/two-d
 two-d: setup ## 2-D layouts at world size 4: HSDP (2x2, 4x1) and FSDP2 + tensor parallelism (2x2) of the built-in decoder and tiny HF Llama, and every 2-D plant (-m two_d)

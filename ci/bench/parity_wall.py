@@ -189,7 +189,9 @@ def _planted_executor(pool: object, plant: object) -> runner.Executor:
     from harness.spec import DistConfig
 
     def execute(batch, backend, world_size, target=runner.RANK_TARGET):  # type: ignore[no-untyped-def]
-        name = "localize_batch" if target == runner.LOCALIZE_TARGET else "run_batch"
+        name = {runner.LOCALIZE_TARGET: "localize_batch", runner.STAGED_TARGET: "staged_batch"}.get(
+            target, "run_batch"
+        )
         config = DistConfig(
             world_size=world_size, backend=backend, deadline_s=300.0, collective_timeout_s=60.0
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 from ci.mutation.edits import Edit, Plant, PlantError, apply
 from ci.mutation.engine_plants import ENGINE_PLANTS
 from ci.mutation.resume_plants import RESUME_PLANTS
+from ci.mutation.staged_plants import STAGED_PLANTS
 from ci.mutation.two_d_plants import TWO_D_PLANTS
 from ci.mutation.world_size_plants import WORLD_SIZE_PLANTS
 from harness.parity.plan import matrix
@@ -415,6 +416,7 @@ PLANTS: tuple[Plant, ...] = (
     *_SCALER_PLANTS,
     *ENGINE_PLANTS,
     *WORLD_SIZE_PLANTS,
+    *STAGED_PLANTS,
     *RESUME_PLANTS,
     *TWO_D_PLANTS,
 )

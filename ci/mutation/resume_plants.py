@@ -16,6 +16,7 @@ _PARITY = "harness/parity"
 _ROWS = "suites/parity/test_resume.py"
 _JUDGE = "suites/parity/test_resume_judge.py"
 _CAUSES = "suites/parity/test_resume_causes.py"
+_RESHARD = "suites/parity/test_reshard.py"
 
 
 def _edit(file: str, old: str, new: str) -> Edit:
@@ -28,7 +29,7 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         bug="the DCP load restores the model and the scaler but not the optimizer (moments back at zero)",
         edits=(
             _edit(
-                "ranks/sides/resume_store.py",
+                "ranks/restart/resume_store.py",
                 '        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])\n',
                 '        set_model_state_dict(model, state["model"])  # planted\n',
             ),
@@ -40,7 +41,7 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         bug="the name-keyed load hands the optimizer its moments but resets every step count",
         edits=(
             _edit(
-                "ranks/sides/resume_store.py",
+                "ranks/restart/resume_store.py",
                 "key: self._like(value, param) for key, value in sharded.local_optimizer.state[local].items()\n",
                 'key: torch.zeros_like(value) if key == "step" else self._like(value, param)  # planted\n'
                 "                for key, value in sharded.local_optimizer.state[local].items()\n",
@@ -53,7 +54,7 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         bug="the DCP load never loads the scaler's state: the scale is back at its initial value",
         edits=(
             _edit(
-                "ranks/sides/resume_store.py",
+                "ranks/restart/resume_store.py",
                 'optim_state_dict=state["optim"])\n        scaler.load_state_dict(state["scaler"])\n',
                 'optim_state_dict=state["optim"])  # planted: the scaler is not loaded\n',
             ),
@@ -65,8 +66,8 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         bug="the loop's saved RNG state is not restored: dropout after resuming draws other masks",
         edits=(
             _edit(
-                "ranks/sides/resume.py",
-                '            self.rng.state = state["rng"]\n',
+                "ranks/restart/resume.py",
+                "            self.rng.state = rng\n",
                 "            pass  # planted\n",
             ),
         ),
@@ -77,7 +78,7 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         bug="the load runs after the first resumed step: that step trains the fresh model's weights",
         edits=(
             _edit(
-                "ranks/sides/resume.py",
+                "ranks/restart/resume.py",
                 "        self._load(base, folder, store, engine, optimizers[0], scaler, step)\n",
                 "        self.pending.insert(0, functools.partial(self._load, base, folder, store, engine, "
                 "optimizers[0], scaler, step))  # planted\n",
@@ -90,7 +91,7 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         bug="the LR schedulers' saved states are not restored: they start again from their first epoch",
         edits=(
             _edit(
-                "ranks/sides/resume.py",
+                "ranks/restart/resume.py",
                 "            scheduler.load_state_dict(saved)\n",
                 "            pass  # planted\n",
             ),
@@ -102,7 +103,7 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         bug="the name-keyed load restores the optimizer and the scaler but never the model's weights",
         edits=(
             _edit(
-                "ranks/sides/resume_store.py",
+                "ranks/restart/resume_store.py",
                 '        set_model_state_dict(model, state["model"])\n',
                 "        pass  # planted\n",
             ),
@@ -114,7 +115,7 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         bug="a load into another layout that put the saved values in other rows is reported as weights never loaded",
         edits=(
             _edit(
-                "ranks/sides/resume.py",
+                "ranks/restart/resume_state.py",
                 "        same_values = mine is not None and torch.equal(",
                 "        same_values = False and torch.equal(  # planted",
             ),
@@ -138,11 +139,37 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         bug="the resumed step's audits never reach the record: the causes have nothing to read",
         edits=(
             _edit(
-                "ranks/sides/resume.py",
+                "ranks/restart/resume.py",
                 '            found["resume"] = self._audit\n',
                 "            pass  # planted\n",
             ),
         ),
         tests=(_ROWS,),
+    ),
+    Plant(
+        name="resume_reshard_shard_misplaced_unnamed",
+        bug="a load at another world size that put the saved values in another rank's place is "
+        "reported as weights never loaded",
+        edits=(
+            _edit(
+                "ranks/restart/reshard.py",
+                "        return saved.numel() > 1 and torch.equal(",
+                "        return False and torch.equal(  # planted\n            ",
+            ),
+        ),
+        tests=(_RESHARD,),
+    ),
+    Plant(
+        name="resume_reshard_reference_optimizer_fresh",
+        bug="the reference that changes world size takes over its weights and scaler but not its "
+        "optimizer: a correct resharded row fails against a reference whose moments restarted",
+        edits=(
+            _edit(
+                "ranks/restart/reshard.py",
+                '    optimizer.load_state_dict(whole["optimizer"])\n',
+                "    pass  # planted\n",
+            ),
+        ),
+        tests=(_RESHARD,),
     ),
 )

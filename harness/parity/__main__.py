@@ -21,7 +21,7 @@ from pathlib import Path
 
 from harness.parity.doors import launched, runner
 from harness.parity.judge.result import ParityResult
-from harness.parity.plan import matrix, two_d_matrix, workload_matrix
+from harness.parity.plan import matrix, resume_matrix, two_d_matrix, workload_matrix
 from harness.parity.plan.config import BACKENDS, SCALERS, ParityConfig, unique, unsupported_reason
 from harness.parity.plan.recipe import RECIPES
 from harness.parity.plan.select import ExpressionError, select
@@ -130,7 +130,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="run your --workload's 2-D matrix instead (needs --world-size 4 or more): FSDP2 + tensor "
         "parallelism of degree N over its tp_plan, and HSDP (replicate x shard)",
     )
+    parser.add_argument(
+        "--reshard",
+        action="store_true",
+        help="the resharded resume rows instead of the embedded matrix: saved at world size 4 and "
+        "loaded at 2, and 2 -> 4 (two rank calls each, so --world-size does not apply; not under torchrun)",
+    )
     options = parser.parse_args(argv)
+    if options.reshard and (options.workload or launched.launched()):
+        parser.error(
+            "--reshard runs the embedded resharded rows on the rank pool: not with --workload or torchrun"
+        )
     options.units = {}
     loop = [name for name in ("accumulate", "sync") if getattr(options, name) is not None]
     loop += ["checkpoint"] if options.checkpoint else []
@@ -200,6 +210,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _matrix(options: argparse.Namespace) -> list[ParityConfig]:
     """The embedded matrix, or every ``--workload``'s (each checked first: :class:`BadWorkload`)."""
     kwargs = {"world_size": options.world_size, "backend": options.backend, "scaler": options.scaler}
+    if options.reshard:
+        resharded = matrix.reshard(backend=options.backend)
+        return [c.with_(scaler=options.scaler) for c in resharded] if options.scaler != "ours" else resharded
     if not options.workload:
         return matrix.default_matrix(**kwargs)
     options.recipes = {}
@@ -260,6 +273,12 @@ def _gpus(backend: str) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def _world_sizes(options: argparse.Namespace) -> str:
+    if options.reshard:
+        return "world sizes " + ", ".join(f"{a} -> {b}" for a, b in resume_matrix.WORLD_SIZE_CHANGES)
+    return f"world size {options.world_size}"
+
+
 def _progress(update: runner.Progress) -> None:
     result = update.outcome.result
     width = len(str(update.total))
@@ -299,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not quiet:
         print(
-            f"parity: {len(options.configs)} configurations, {options.backend}, world size {options.world_size}"
+            f"parity: {len(options.configs)} configurations, {options.backend}, {_world_sizes(options)}"
             + (" (torchrun)" if in_torchrun else "")
             + f", scaler {options.scaler}, torch {torch.__version__}",
             flush=True,
@@ -349,7 +368,7 @@ def _finish(options: argparse.Namespace, results: list[ParityResult], wall: floa
     out.mkdir(parents=True, exist_ok=True)
     run = {
         "backend": options.backend,
-        "world_size": options.world_size,
+        "world_size": _world_sizes(options).split(" ", 2)[-1] if options.reshard else options.world_size,
         "scaler": options.scaler,
         "filter": options.expression,
         "workloads": options.workload,

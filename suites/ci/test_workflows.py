@@ -152,6 +152,7 @@ TIERS = {
     "test": "cpu.yml",  # as `make gate`, the same session
     "e2e": "cpu.yml",
     "world-sizes": "cpu.yml",
+    "reshard": "cpu.yml",
     "two-d": "cpu.yml",
     "property": "cpu.yml",
     "models": "cpu.yml",
@@ -176,3 +177,9 @@ def test_every_make_tier_has_a_ci_job():
     }
     tools = {"help", "setup", "parity", "gate", "bench", "demo", "lint", "clean"}
     assert pytest_targets - tools == set(TIERS), "a new make tier needs a CI job (and a row in TIERS)"
+
+
+def test_the_cpu_workflow_runs_the_resharded_resume_tier_in_a_job_of_its_own():
+    document = yaml.safe_load((ROOT / "ci" / "workflows" / "cpu.yml").read_text())
+    commands = [step.get("run", "") for step in document["jobs"]["reshard"]["steps"]]
+    assert "make reshard" in commands

@@ -88,8 +88,16 @@ def test_a_reference_in_another_parameter_dtype_fails(ignoring):
     assert _broken(ignoring["param"])
 
 
-def test_a_reference_that_reduces_in_the_parameter_dtype_where_the_candidate_reduces_in_fp32_fails(ignoring):
-    assert _broken(ignoring["reduce"])
+def test_a_reference_that_reduces_in_the_parameter_dtype_where_the_candidate_reduces_in_fp32_is_seen(
+    ignoring,
+):
+    """The straight comparison is no longer bitwise; the staged check then judges the candidate's
+    reduction by the order-free bound of the dtype its *policy* names (not the reference's) and
+    adopts the candidate's reduced gradients, so this correct candidate passes there: a reference
+    that reduces wrongly can cost a row its bitwise verdict, never give a wrong one."""
+    result = ignoring["reduce"]
+    assert result.max_ulp > 0 and result.closeness != "bitwise", result.closeness
+    assert result.staged is not None and result.staged.passed, result.staged
 
 
 def test_a_reference_that_casts_buffers_fsdp2_keeps_in_fp32_fails(ignoring):

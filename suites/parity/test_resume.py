@@ -8,7 +8,7 @@ import pytest
 from harness.parity.doors import runner
 from harness.parity.plan import matrix, resume_matrix, workload_matrix
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks.sides import resume
+from harness.parity.ranks.restart import resume
 from harness.parity.workload.spec import WorkloadError
 from suites.parity.support import cli_in_process, describe, ranks_executor
 
@@ -60,6 +60,25 @@ _ROWS = {
     "saves_nothing": ParityConfig(
         workload="fixtures.resume_workloads:saves_nothing", resume_at=2, resume_method="user", **_FSDP2
     ),
+    # A head of one row: rank 1 holds none of it in FSDP1's sharded state dict, which torch's DCP
+    # load planner took for a checkpoint of torch <= 2.3 (resume_store.CurrentFormatLoadPlanner).
+    "narrow_head_dcp_fp16": ParityConfig(
+        engine="fsdp1",
+        sharding="full_shard",
+        use_orig_params=False,
+        precision="fp16",
+        workload="fixtures.resume_workloads:narrow_head",
+        resume_at=3,
+        resume_method="dcp",
+    ),
+    "narrow_head_sopt": ParityConfig(
+        engine="fsdp1",
+        sharding="full_shard",
+        use_orig_params=False,
+        workload="fixtures.resume_workloads:narrow_head",
+        resume_at=3,
+        resume_method="sharded_optimizer",
+    ),
     "load_raises": ParityConfig(
         workload="fixtures.resume_workloads:load_raises", resume_at=2, resume_method="user", **_FSDP2
     ),
@@ -73,6 +92,8 @@ _PASSING = [
     "fsdp1_into_fsdp2",
     "user_pair",
     "scheduled",
+    "narrow_head_dcp_fp16",
+    "narrow_head_sopt",
 ]
 
 

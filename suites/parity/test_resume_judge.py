@@ -42,7 +42,7 @@ def test_weights_lost_at_the_load_are_named_not_restored_and_not_late():
 
 
 def test_saved_values_found_in_other_places_are_named_shard_misplaced_not_weights_lost():
-    names = _names(_audit({"weights_misplaced": ["layer.weight"]}, at_forward=None), _audit(at_forward=None))
+    names = _names(_audit({"misplaced": ["layer.weight"]}, at_forward=None), _audit(at_forward=None))
     assert names[0] == "resume_shard_misplaced" and "resume_weights_not_restored" not in names
 
 

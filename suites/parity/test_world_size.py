@@ -136,16 +136,32 @@ _NAMED = {
 }
 
 
+_STAGE = {
+    "block_scaled": ("loss", "local"),
+    "one_ulp": ("loss", "local"),
+    "divide_off_by_one_rank": ("reduction",),
+    "rank_left_out": ("reduction",),
+    "reduced_in_bf16": ("reduction",),
+    "unscaled_twice": ("clip",),
+}
+"""The stage of the staged check that each bug breaks first (its straight row is not bitwise, so
+the staged check judges it too, and must not let it through)."""
+
+
 def _check_correct(result) -> None:
     assert result.status == "pass", f"{result.config.id}: {result.reason}"
     assert result.profile == "fp32"  # fused Adam: its kernel's last bit
-    assert result.closeness in ("bitwise", "≤ 1 ulp", "≤ 2 ulp"), result.closeness
+    assert result.closeness in ("bitwise", "staged"), result.closeness
+    if result.closeness == "staged":  # decided from a common state: the update alone, in ulps
+        assert result.staged.passed and result.staged.update_fallback == "fp32"
 
 
 def _check_planted(result, case: str) -> None:
     assert result.status == "fail", f"{case}: {result.config.id} {result.status} {result.reason}"
     assert result.first_diverging_step == 0, result.reason
     assert _NAMED[case] in _causes(result), (case, _causes(result), result.reason)
+    assert result.staged is not None and not result.staged.passed, (case, result.staged)
+    assert result.staged.findings[0].stage in _STAGE[case], (case, result.staged.findings)
 
 
 def test_a_correct_fsdp2_bf16_fused_adam_row_passes_at_world_size_4(at_4):

@@ -6,7 +6,9 @@ an *executor*: ``execute(batch, backend, world_size)`` runs ``entry.run_batch(ba
 ``world_size`` ranks and returns every rank's list of results (rank order), or raises
 :class:`BatchFailed` with the harness's report when a rank failed, died or missed its deadline.
 Configurations that cannot run here become ``skip`` results with their reason and cost nothing.
-Configurations that fail are then localized (``localize.py``, ``pinpoint.py``): one more rank call
+Rows whose straight comparison was not bitwise go to the staged check first (``ranks/staged.py``,
+``judge/staged.py``: one more rank call per batch, ``target=STAGED_TARGET``), which decides their
+verdict from a re-anchored reference. Configurations that fail are then localized (``localize.py``, ``pinpoint.py``): one more rank call
 per batch, ``execute(requests, backend, world_size, target=LOCALIZE_TARGET)`` with ``(config,
 step)`` requests, so a passing matrix costs nothing more.
 A batch that does not come back from every rank (a rank died mid-batch, or missed its deadline) is
@@ -22,7 +24,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from harness.parity.judge import causes, pinpoint, recipe_causes, reduce_causes, two_d_causes
+from harness.parity.doors import reshard
+from harness.parity.judge import causes, pinpoint, recipe_causes, reduce_causes, staged, two_d_causes
 from harness.parity.judge import result as results
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan import profiles
@@ -35,6 +38,8 @@ RANK_TARGET = "harness.parity.ranks.entry:run_batch"
 TENSORS_TARGET = "harness.parity.ranks.entry:run_batch_keeping_tensors"
 """The same, with every step's full tensors in the records (``run(keep_tensors=True)``)."""
 LOCALIZE_TARGET = "harness.parity.ranks.localize:run_batch"
+STAGED_TARGET = "harness.parity.ranks.staged:run_batch"
+"""The staged check of rows whose straight comparison was not bitwise (``judge/staged.py``)."""
 
 
 def rank_function(target: str) -> Callable[..., Any]:
@@ -147,14 +152,22 @@ def run(
         reason = unsupported_reason(config, gpus=gpus)
         if reason is not None:
             finish(Outcome(result=results.skipped(config, reason)))
-    for (backend, world_size), group in by_world(runnable):
+
+    def finish_all(judged: list[Judged]) -> None:
+        for verdict, reference, candidate in judged:
+            if keep_records:
+                finish(Outcome(result=verdict, reference=reference, candidate=candidate))
+            else:
+                finish(Outcome(result=verdict))
+
+    plain = [config for config in runnable if config.resume_world_size is None]
+    for (backend, world_size), group in by_world(plain):
         for batch in _chunks(group, batch_size):
-            judged = _judged_batch(batch, execute, backend, world_size, localize, keep_tensors)
-            for verdict, reference, candidate in judged:
-                if keep_records:
-                    finish(Outcome(result=verdict, reference=reference, candidate=candidate))
-                else:
-                    finish(Outcome(result=verdict))
+            finish_all(_judged_batch(batch, execute, backend, world_size, localize, keep_tensors))
+    resharded = [config for config in runnable if config.resume_world_size is not None]
+    for _, group in reshard.groups(resharded):  # two halves, at two world sizes (reshard.py)
+        for batch in _chunks(group, batch_size):
+            finish_all(reshard.judged_batch(batch, execute, BatchFailed))
     return [outcomes[config.id] for config in configs]
 
 
@@ -190,7 +203,42 @@ def _judged_batch(
     judged: list[Judged] = [
         results.judge(config, [rank[index] for rank in per_rank]) for index, config in enumerate(batch)
     ]
+    judged = _staged(judged, execute, backend, world_size)
     return _localized(judged, execute, backend, world_size) if localize else judged
+
+
+def _staged(judged: list[Judged], execute: Executor, backend: str, world_size: int) -> list[Judged]:
+    """``judged`` with the staged check's verdict on each row it can judge whose straight
+    comparison was not bitwise (one rank call for all of them; none when every row was bitwise)."""
+    configs = [
+        verdict.config
+        for verdict, _, _ in judged
+        if staged.wanted(verdict.config, verdict.status, verdict.max_ulp, verdict.expected_failure)
+    ]
+    if not configs:
+        return judged
+    try:
+        per_rank = execute(configs, backend, world_size, target=STAGED_TARGET)  # type: ignore[call-arg]
+        found = {
+            config.id: staged.judge(config, [rank[index] for rank in per_rank])
+            for index, config in enumerate(configs)
+        }
+    except BatchFailed as failure:
+        found = {config.id: staged.Staged(passed=False, error=str(failure)) for config in configs}
+    return [(_with_staged(v, found[v.config.id]) if v.config.id in found else v, r, c) for v, r, c in judged]
+
+
+def _with_staged(verdict: ParityResult, found: staged.Staged) -> ParityResult:
+    """``verdict`` decided by the staged check: a pass when every stage held at every step (the
+    straight comparison's distances stay, as the drift a reordering leaves), a fail naming the
+    first stage that did not. A check that could not run leaves the straight verdict, saying so."""
+    if found.error:
+        return dataclasses.replace(verdict, staged=found)
+    if found.passed:
+        return dataclasses.replace(verdict, status="pass", reason="", causes=(), staged=found)
+    first = found.findings[0].line()
+    reason = verdict.reason if verdict.status == "fail" else f"staged check: {first}"
+    return dataclasses.replace(verdict, status="fail", reason=reason, staged=found)
 
 
 def _localized(judged: list[Judged], execute: Executor, backend: str, world_size: int) -> list[Judged]:

@@ -14,11 +14,12 @@ from typing import Any
 import torch
 
 from harness.parity.judge import causes, compare, pinpoint, two_d_causes
+from harness.parity.judge import staged as staged_check
 from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig, poisoned_steps
 from harness.parity.ranks.measure import gap, ulp
 from harness.parity.ranks.measure.distance import TensorDiff
-from harness.parity.ranks.measure.record import RunRecord, merge_rank_runs
+from harness.parity.ranks.measure.record import RunRecord, joined, merge_rank_runs
 from harness.parity.ranks.sides.twin import DTYPES
 from harness.parity.workload import registry
 from harness.rank.execute import headline_of_text
@@ -100,6 +101,9 @@ class ParityResult:
     workload (the gap the precision is expected to cost), next to the candidate's distance."""
     localization: pinpoint.Localization | None = None
     """The first diverging module at the first diverging step (failed configurations only)."""
+    staged: staged_check.Staged | None = None
+    """The staged check's verdict, for a row whose straight comparison was not bitwise: it decided
+    the status (``judge/staged.py``)."""
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, self.status
@@ -110,7 +114,10 @@ class ParityResult:
 
     @property
     def closeness(self) -> str:
-        """``bitwise``, ``≤ N ulp`` or ``toleranced`` for a pass (what was measured), else empty."""
+        """``bitwise``, ``≤ N ulp``, ``staged`` (the staged check decided: every stage held from a
+        common state) or ``toleranced`` for a pass (what was measured), else empty."""
+        if self.status == "pass" and self.staged is not None and self.staged.passed and self.max_ulp > 0:
+            return "staged"
         return ulp.label(self.max_ulp, passed=self.status == "pass")
 
     @property
@@ -208,15 +215,60 @@ def judge(
 ) -> tuple[ParityResult, RunRecord, RunRecord | None]:
     """The verdict on ``config`` from every rank's ``entry.run_one`` dict (ordered by rank),
     with the merged reference and candidate records."""
-    profile = profiles.profile_for(config)
+    reference, candidate = _merged(parts)
+    gaps = [p.get("fp32_gap") for p in parts]
+    return verdict(config, reference, candidate, gaps=gaps, reused=bool(parts[0].get("reference_reused")))
+
+
+def _merged(parts: list[dict[str, Any]], first_step: int = 0) -> tuple[RunRecord, RunRecord | None]:
     reference = merge_rank_runs(
-        "reference", parts[0]["reference_description"], [p["reference"] for p in parts]
+        "reference", parts[0]["reference_description"], [p["reference"] for p in parts], first_step=first_step
     )
     candidate = (
         None
         if any(p["candidate"] is None for p in parts)
-        else merge_rank_runs("candidate", parts[0]["candidate_description"], [p["candidate"] for p in parts])
+        else merge_rank_runs(
+            "candidate",
+            parts[0]["candidate_description"],
+            [p["candidate"] for p in parts],
+            first_step=first_step,
+        )
     )
+    return reference, candidate
+
+
+def judge_halves(
+    config: ParityConfig, first: list[dict[str, Any]], second: list[dict[str, Any]] | None
+) -> tuple[ParityResult, RunRecord, RunRecord | None]:
+    """The verdict on a resharded row from its two halves (``ranks/phases.py``: every rank's dict
+    at the saving world size, then at the resuming one; ``second`` is ``None`` when the first
+    half failed and the second never ran), judged as one run of each side."""
+    reference, candidate = _merged(first)
+    if second is not None and candidate is not None:
+        assert config.resume_at is not None and config.resume_world_size is not None
+        later_reference, later_candidate = _merged(second, first_step=config.resume_at)
+        sizes = f"at world size {config.world_size}, then {later_reference.description}"
+        reference = joined(reference, later_reference, f"{reference.description} {sizes}")
+        if later_candidate is None:  # the second half's reference failed: the row is an error
+            candidate = None
+        else:
+            text = f"{candidate.description} at world size {config.world_size}, then {later_candidate.description}"
+            candidate = joined(candidate, later_candidate, text)
+    return verdict(config, reference, candidate, gaps=[None], reused=False)
+
+
+def verdict(
+    config: ParityConfig,
+    reference: RunRecord,
+    candidate: RunRecord | None,
+    *,
+    gaps: list[Any],
+    reused: bool,
+) -> tuple[ParityResult, RunRecord, RunRecord | None]:
+    """The verdict on ``config`` from its two runs (``gaps``: each rank's expected gap, or
+    ``None``s; ``reused``: the reference was shared with an earlier row, so its time is not this
+    row's)."""
+    profile = profiles.profile_for(config)
     common = {
         "config": config,
         "profile": profile.name,
@@ -241,7 +293,6 @@ def judge(
     )
     status = "pass" if comparison.ok else ("crash" if candidate.error else "fail")
     poisoned = poisoned_steps(config)
-    gaps = [p.get("fp32_gap") for p in parts]
     expected_gap = gap.merge(gaps) if gaps and all(g is not None for g in gaps) else None  # type: ignore[arg-type]
     matched = causes.match(
         reference, candidate, comparison, poisoned_steps=poisoned, reduce_dtype=_low_reduce_dtype(config)
@@ -263,7 +314,7 @@ def judge(
         reference_skipped_steps=tuple(s.step for s in reference.steps if s.skipped_anywhere()),
         counters=candidate.counters,
         detail=candidate.error or "",
-        time_s=candidate.duration_s + (0.0 if parts[0].get("reference_reused") else reference.duration_s),
+        time_s=candidate.duration_s + (0.0 if reused else reference.duration_s),
         candidate=candidate.description,
         curves={"reference": Curves.of(reference), "candidate": Curves.of(candidate)},
         max_ulp=comparison.max_ulp,

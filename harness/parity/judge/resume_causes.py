@@ -2,7 +2,7 @@
 checkpoint lost.
 
 Why from the candidate's own audit: a resumed run that diverges shows *where* (the first step
-after the resume) but not *what* was lost; the rank side (``ranks/sides/resume.py``) compared each
+after the resume) but not *what* was lost; the rank side (``ranks/restart/resume.py``) compared each
 rank's state right after the load with what it saved (weights, optimizer moments, step counts,
 scaler, RNG, schedulers) and whether the resumed forward ran on the saved weights. Each pattern
 here turns one lost piece into its sentence. Pure, controller side.
@@ -30,12 +30,16 @@ def _lost(e: Evidence, group: str) -> dict[int, list[str]]:
 
 
 def _headline(e: Evidence) -> str:
-    at = _audits(e)[0][1]["step"]
+    first = _audits(e)[0][1]
+    at = first["step"]
     later = e.candidate.step - at
     when = "the first step after resuming" if later == 0 else f"{later} step(s) after resuming"
+    worlds = first.get("world_sizes")
+    where = f" at world size {worlds[1]}" if worlds else ""
+    saved = f" at world size {worlds[0]}" if worlds else ""
     return (
-        f"the run resumed at step {at} from a checkpoint saved after step {at - 1}, and first "
-        f"diverges at step {e.candidate.step} ({when})"
+        f"the run resumed at step {at}{where} from a checkpoint saved{saved} after step {at - 1}, "
+        f"and first diverges at step {e.candidate.step} ({when})"
     )
 
 
@@ -103,12 +107,12 @@ def weights_late(e: Evidence) -> Cause | None:
 def shard_misplaced(e: Evidence) -> Cause | None:
     return _group_cause(
         e,
-        "weights_misplaced",
+        "misplaced",
         "resume_shard_misplaced",
-        "whole weights held the saved values in other places",
+        "whole weights or optimizer state held the saved values in other places",
         "A shard was loaded into the wrong rank or rows: the values are the checkpoint's, their "
-        "offsets are not (a resharding load that took another rank's shard, or placements or row "
-        "offsets that do not match the layout that saved them)",
+        "offsets are not (a resharding load at another world size or in another layout that took "
+        "another rank's shard, or placements or row offsets that do not match those that saved them)",
         "torch.distributed.checkpoint resharding (load_planner)",
     )
 

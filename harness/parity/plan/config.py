@@ -148,12 +148,16 @@ class ParityConfig:
     resume_at: int | None = None
     """A resume row: the candidate trains ``resume_at`` steps, saves a checkpoint, drops everything,
     loads it into a fresh model (new random weights) and trains the rest; the reference trains
-    straight through (``ranks/sides/resume.py``). ``None``: no resume."""
+    straight through (``ranks/restart/resume.py``). ``None``: no resume."""
     resume_method: str | None = None
     """With :attr:`resume_at`: how the checkpoint is written (``resume_spec.METHODS``)."""
     resume_layout: str | None = None
     """With :attr:`resume_at`: the engine layout the candidate comes back in (``resume_spec.LAYOUTS``:
     FSDP1 -> FSDP2, FSDP2 reshard -> keep, DDP -> FSDP2); ``None``: the one it saved in."""
+    resume_world_size: int | None = None
+    """With :attr:`resume_at`: the world size the candidate comes back at (``w4to2`` in the id:
+    saved at ``world_size`` 4, loaded at 2); its reference changes world size with it at the same
+    step. Two rank calls, one per world size (``doors/reshard.py``). ``None``: the same one."""
     init_scale: float = 2.0**16
     growth_interval: int = 3
     """Short, so a few steps show growth as well as backoff."""
@@ -290,7 +294,7 @@ class ParityConfig:
         parts += resume_spec.id_parts(self)
         if self.scaler != "ours":
             parts.append(f"{self.scaler}_scaler")
-        parts.append(f"w{self.world_size}")
+        parts.append(f"w{self.world_size}" + resume_spec.to_world_size(self))
         if self.backend != "gloo":
             parts.append(self.backend)
         return "-".join(parts)
@@ -312,6 +316,8 @@ class ParityConfig:
             words |= {"resume", f"resume={self.resume_method}"}
         if self.resume_layout is not None:
             words.add("into")
+        if self.resume_world_size is not None:
+            words |= {"resharded", f"{self.world_size}to{self.resume_world_size}"}
         words |= {self.recipe_name, f"recipe={self.recipe_name}"}
         return frozenset(words)
 
@@ -361,7 +367,8 @@ class ParityConfig:
             self.tp,  # whose batch each rank trains, and the TP'd modules the twin splits
             self.backend,
             self.steps,
-            self.resume_at is not None,  # a resume row's forward RNG runs on (ranks/sides/resume.py)
+            self.resume_at is not None,  # a resume row's forward RNG runs on (ranks/restart/resume.py)
+            self.resume_world_size,
             self.init_scale,
             self.growth_interval,
             self.seed,
@@ -394,8 +401,9 @@ class ParityConfig:
 # -- where a configuration can run ------------------------------------------------------------------
 def unsupported_reason(config: ParityConfig, *, gpus: int = 0) -> str | None:
     """Why ``config`` cannot run here (``None`` when it can): said in the report and the skip."""
-    if config.backend == "nccl" and gpus < config.world_size:
-        return f"nccl world size {config.world_size} needs {config.world_size} CUDA GPUs, this machine has {gpus}"
+    widest = max(config.world_size, config.resume_world_size or 0)
+    if config.backend == "nccl" and gpus < widest:
+        return f"nccl world size {widest} needs {widest} CUDA GPUs, this machine has {gpus}"
     if config.sharding == "hybrid_shard" and (config.world_size < 4 or config.world_size % 2):
         return (
             "HYBRID_SHARD shards within a node and replicates across nodes, so it needs a 2-D mesh: "

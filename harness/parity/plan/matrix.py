@@ -215,6 +215,12 @@ def canary(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
     ]
 
 
+def reshard(*, backend: str = "gloo") -> list[ParityConfig]:
+    """The resharded resume rows (``make reshard``, ``--reshard``): saved at one world size,
+    loaded at another (``resume_matrix.reshard_rows``)."""
+    return resume_matrix.reshard_rows(backend=backend, init_scale=_init_scale)
+
+
 def default_matrix(*, world_size: int = 2, backend: str = "gloo", scaler: str = "ours") -> list[ParityConfig]:
     """Every suite's configurations, and a few rows of each showcase workload (the Llama-style
     decoder and the conv net): what ``python -m harness.parity`` runs by default."""

@@ -13,7 +13,10 @@ asks every element to be equal (NaN at the same places; ``-0.0`` equals ``0.0``)
 | ``fp16`` | 1e-3 | 1e-3 | float16 mixed precision on NCCL (fallback) |
 
 The ``rtol`` values are torch.testing's defaults for each dtype. They decide no gloo row of a
-non-fused, non-clipping loop: those are ``exact`` at every world size. Where a tolerance decides,
+non-fused, non-clipping loop: those are ``exact`` at every world size. And they no longer decide a
+row whose straight comparison is not bitwise: the staged check does (``judge/staged.py``: the
+reference re-anchored each step; local gradients bitwise, each reduced element within the
+order-free bound, the update bitwise), where only a fused optimizer's update falls back to ``fp32``. Where a tolerance decides,
 the report says so (``toleranced``, the profile's name) rather than calling the row bitwise. A
 tolerance is a fallback, not a proof: a relative tolerance of ``bf16``'s size lets a systematic
 0.5 % error through, which is why gloo rows no longer use one. Discrete state (the scale, the

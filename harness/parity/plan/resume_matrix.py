@@ -1,5 +1,5 @@
 """Resume rows: the candidate saves at a step, comes back in a fresh model and trains on, against a
-reference that trains straight through (``ranks/sides/resume.py``).
+reference that trains straight through (``ranks/restart/resume.py``).
 
 Why a few rows of their own: a resume is one more axis of the same question (does the run that
 stopped and came back train exactly like the one that did not), and each checkpoint method must
@@ -39,6 +39,37 @@ RELAYOUTS: tuple[tuple[dict[str, object], str, str], ...] = (
 )
 """``(saved in, resumed in, optimizer)``: rows that come back in another layout at the same world
 size (FSDP1 -> FSDP2, FSDP2 reshard -> keep, DDP -> FSDP2), float32 (one reference for both)."""
+
+
+WORLD_SIZE_CHANGES = ((4, 2), (2, 4))
+"""``(saved at, resumed at)`` of the resharded rows (``make reshard``)."""
+
+
+def reshard_rows(
+    *, backend: str = "gloo", init_scale: Callable[[str, int, str], float]
+) -> list[ParityConfig]:
+    """Rows saved at one world size and loaded at another (:data:`WORLD_SIZE_CHANGES`): FSDP2
+    through both of our methods, FSDP1 through DCP (the name-keyed method keeps its flat shards in
+    a file per rank, which no other world size reads), float32 with Adam and fp16 with
+    SGD-momentum through the scaler. Their own tier: each runs two rank calls, one per world size."""
+    return [
+        ParityConfig(
+            precision=precision,
+            optimizer=optimizer,
+            resume_method=method,
+            init_scale=init_scale(precision, saved, backend),
+            world_size=saved,
+            resume_world_size=resumed,
+            backend=backend,
+            resume_at=default_step(6),
+            **layout,  # type: ignore[arg-type]
+        )
+        for saved, resumed in WORLD_SIZE_CHANGES
+        for layout in LAYOUTS
+        for method in METHODS
+        if method == "dcp" or layout["engine"] == "fsdp2"
+        for precision, optimizer in RECIPES
+    ]
 
 
 def default_step(steps: int) -> int:

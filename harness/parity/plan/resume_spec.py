@@ -13,7 +13,7 @@ from typing import Any
 from harness.parity.workload import registry
 
 METHODS = ("dcp", "sharded_optimizer", "user")
-"""How a resume row checkpoints (``ranks/sides/resume_store.py``): ``dcp`` (torch.distributed.checkpoint's
+"""How a resume row checkpoints (``ranks/restart/resume_store.py``): ``dcp`` (torch.distributed.checkpoint's
 ``get_state_dict``/``set_state_dict``, sharded, to a folder), ``sharded_optimizer`` (the optimizer
 through ``scaler.ShardedOptimizer``'s name-keyed state), ``user`` (the workload's ``save``/``load``)."""
 WORDS = {"dcp": "dcp", "sharded_optimizer": "sopt", "user": "user"}
@@ -36,7 +36,7 @@ keeping, DDP. Named so that no id holds another engine's name (``-k`` matches su
 def check(config: Any) -> None:
     """Refuse a resume the engine cannot run, naming the field and the fix."""
     if config.resume_at is None:
-        for field in ("resume_method", "resume_layout"):
+        for field in ("resume_method", "resume_layout", "resume_world_size"):
             if getattr(config, field) is not None:
                 raise ValueError(
                     f"{field}={getattr(config, field)!r} needs resume_at (the step to resume at)"
@@ -58,6 +58,40 @@ def check(config: Any) -> None:
         )
     if config.resume_layout is not None:
         _check_layout(config)
+    if config.resume_world_size is not None:
+        _check_world_size(config)
+
+
+def _check_world_size(config: Any) -> None:
+    other = config.resume_world_size
+    if not isinstance(other, int) or other < 1 or other == config.world_size:
+        raise ValueError(
+            f"resume_world_size must be a world size other than world_size={config.world_size} (the "
+            f"one the row saves at), got {other!r}; leave it None to resume at the same world size"
+        )
+    if config.resume_layout is not None:
+        raise ValueError(
+            "resume_world_size and resume_layout change one thing each: resume at another world "
+            "size or in another layout, not both in one row"
+        )
+    if config.resume_method == "sharded_optimizer" and config.engine != "fsdp2":
+        raise ValueError(
+            "resume_world_size with resume_method='sharded_optimizer' needs engine='fsdp2': the "
+            "name-keyed method keeps FSDP1's flat shards in a file per rank, which no other world "
+            "size can read (use resume_method='dcp')"
+        )
+
+
+def to_world_size(config: Any) -> str:
+    """``"to2"`` after the id's ``w4`` when the row resumes at world size 2; ``""`` otherwise."""
+    return "" if config.resume_world_size is None else f"to{config.resume_world_size}"
+
+
+def landing(config: Any) -> Any:
+    """The configuration a resharded row's second half runs as: the same row at the world size it
+    resumes at (whose reference is that world size's twin: its own reduce layout and divide
+    factors)."""
+    return config.with_(world_size=config.resume_world_size, resume_world_size=None)
 
 
 def _check_layout(config: Any) -> None:

@@ -13,7 +13,9 @@ Each step::
        (recorded whole, or measured: ``stepcheck.Check``)
 
 A resume row's candidate saves, drops everything and loads into a fresh engine before step
-``config.resume_at``; LR schedulers step after every update (``resume.Loop``).
+``config.resume_at``; LR schedulers step after every update (``resume.Loop``). A resharded row
+runs as two halves (``half``: one rank call at each world size, ``reshard.py``): the first trains
+up to ``resume_at`` and saves, the second builds afresh, loads and trains on.
 
 The units' activations are checkpointed on both sides when ``config.checkpoint`` says so
 (``checkpoint.install``, once the engine is built).
@@ -36,7 +38,8 @@ import torch.distributed as dist
 
 from harness.parity.plan.config import Fault, ParityConfig
 from harness.parity.ranks.measure import record, stepcheck
-from harness.parity.ranks.sides import accumulate, checkpoint, engines, resume, roles
+from harness.parity.ranks.restart import reshard, resume
+from harness.parity.ranks.sides import accumulate, checkpoint, engines, roles
 from harness.rank import context
 from harness.rank.execute import prefix_lines
 
@@ -69,7 +72,7 @@ def _counters(scaler: Any) -> dict[str, int]:
     }
 
 
-def _poison(engine: engines.Engine, params: list[torch.Tensor], fault: Fault) -> None:
+def poison(engine: engines.Engine, params: list[torch.Tensor], fault: Fault) -> None:
     """Write the fault's value into element 0 of this rank's largest local gradient of ``params``."""
     local = [engine.local(p.grad) for p in params if p.grad is not None]
     local = [g._values() if g.is_sparse else g for g in local]
@@ -80,7 +83,7 @@ def _poison(engine: engines.Engine, params: list[torch.Tensor], fault: Fault) ->
         target.view(-1)[0] = float(fault.value)
 
 
-def _faults_now(config: ParityConfig, role: str, step: int, rank: int) -> list[Fault]:
+def faults_now(config: ParityConfig, role: str, step: int, rank: int) -> list[Fault]:
     """The reference takes every fault on every rank: what all candidate ranks must then do."""
     return [f for f in config.faults if f.step == step and (role == "reference" or f.rank in (None, rank))]
 
@@ -119,10 +122,17 @@ class Run:
         last_step: int | None = None,
         check: stepcheck.Check | None = None,
         record: bool = True,
+        half: reshard.Half | None = None,
     ) -> None:
         self.config, self.role, self.device = config, role, device
         self.observe, self.check, self.record = observe, check, record
+        self.first = 0
         self.last = config.steps if last_step is None else min(config.steps, last_step + 1)
+        if half is not None:  # a resharded row's half: up to the resume step, or from it on
+            assert config.resume_at is not None, "checked by ParityConfig"
+            self.first, self.last = (
+                (0, config.resume_at) if half.part == 1 else (config.resume_at, config.steps)
+            )
         self.steps: list[dict[str, Any]] = []
         self.error: str | None = None
         self.description = role
@@ -130,7 +140,7 @@ class Run:
         self.duration_s = 0.0
         self.slim: Callable[[dict[str, Any]], dict[str, Any]] | None = None
         self.rank = dist.get_rank()  # kept: a failed run's rank leaves the group before it reports
-        self.loop = resume.Loop(config, role, device)
+        self.loop = resume.Loop(config, role, device, half)
         """Schedulers, a resume row's carried RNG and its restart (``resume.py``)."""
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -138,24 +148,26 @@ class Run:
         rank = self.rank
         scaler = None
         try:
-            engine = roles.build(self.config, self.role, self.device)
-            checkpoint.install(engine, self.config, self.role)
-            self.description = engine.description
-            groups = engine.param_groups(2 if self.config.path == "two_optimizers" else 1)
-            optimizers = [engine.make_optimizer(group) for group in groups]
-            scaler = make_scaler(self.config, self.role, self.device)
-            self.loop.start(engine, optimizers)
+            if self.loop.arrives():  # a resharded row's second half: fresh, then loaded
+                engine, groups, optimizers, scaler = self.loop.arrive(self.first, self._new_scaler)
+                self.description = (
+                    f"from step {self.first} at world size {engine.world_size}: {engine.description}"
+                )
+            else:
+                engine = roles.build(self.config, self.role, self.device)
+                checkpoint.install(engine, self.config, self.role)
+                self.description = engine.description
+                groups = engine.param_groups(2 if self.config.path == "two_optimizers" else 1)
+                optimizers = [engine.make_optimizer(group) for group in groups]
+                scaler = self._new_scaler()
+                self.loop.start(engine, optimizers)
             hand = None
             if self.config.accumulate > 1 and self.role == "reference":
                 hand = accumulate.HandAccumulation(self.config, engine)
-            for step in range(self.last):
+            for step in range(self.first, self.last):
                 if self.loop.restarts_at(step):
                     engine, groups, optimizers, scaler = self.loop.restart(
-                        step,
-                        engine,
-                        optimizers,
-                        scaler,
-                        lambda: make_scaler(self.config, self.role, self.device),
+                        step, engine, optimizers, scaler, self._new_scaler
                     )
                     self.description += f"; saved after step {step - 1}, resumed in {engine.description}"
                 self.loop.before_step(step, engine)
@@ -167,6 +179,8 @@ class Run:
                 yield found
                 started = time.perf_counter()  # the time spent suspended is not this run's
                 del found  # a step compared in lockstep is dropped before the next one trains
+            if self.loop.departs():  # a resharded row's first half: save for the other world size
+                self.loop.depart(self.last, engine, optimizers, scaler)
             if scaler is not None:
                 self.counters = _counters(scaler)
         except Exception:  # noqa: BLE001 - recorded; the caller decides what it means
@@ -174,6 +188,9 @@ class Run:
         finally:
             self.loop.close()
             self.duration_s += time.perf_counter() - started
+
+    def _new_scaler(self) -> Any:
+        return make_scaler(self.config, self.role, self.device)
 
     def _step(
         self,
@@ -199,8 +216,8 @@ class Run:
                 scaler.scale(loss).backward()
         if hand is None:
             engine.after_backward()
-        for fault in _faults_now(config, self.role, step, rank):
-            _poison(engine, groups[fault.optimizer], fault)
+        for fault in faults_now(config, self.role, step, rank):
+            poison(engine, groups[fault.optimizer], fault)
         unscaled = config.path == "unscale_clip" or engine.unscales_first
         clip_norm = None
         if unscaled:

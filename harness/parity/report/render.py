@@ -11,7 +11,7 @@
               "tp_plans": {workload name: its tensor-parallel plan, in words (``--tp``)}},
       "profiles": {"exact": {"rtol": 0.0, "atol": 0.0}, ...},
       "summary": {"total", "pass", "fail", "crash", "error", "skip", "expected_failures",
-                  "closeness": {"bitwise" | "≤ N ulp" | "toleranced": count}},
+                  "closeness": {"bitwise" | "≤ N ulp" | "staged" | "toleranced": count}},
       "configs": [{
         "id", "suite", "config": {every ParityConfig field; faults as ids; "policy": the
                                   candidate's mixed precision, every field, or null;
@@ -20,7 +20,7 @@
         "profile", "reason", "expected_failure",
         "detail",                                      # the full text behind an error or crash
         "max_loss_diff", "first_diverging_step",       # null when none
-        "closeness": "bitwise" | "≤ N ulp" | "toleranced" | "",   # what a pass measured
+        "closeness": "bitwise" | "≤ N ulp" | "staged" | "toleranced" | "",   # what a pass measured
         "max_ulp",                                     # largest ULP distance compared anywhere
         "worst": {"step", "kind", "name", "max_abs", "max_rel", "mismatched", "numel", "max_ulp"} | null,
         "distances": [{"step", "max_ulp", "max_rel", "failed"}],      # per step, everything compared
@@ -33,6 +33,10 @@
                       "mismatched", "numel"} | null,
             "op": null | {"compared", "first", "index", "max_abs", "max_rel", "max_ulp", "missing", "extra"},
             "modules": [{...as first...}]},            # every module, every rank, forward then backward
+        "staged": null | {"passed", "summary", "error", "steps", "local_elements", "reduced_elements",
+            "worst_ratio", "reordered", "update_max_ulp", "update_fallback",
+            "findings": [{"step", "stage", "what", "detail", "rank"}]},
+                                                       # rows whose straight comparison was not bitwise
         "skipped_steps", "reference_skipped_steps", "counters", "time_s",
         "reference", "candidate",                      # what ran, in words
         "divergences": [{"step", "what", "message"}],
@@ -116,14 +120,16 @@ def summary(results: list[ParityResult]) -> dict[str, Any]:
 def _closeness_order(label_: str) -> tuple[int, float]:
     if label_ == "bitwise":
         return (0, 0.0)
-    if label_ == "toleranced":
+    if label_ == "staged":
         return (2, 0.0)
+    if label_ == "toleranced":
+        return (3, 0.0)
     return (1, float(label_.split()[1]))
 
 
 def closeness_counts(results: list[ParityResult]) -> dict[str, int]:
     """Passing configurations by what they measured: ``bitwise`` first, then ``≤ N ulp`` by N,
-    then ``toleranced``."""
+    then ``staged``, then ``toleranced``."""
     counts = Counter(r.closeness for r in results if r.closeness)
     return {key: counts[key] for key in sorted(counts, key=_closeness_order)}
 
@@ -144,6 +150,18 @@ def _localization_json(result: ParityResult) -> dict[str, Any] | None:
         "first": None if found.first is None else _diff_json(found.first),
         "op": None if found.op is None else _diff_json(found.op),
         "modules": [_diff_json(m) for m in found.modules],
+    }
+
+
+def _staged_json(result: ParityResult) -> dict[str, Any] | None:
+    found = result.staged
+    if found is None:
+        return None
+    fields = {f.name: getattr(found, f.name) for f in dataclasses.fields(found) if f.name != "findings"}
+    return {
+        **{key: _number(value) if isinstance(value, float) else value for key, value in fields.items()},
+        "summary": found.summary(),
+        "findings": [dataclasses.asdict(f) for f in found.findings],
     }
 
 
@@ -176,6 +194,7 @@ def result_to_json(result: ParityResult) -> dict[str, Any]:
         "causes": [dataclasses.asdict(c) for c in result.causes],
         "expected_gap": None if result.expected_gap is None else _diff_json(result.expected_gap),
         "localization": _localization_json(result),
+        "staged": _staged_json(result),
         "skipped_steps": list(result.skipped_steps),
         "reference_skipped_steps": list(result.reference_skipped_steps),
         "counters": list(result.counters),
@@ -296,7 +315,9 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
         "Measured (passing configurations): "
         + (", ".join(f"{n} {k}" for k, n in counts["closeness"].items()) or "none")
         + ". `bitwise`: every value equal; `≤ N ulp`: at most N units in the last place apart; "
-        "`toleranced`: farther apart, within the profile's rtol/atol.",
+        "`staged`: not bitwise straight through, and every step held from a common state (local "
+        "gradients bitwise, each reduced element within the order-free bound, the update bitwise or "
+        "within a fused kernel's stated ulps); `toleranced`: farther apart, within the profile's rtol/atol.",
         "",
         "Profiles: "
         + "; ".join(f"`{n}` {p.describe()}" for n, p in profiles.PROFILES.items())
@@ -342,6 +363,8 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
             # Under the first divergence: where it starts, and what it likely means.
             if r.localization is not None:
                 lines.append(f"    - {r.localization.describe()}")
+            if r.staged is not None:
+                lines.append(f"    - {r.staged.summary()}")
             lines += [f"    - {cause.describe()}" for cause in r.causes]
             lines += [f"  - {message}" for message in shown[1:]]
             if len(r.divergences) > 5:
@@ -349,6 +372,18 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
             if r.detail:
                 tail = r.detail.rstrip().splitlines()[-_DETAIL_LINES:]
                 lines += ["", "  ```", *(f"  {line}" for line in tail), "  ```"]
+    staged = [r for r in results if r.staged is not None and not r.broken]
+    if staged:
+        lines += [
+            "",
+            "## Decided by the staged check",
+            "",
+            "Not bitwise straight through (another order of summation, a fused kernel, a norm summed "
+            "otherwise); judged step by step from a common state instead. The straight-through "
+            "distances in the table are the drift that leaves.",
+            "",
+        ]
+        lines += [f"- `{r.config.id}`: {r.staged.summary()}" for r in staged]
     skipped = [r for r in results if r.status == "skip"]
     if skipped:
         lines += ["", "## Not run here", ""]

@@ -96,7 +96,7 @@ class Workload:
     """The user's own checkpoint save, ``save(folder, model, optimizer, scaler)``, called on every
     rank (``model`` the wrapped module as the candidate trains it, ``folder`` one directory every
     rank sees); declared with :attr:`load`, it adds resume rows that test *this* code (see
-    ``harness.parity.ranks.sides.resume``)."""
+    ``harness.parity.ranks.restart.resume``)."""
     load: Callable[[str, nn.Module, Any, Any], None] | None = None
     """The user's own checkpoint load, ``load(folder, model, optimizer, scaler)``, into a fresh
     model (new random weights), optimizer and scaler, on every rank."""

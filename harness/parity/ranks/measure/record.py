@@ -69,7 +69,7 @@ class StepRecord:
     """How the run recomputed its checkpointed units: ``replay`` (the RNG state replayed),
     ``no_replay``; ``None``: it did not checkpoint."""
     resume: tuple[dict[str, Any] | None, ...] = ()
-    """By rank, on a resume row's resumed step: the audits ``ranks/sides/resume.py`` recorded
+    """By rank, on a resume row's resumed step: the audits ``ranks/restart/resume.py`` recorded
     (``restored``: the state that differed from the saved one right after the load, by group;
     ``weights_at_forward``); empty on every other step."""
 
@@ -199,16 +199,19 @@ def rank_run(
     return {"rank": rank, "steps": steps, "counters": counters, "error": error, "duration_s": duration_s}
 
 
-def merge_rank_runs(role: str, description: str, parts: list[dict[str, Any]]) -> RunRecord:
-    """One :class:`RunRecord` from every rank's :func:`rank_run`; steps end where the first rank stopped."""
+def merge_rank_runs(
+    role: str, description: str, parts: list[dict[str, Any]], *, first_step: int = 0
+) -> RunRecord:
+    """One :class:`RunRecord` from every rank's :func:`rank_run`; steps end where the first rank
+    stopped (``first_step``: the index of the parts' first step, a resharded row's second half's)."""
     parts = sorted(parts, key=lambda part: part["rank"])
     ranks = [part["rank"] for part in parts]
     assert ranks == list(range(len(parts))), f"expected one part per rank, got ranks {ranks}"
     errors = [part["error"] for part in parts if part["error"]]
     count = min(len(part["steps"]) for part in parts)
     steps = []
-    for index in range(count):
-        per_rank = [part["steps"][index] for part in parts]
+    for index in range(first_step, first_step + count):
+        per_rank = [part["steps"][index - first_step] for part in parts]
         tensors = per_rank[0]["tensors"] or {}
         steps.append(
             StepRecord(
@@ -240,6 +243,19 @@ def merge_rank_runs(role: str, description: str, parts: list[dict[str, Any]]) ->
         counters=tuple(part["counters"] for part in parts),
         error="\n".join(errors) if errors else None,
         duration_s=max(part["duration_s"] for part in parts),
+    )
+
+
+def joined(first: RunRecord, second: RunRecord, description: str) -> RunRecord:
+    """One run from a resharded row's two halves (each merged from its own world size's ranks):
+    the steps of both, the counters of the second (the run's end), the first error."""
+    return RunRecord(
+        role=first.role,
+        description=description,
+        steps=first.steps + second.steps,
+        counters=second.counters,
+        error=first.error or second.error,
+        duration_s=first.duration_s + second.duration_s,
     )
 
 

@@ -38,9 +38,12 @@ class ReferenceSteps:
     run (a cached reference) or from one still running, a step at a time (``live``: the run is too
     large to keep; each step is dropped once the candidate's step after it begins)."""
 
-    def __init__(self, steps: list[dict[str, Any]], live: Iterator[dict[str, Any]] | None = None) -> None:
-        self._steps = dict(enumerate(steps))
-        self._next = len(steps)
+    def __init__(
+        self, steps: list[dict[str, Any]], live: Iterator[dict[str, Any]] | None = None, *, first: int = 0
+    ) -> None:
+        self._steps = dict(enumerate(steps, first))
+        """By step index (``first``: the index of ``steps[0]``, a resharded row's second half's)."""
+        self._next = first + len(steps)
         self._live = live
         self._drops = live is not None
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, create_default_local_load_plan
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -35,6 +36,27 @@ from torch.distributed.checkpoint.state_dict import (
 
 from harness.parity.ranks.sides import gather
 from harness.parity.workload import registry
+
+
+class CurrentFormatLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner without its guess that a checkpoint is older than torch 2.4.
+
+    Why: torch 2.13's ``DefaultLoadPlanner.create_local_plan`` treats any key of the checkpoint
+    that this rank's state lacks as the sign of a checkpoint written by torch <= 2.3, and then
+    re-flattens the state the old way (lists kept whole: ``optim.param_groups``, ``scaler``),
+    whose keys the checkpoint does not have. But a rank legitimately lacks keys: FSDP1's sharded
+    state dict chunks each parameter on dim 0 over the ranks, so at world size 8 a ``Linear(32, 4)``
+    head's 4 rows leave ranks 4 to 7 with a ``ShardedTensor`` of no local shard, which
+    ``_flatten_sharded_tensors`` drops. Those ranks then failed the load with "Missing key in
+    checkpoint state_dict: optim.param_groups" (``scaler`` under the name-keyed method). Our
+    checkpoints are written by the running torch, so the plan is made from the current flattening,
+    exactly as the default planner makes it for a rank that holds a row of every tensor; a key
+    that is really missing still raises.
+    """
+
+    def create_local_plan(self) -> Any:
+        assert self.metadata is not None, "set_up_planner runs first"
+        return create_default_local_load_plan(self.state_dict, self.metadata, not self.allow_partial_load)
 
 
 class DistributedCheckpoint:
@@ -57,7 +79,7 @@ class DistributedCheckpoint:
         # loads in place, into tensors that must exist. The load then replaces all of it.
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optim": optim_state, "scaler": scaler.state_dict()}
-        dcp.load(state, checkpoint_id=folder)
+        dcp.load(state, checkpoint_id=folder, planner=CurrentFormatLoadPlanner())
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         scaler.load_state_dict(state["scaler"])
 
@@ -112,7 +134,7 @@ class NameKeyedOptimizer:
         state: dict[str, Any] = {"model": get_model_state_dict(model), "scaler": scaler.state_dict()}
         if self._dtensors(named):
             state["optim"] = sharded.state_dict()
-        dcp.load(state, checkpoint_id=folder)
+        dcp.load(state, checkpoint_id=folder, planner=CurrentFormatLoadPlanner())
         optim_state = state["optim"] if self._dtensors(named) else torch.load(self._own_file(folder))
         sharded.load_state_dict(optim_state)
         set_model_state_dict(model, state["model"])

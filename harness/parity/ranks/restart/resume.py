@@ -24,13 +24,12 @@ store after each phase, so a rank whose load failed never leaves its peers in a 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,7 +37,10 @@ import torch.distributed as dist
 
 from harness.parity.plan import resume_spec
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks.sides import checkpoint, engines, resume_store, roles
+from harness.parity.ranks.restart import reshard, resume_store
+from harness.parity.ranks.restart.resume_state import CarriedRng, audit, scramble, snapshot
+from harness.parity.ranks.restart.resume_state import moved as moved_weights
+from harness.parity.ranks.sides import checkpoint, engines, roles
 from harness.parity.workload import registry
 from harness.rank import context
 from harness.rank.subtests import all_ranks
@@ -55,111 +57,13 @@ class ResumeError(RuntimeError):
     """A resume phase failed; the message names the rank and the function."""
 
 
-class CarriedRng:
-    """torch's RNG for a resume row's forwards: seeded once per rank, then carried from step to step."""
-
-    def __init__(self, seed: int, rank: int, device: torch.device) -> None:
-        self.device = device
-        with registry.seeded(registry.forward_seed(seed, rank, 0), device):
-            self.state = self._get()
-
-    def _get(self) -> list[torch.Tensor]:
-        states = [torch.random.get_rng_state()]
-        if self.device.type != "cpu":
-            states.append(torch.get_device_module(self.device.type).get_rng_state(self.device))
-        return states
-
-    @contextlib.contextmanager
-    def around(self, step: int) -> Iterator[None]:
-        """The engine's ``forward_rng``: the carried state inside, carried on afterwards."""
-        saved = self._get()
-        torch.random.set_rng_state(self.state[0])
-        if self.device.type != "cpu":
-            torch.get_device_module(self.device.type).set_rng_state(self.state[1], self.device)
-        try:
-            yield
-        finally:
-            self.state = self._get()
-            torch.random.set_rng_state(saved[0])
-            if self.device.type != "cpu":
-                torch.get_device_module(self.device.type).set_rng_state(saved[1], self.device)
-
-
-def _scramble(engine: engines.Engine, seed: int) -> None:
-    """New random values in every local parameter (DDP: the same on every rank, as a fresh
-    replicated model's; sharded engines: each rank its own shard)."""
-    rank = 0 if engine.config.engine == "ddp" else engine.rank
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + rank)
-    with torch.no_grad():
-        for _, param in engine.named_trainable():
-            local = engine.local(param)
-            local.copy_(torch.randn(local.shape, generator=generator, dtype=torch.float32).to(local.dtype))
-
-
-def _local_state(
-    engine: engines.Engine, optimizer: torch.optim.Optimizer
-) -> dict[str, dict[str, torch.Tensor]]:
-    named = {id(p): n for n, p in engine.named_trainable()}
-    return {
-        named[id(p)]: {
-            k: engine.local(v).detach().clone() for k, v in values.items() if isinstance(v, torch.Tensor)
-        }
-        for p, values in optimizer.state.items()
-        if id(p) in named
-    }
-
-
-def snapshot(
-    engine: engines.Engine, optimizer: torch.optim.Optimizer, scaler: Any, loop: Loop
-) -> dict[str, Any]:
-    """This rank's state, local shards cloned, as the audit compares it."""
-    return {
-        "weights": {n: engine.local(p).detach().clone() for n, p in engine.named_trainable()},
-        "optimizer": _local_state(engine, optimizer),
-        "scaler": (float(scaler.get_scale()), int(scaler._get_growth_tracker())),
-        "rng": [s.clone() for s in loop.rng.state] if loop.rng is not None else [],
-        "schedulers": [s.state_dict() for s in loop.schedulers],
-    }
-
-
-def audit(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, list[str]]:
-    """Which state differs between two :func:`snapshot`\\ s, by group: ``weights`` and
-    ``optimizer`` (moments) and ``optimizer_step`` by name, ``scaler``, ``rng``, ``schedulers``."""
-    found: dict[str, list[str]] = {}
-
-    def differs(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
-        return a is None or b is None or a.shape != b.shape or not torch.equal(a, b)
-
-    found["weights"] = [n for n, v in saved["weights"].items() if differs(v, now["weights"].get(n))]
-    moments, steps = [], []
-    for name, values in saved["optimizer"].items():
-        mine = now["optimizer"].get(name, {})
-        for key, value in values.items():
-            if differs(value, mine.get(key)):
-                (steps if key == "step" else moments).append(f"{name}:{key}")
-    found["optimizer"], found["optimizer_step"] = moments, steps
-    if saved["scaler"] != now["scaler"]:
-        (scale, tracker), (was, was_tracker) = now["scaler"], saved["scaler"]
-        found["scaler"] = [f"scale {scale:g} (saved {was:g}), growth tracker {tracker} (saved {was_tracker})"]
-    if len(saved["rng"]) != len(now["rng"]) or any(
-        not torch.equal(a, b) for a, b in zip(saved["rng"], now["rng"], strict=False)
-    ):
-        found["rng"] = ["torch's RNG state"]
-    schedulers = [
-        f"scheduler {i}: last_epoch {b.get('last_epoch')} (saved {a.get('last_epoch')})"
-        for i, (a, b) in enumerate(zip(saved["schedulers"], now["schedulers"], strict=True))
-        if a != b
-    ]
-    if schedulers:
-        found["schedulers"] = schedulers
-    return {group: names for group, names in found.items() if names}
-
-
 class Loop:
     """What a run keeps beside its engine: schedulers, the carried RNG, and a resume row's restart."""
 
-    def __init__(self, config: ParityConfig, role: str, device: torch.device) -> None:
-        self.config, self.role, self.device = config, role, device
+    def __init__(
+        self, config: ParityConfig, role: str, device: torch.device, half: reshard.Half | None = None
+    ) -> None:
+        self.config, self.role, self.device, self.half = config, role, device, half
         self.workload = registry.get(config.workload)
         self.schedulers: list[Any] = []
         self.rng: CarriedRng | None = None
@@ -190,8 +94,17 @@ class Loop:
             scheduler.step()
 
     def restarts_at(self, step: int) -> bool:
-        """Whether the candidate saves and restarts before ``step`` (the same on every rank)."""
-        return self.role == "candidate" and step == self.config.resume_at
+        """Whether the candidate saves and restarts before ``step`` (the same on every rank; a
+        resharded row's halves save and load in :meth:`depart` and :meth:`arrive` instead)."""
+        return self.half is None and self.role == "candidate" and step == self.config.resume_at
+
+    def arrives(self) -> bool:
+        """Whether this run is a resharded row's second half: it begins with :meth:`arrive`."""
+        return self.half is not None and self.half.part == 2
+
+    def departs(self) -> bool:
+        """Whether this run is a resharded row's first half: it ends with :meth:`depart`."""
+        return self.half is not None and self.half.part == 1
 
     # -- the restart --------------------------------------------------------------------------------
     def restart(
@@ -204,9 +117,64 @@ class Loop:
     ) -> Any:
         """Save, drop everything, build a fresh engine (and a ``new_scaler()``), load;
         ``(engine, groups, optimizers, scaler)``."""
-        store = resume_store.method(self.config.resume_method or "dcp", self.config.workload)
+        store = self._store()
         base = self._folder()
         self._base = base
+        self._save(store, base, step, engine, optimizers, scaler)
+        del engine, optimizers, scaler
+        return self._come_back(store, base, step, new_scaler)
+
+    def depart(
+        self, step: int, engine: engines.Engine, optimizers: list[torch.optim.Optimizer], scaler: Any
+    ) -> None:
+        """The end of a resharded row's first half: the candidate saves through its method, the
+        reference hands its state over (``reshard.py``)."""
+        assert self.half is not None
+        if self.role == "candidate":
+            self._save(self._store(), self.half.folder, step, engine, optimizers, scaler)
+            return
+        (optimizer,) = optimizers
+        folder = self.half.folder
+        self._phase_ok(
+            "hand over",
+            lambda: reshard.hand_over(folder, engine, optimizer, scaler, self),
+            "the reference's hand-over to the other world size",
+        )
+
+    def arrive(self, step: int, new_scaler: Callable[[], Any]) -> Any:
+        """The start of a resharded row's second half, at this world size: the candidate builds a
+        fresh engine and loads, the reference takes over the state its first half handed over;
+        ``(engine, groups, optimizers, scaler)``."""
+        assert self.half is not None
+        if self.role == "candidate":
+            return self._come_back(self._store(), self.half.folder, step, new_scaler)
+        engine = roles.build(self.config, self.role, self.device)
+        checkpoint.install(engine, self.config, self.role)
+        groups = engine.param_groups(1)
+        optimizers = [engine.make_optimizer(group) for group in groups]
+        scaler = new_scaler()
+        self.start(engine, optimizers)
+        half = self.half
+
+        def take_over() -> None:
+            own = reshard.take_over(half.folder, engine, optimizers[0], scaler, half.saved_world_size)
+            self._restore_loop(own["rng"], own["schedulers"], step)
+
+        self._phase_ok("take over", take_over, "the reference's take-over at this world size")
+        return engine, groups, optimizers, scaler
+
+    def _store(self) -> Any:
+        return resume_store.method(self.config.resume_method or "dcp", self.config.workload)
+
+    def _save(
+        self,
+        store: Any,
+        base: str,
+        step: int,
+        engine: engines.Engine,
+        optimizers: list[torch.optim.Optimizer],
+        scaler: Any,
+    ) -> None:
         folder = os.path.join(base, "checkpoint")
         self._phase_ok("folder", lambda: _writable(folder), folder)
         (optimizer,) = optimizers
@@ -214,18 +182,25 @@ class Loop:
         self._saved = snapshot(engine, optimizer, scaler, self)
         if self.config.resume_layout is not None:  # the shards move: compare whole tensors (collective)
             self._saved["full_weights"] = engine.full_after_step([optimizer])[0]
+        if self.half is not None:  # another world size: the second half audits whole tensors
+            saved = self._saved
+            self._phase_ok(
+                "audit", lambda: reshard.save_audit(base, engine, optimizer, saved), "the resume's audit"
+            )
         self._phase_ok(
             "save", functools.partial(store.save, folder, engine.wrapped, optimizer, scaler), saving
         )
         self._phase_ok("write", functools.partial(_wrote_something, folder, saving), saving)
         self._phase_ok("save loop state", lambda: self._save_loop(base, step), "the loop's own state")
-        del engine, optimizers, optimizer, scaler
+
+    def _come_back(self, store: Any, base: str, step: int, new_scaler: Callable[[], Any]) -> Any:
+        folder = os.path.join(base, "checkpoint")
         self.schedulers = []
         gc.collect()
         layout = self.config.with_(**resume_spec.into(self.config), resume_layout=None)
         engine = roles.build(layout, self.role, self.device)
         checkpoint.install(engine, layout, self.role)
-        _scramble(engine, self.config.seed + _FRESH_SEED)
+        scramble(engine, self.config.seed + _FRESH_SEED)
         groups = engine.param_groups(1)
         optimizers = [engine.make_optimizer(group) for group in groups]
         scaler = new_scaler()
@@ -250,14 +225,38 @@ class Loop:
             resume_store.function(store, "load"),
         )
         self._phase_ok("load loop state", lambda: self._load_loop(base, step), "the loop's own state")
-        assert self._saved is not None
         now = snapshot(engine, optimizer, scaler, self)
         moved: dict[str, list[str]] = {}
+        if self.half is not None:  # another world size: whole tensors, saved by the first half
+            self._saved, now, moved = self._whole_audit(base, engine, optimizer, now)
+        assert self._saved is not None
         if self.config.resume_layout is not None:  # other shards, other names: whole tensors instead
             for group in ("weights", "optimizer"):
                 self._saved[group], now[group] = {}, {}
-            moved = _moved(self._saved.pop("full_weights"), engine.full_after_step([optimizer])[0])
+            moved = moved_weights(self._saved.pop("full_weights"), engine.full_after_step([optimizer])[0])
         self._restored = {**audit(self._saved, now), **moved}
+
+    def _whole_audit(
+        self, base: str, engine: engines.Engine, optimizer: Any, now: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, list[str]]]:
+        """``(saved, now, moved)`` of a resharded row's load: the first half's whole tensors
+        against this world size's (a collective), the scaler and schedulers as saved, and the RNG
+        of a rank the first half had against its own file."""
+        assert self.half is not None
+        written = reshard.read_audit(base)
+        params, state = engine.full_after_step([optimizer])
+        moved = reshard.whole_audit(written, params, state)
+        own_rank, kept = reshard.loop_file(dist.get_rank(), self.half.saved_world_size)
+        rng = torch.load(os.path.join(base, f"loop_rank{own_rank}.pt"), weights_only=False)["rng"]
+        saved = {
+            "weights": {},
+            "optimizer": {},
+            "scaler": written["scaler"],
+            "rng": rng if kept else [],
+            "schedulers": written["schedulers"],
+        }
+        now = {**now, "weights": {}, "optimizer": {}, "rng": now["rng"] if kept else []}
+        return saved, now, moved
 
     def before_step(self, step: int, engine: engines.Engine) -> None:
         """At the resumed step: whether the weights the forward starts from are the saved ones."""
@@ -273,6 +272,8 @@ class Loop:
                 work()
             self.pending = []
             self._audit = {"step": step, "restored": self._restored, "weights_at_forward": self._at_forward}
+            if self.half is not None:
+                self._audit["world_sizes"] = (self.half.saved_world_size, dist.get_world_size())
             self._saved = None
         if self._audit is not None:
             found["resume"] = self._audit
@@ -313,14 +314,25 @@ class Loop:
         torch.save(state, os.path.join(base, f"loop_rank{dist.get_rank()}.pt"))
 
     def _load_loop(self, base: str, step: int) -> None:
-        state = torch.load(os.path.join(base, f"loop_rank{dist.get_rank()}.pt"), weights_only=False)
+        own_rank, kept = dist.get_rank(), True
+        if self.half is not None:  # another world size: a rank the saving world lacked
+            own_rank, kept = reshard.loop_file(own_rank, self.half.saved_world_size)
+        state = torch.load(os.path.join(base, f"loop_rank{own_rank}.pt"), weights_only=False)
         if state["data_position"] != step:
             raise ResumeError(
                 f"the loop resumed at data position {state['data_position']}, the save was at {step}"
             )
+        self._restore_loop(state["rng"] if kept else None, state["schedulers"], step)
+
+    def _restore_loop(self, rng: list[torch.Tensor] | None, schedulers: list[Any], step: int) -> None:
+        """Put a saved RNG and schedulers' states in place. ``rng`` ``None``: a rank that the
+        saving world size did not have, on either side; its RNG starts as a run's rank of that
+        number would at ``step`` (seeded by the configuration's seed, the rank and the step)."""
         if self.rng is not None:
-            self.rng.state = state["rng"]
-        for scheduler, saved in zip(self.schedulers, state["schedulers"], strict=True):
+            if rng is None:
+                rng = CarriedRng(self.config.seed, dist.get_rank(), self.device, step=step).state
+            self.rng.state = rng
+        for scheduler, saved in zip(self.schedulers, schedulers, strict=True):
             scheduler.load_state_dict(saved)
 
     def _phase_ok(self, phase: str, work: Callable[[], None], function: str) -> None:
@@ -347,22 +359,6 @@ class Loop:
                 f"[rank {ctx.rank}] the resume's {phase} failed in {function}: "
                 f"{type(error).__name__}: {error}"
             ) from error
-
-
-def _moved(saved: dict[str, torch.Tensor], now: dict[str, torch.Tensor]) -> dict[str, list[str]]:
-    """Whole weights that differ after a load into another layout: ``weights_misplaced`` when a
-    tensor holds exactly the saved values in other places (a shard loaded into the wrong rank or
-    rows), ``weights`` otherwise."""
-    found: dict[str, list[str]] = {"weights": [], "weights_misplaced": []}
-    for name, value in saved.items():
-        mine = now.get(name)
-        if mine is not None and mine.shape == value.shape and torch.equal(mine, value):
-            continue
-        same_values = mine is not None and torch.equal(
-            mine.flatten().sort().values, value.flatten().sort().values
-        )
-        found["weights_misplaced" if same_values else "weights"].append(name)
-    return {group: names for group, names in found.items() if names}
 
 
 def _writable(folder: str) -> None:

@@ -1,0 +1,272 @@
+"""The staged check's verdict (controller side, pure): what every rank measured, stage by stage.
+
+Why it decides a row: the straight-through comparison is a proof where it is bitwise; where it
+is not (a candidate that reduces in another order than its reference; a fused kernel; a clip
+norm summed otherwise) a tolerance used to decide, wrong both ways. The staged check
+(``ranks/staged.py``) re-anchors the reference each step and judges each stage by what is
+*known*: local gradients and losses bitwise; each reduced element within the order-free bound of
+the exact mean (``ranks/measure/bound.py``: a proof for any order); the clip norm within what any
+order of summing its squares gives (``clip_norm.order_free_bound``); the update bitwise, or
+within the ``fp32`` profile for a fused optimizer (:data:`FUSED_FALLBACK`, marked as a fallback); the scale and growth tracker equal. A row whose
+straight comparison was not bitwise passes when every stage holds at every step, and fails with
+the first stage that does not, named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from harness.parity.judge import clip_norm
+from harness.parity.plan import profiles
+from harness.parity.plan.config import ParityConfig
+from harness.parity.workload import registry
+
+FUSED_FALLBACK = profiles.FP32
+"""What a fused optimizer's update is held to, from a common state: a fallback tolerance, named
+in the report. Its CPU kernel vectorises over each tensor it is given, and FSDP gives it shards (or
+FSDP1's flat shard) where the reference gives it whole tensors, so an element can land in the
+vectorised body on one side and the scalar tail on the other and round otherwise (measured on the
+user's ``tiny_conv`` at world size 4, re-anchored: 1 to 16 float32 ulp, on a handful of elements
+whose first moment is the small difference of two larger terms; 0 with
+``ATEN_CPU_CAPABILITY=default``). No bound short of an error analysis of each optimizer's formula
+covers that cancellation, so this stage alone falls back; the others stay proofs."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Finding:
+    """One stage that did not hold: where, and by how much."""
+
+    step: int
+    stage: str
+    """``local``, ``loss``, ``reduction``, ``clip``, ``update`` or ``scale``."""
+    what: str
+    """The tensor (``param:blocks.0.weight``), or the scalar."""
+    detail: str
+    rank: int | None = None
+
+    def line(self) -> str:
+        where = f" on rank {self.rank}" if self.rank is not None else ""
+        return f"step {self.step}, {self.stage} stage{where}: {self.what}: {self.detail}"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Staged:
+    """The staged verdict on one configuration."""
+
+    passed: bool
+    steps: int = 0
+    error: str = ""
+    findings: tuple[Finding, ...] = ()
+    """The first finding of each stage, in step order."""
+    local_elements: int = 0
+    """Local gradient elements compared bitwise (all ranks, all steps); 0: not observable (DDP)."""
+    reduced_elements: int = 0
+    """Reduced gradient elements judged against the order-free bound (all steps)."""
+    worst_ratio: float = 0.0
+    """The largest distance from the exact mean in units of the bound (< 1 everywhere to pass)."""
+    reordered: int = 0
+    """Reduced elements whose bits differ from the reference's mirror of the candidate's own
+    reduction (another order of summation than the mirrored one: legitimate within the bound)."""
+    update_max_ulp: float = 0.0
+    update_fallback: str = ""
+    """The profile a fused optimizer's update was held to (empty: bitwise was required)."""
+
+    def summary(self) -> str:
+        """One line for the report."""
+        if self.error:
+            return f"staged check could not run: {self.error.strip().splitlines()[-1]}"
+        if not self.passed:
+            return "staged check failed: " + self.findings[0].line()
+        local = (
+            f"{self.local_elements} local gradient elements bitwise"
+            if self.local_elements
+            else ("local gradients not observable (DDP's reducer)")
+        )
+        update = "bitwise" if self.update_max_ulp == 0 else f"{self.update_max_ulp:g} ulp apart"
+        if self.update_fallback:
+            update += f" (fused kernel: within the {self.update_fallback} profile, a fallback)"
+        return (
+            f"staged check passed over {self.steps} steps: {local}; {self.reduced_elements} reduced "
+            f"elements within the order-free bound (worst {self.worst_ratio:.2g} of it; "
+            f"{self.reordered} summed in another order than the mirror); updates {update}"
+        )
+
+
+def wanted(config: ParityConfig, status: str, max_ulp: float, expected_failure: str) -> bool:
+    """Whether a row's straight verdict goes to the staged check: a passing or failing row of an
+    FSDP candidate that was not bitwise and that the check can judge (no accumulation reducing
+    every microbatch, resume, sparse workload, tensor parallelism, or row expected to fail). A TP
+    row's local gradients are TP shards of another layout than the captured reduction's, and its
+    reference mirrors the split, so its straight comparison stays the verdict (``two_d_causes``)."""
+    if status not in ("pass", "fail") or (status == "pass" and max_ulp == 0) or expected_failure:
+        return False
+    if config.tp is not None:
+        return False
+    if config.engine not in ("fsdp1", "fsdp2") or config.reference != "ddp":
+        return False
+    if (config.accumulate > 1 and config.sync != "last") or config.resume_at is not None:
+        return False
+    try:
+        return not registry.get(config.workload).sparse
+    except Exception:  # noqa: BLE001 - an unresolvable workload already has its own error
+        return False
+
+
+def judge(config: ParityConfig, parts: list[dict[str, Any]]) -> Staged:
+    """The verdict from every rank's ``staged.run_one`` dict (rank order)."""
+    errors = [p["error"] for p in parts if p.get("error")]
+    if errors:
+        return Staged(passed=False, error=errors[0], steps=min(len(p["steps"]) for p in parts))
+    fallback = FUSED_FALLBACK.name if config.fused else ""
+    findings: dict[str, Finding] = {}
+    local_elements = reduced = reordered = 0
+    worst = update_ulp = 0.0
+
+    def found(finding: Finding) -> None:
+        findings.setdefault(finding.stage, finding)
+
+    for index in range(min(len(p["steps"]) for p in parts)):
+        for rank, part in enumerate(parts):
+            step = part["steps"][index]
+            local_elements += _local(index, rank, step, found)
+        head = parts[0]["steps"][index]
+        for name, (elements, violations, ratio) in head.get("reduction", {}).items():
+            reduced += int(elements)
+            worst = max(worst, ratio)
+            if violations:
+                found(
+                    Finding(
+                        step=index, stage="reduction", what=name, detail=_outside(elements, violations, ratio)
+                    )
+                )
+        missing, extra = head.get("reduction_names", [[], []])
+        if missing or extra:
+            found(
+                Finding(
+                    step=index,
+                    stage="reduction",
+                    what=", ".join((missing + extra)[:3]),
+                    detail="reduced by one side only",
+                )
+            )
+        reordered += int(head.get("reordered", 0))
+        _clip(index, parts, found)
+        update_ulp = max(update_ulp, _update(index, head, bool(fallback), found))
+        for rank, part in enumerate(parts):
+            _scalars(index, rank, part["steps"][index], found)
+    ordered = tuple(sorted(findings.values(), key=lambda f: (f.step, _ORDER.index(f.stage))))
+    return Staged(
+        passed=not ordered,
+        steps=min(len(p["steps"]) for p in parts),
+        findings=ordered,
+        local_elements=local_elements,
+        reduced_elements=reduced,
+        worst_ratio=worst,
+        reordered=reordered,
+        update_max_ulp=update_ulp,
+        update_fallback=fallback,
+    )
+
+
+_ORDER = ("loss", "local", "reduction", "clip", "update", "scale")
+
+
+def _outside(elements: float, violations: float, ratio: float) -> str:
+    return (
+        f"{int(violations)} of {int(elements)} reduced elements outside the order-free bound "
+        f"(worst {ratio:.3g} times it): no order of summation gives these"
+    )
+
+
+def _local(index: int, rank: int, step: dict[str, Any], found: Any) -> int:
+    cand_loss, ref_loss = step["loss"]
+    if not (cand_loss == ref_loss or (math.isnan(cand_loss) and math.isnan(ref_loss))):
+        found(
+            Finding(
+                step=index,
+                stage="loss",
+                what="loss",
+                rank=rank,
+                detail=f"candidate {cand_loss!r}, reference {ref_loss!r} from the same state",
+            )
+        )
+    local = step.get("local")
+    if local is None:
+        return 0
+    total = 0
+    for name, (elements, differing, max_ulp) in local.items():
+        total += int(elements)
+        if differing:
+            found(
+                Finding(
+                    step=index,
+                    stage="local",
+                    what=name,
+                    rank=rank,
+                    detail=(
+                        f"{int(differing)} of {int(elements)} local gradient elements differ (max {max_ulp:g} ulp) "
+                        "before any reduction: the candidate computes otherwise"
+                    ),
+                )
+            )
+    return total
+
+
+def _clip(index: int, parts: list[dict[str, Any]], found: Any) -> None:
+    for rank, part in enumerate(parts):
+        clip = part["steps"][index].get("clip")
+        if clip is None:
+            continue
+        cand_norm, own = clip
+        elements = sum(int(v[0]) for v in parts[0]["steps"][index].get("reduction", {}).values())
+        if not clip_norm.agrees(own, cand_norm, profiles.EXACT, elements):
+            found(
+                Finding(
+                    step=index,
+                    stage="clip",
+                    what="total norm",
+                    rank=rank,
+                    detail=(
+                        f"candidate {cand_norm!r}, reference {own!r} from the same gradients (beyond what any "
+                        f"order of summing {elements} squares gives)"
+                    ),
+                )
+            )
+
+
+def _update(index: int, head: dict[str, Any], fused: bool, found: Any) -> float:
+    worst = 0.0
+    for name, (elements, differing, max_ulp, outside) in head.get("update", {}).items():
+        worst = max(worst, max_ulp)
+        wrong = outside if fused else differing
+        if wrong:
+            held = f"the {FUSED_FALLBACK.name} profile ({FUSED_FALLBACK.describe()})" if fused else "bitwise"
+            found(
+                Finding(
+                    step=index,
+                    stage="update",
+                    what=name,
+                    detail=(
+                        f"{int(wrong)} of {int(elements)} elements differ after the optimizer step from "
+                        f"the same state and gradients (max {max_ulp:g} ulp; held to {held})"
+                    ),
+                )
+            )
+    return worst
+
+
+def _scalars(index: int, rank: int, head: dict[str, Any], found: Any) -> None:
+    for key in ("scale", "tracker"):
+        cand, ref = head[key]
+        if cand != ref:
+            found(
+                Finding(
+                    step=index,
+                    stage="scale",
+                    what=key,
+                    rank=rank,
+                    detail=f"candidate {cand!r}, reference {ref!r} from the same state and gradients",
+                )
+            )

@@ -1,0 +1,4 @@
+"""How a run stops and comes back (rank side): a resume row's save, drop and load (``resume``), the
+state it audits (``resume_state``), the checkpoint methods (``resume_store``), and a resharded
+row's hand-over between world sizes (``reshard``). Over ``sides/`` (the engines they rebuild),
+beside ``measure/``."""

@@ -1,0 +1,284 @@
+"""The staged check, rank side: every step judged from a common state, in three stages.
+
+Why: a straight-through comparison is a proof only where both sides sum every element in the
+same order (gloo, the reference reducing through the candidate's layout: ``reduce_layout.py``).
+A candidate that reduces in another order (NCCL's algorithms, a custom reduce-scatter, a bucket
+grouped otherwise) is a last bit away after step 0, and the bits compound. Here the reference is
+*anchored* (``sides/anchor.py``): each step both sides start from the candidate's parameters,
+optimizer state, buffers and scale, and the step is checked in the order it runs:
+
+1. **local gradients**: each rank's gradients as they enter the candidate's reduction
+   (``sides/capture.py``) against the reference's own on that rank, bitwise; and each rank's
+   loss. A module that runs otherwise when wrapped, a cast, a dtype: a compute mismatch.
+2. **the reduction**: every element of the candidate's reduced gradient within the order-free
+   bound of the exact mean of the ranks' local gradients (``measure/bound.py``): true for every
+   order, world size and backend, and still broken by a wrong divide factor, a missing rank, a
+   wrong scale or a reduction in a lower dtype.
+3. **the update**: the reference adopts the candidate's reduced gradients (and, on path
+   ``unscale_clip``, clips them by the candidate's own total norm, itself checked against the
+   reference's measure of the same gradients), steps its optimizer and scaler, and the two
+   parameter sets, optimizer states and scales are compared (bitwise; a fused optimizer within
+   a stated number of ulps, judged by the controller: ``judge/staged.py``).
+
+The runner asks for it (``STAGED_TARGET``) only for rows whose straight comparison was not
+bitwise, so a bitwise matrix costs nothing more. Rows it cannot judge (gradient accumulation that
+reduces every microbatch, a resume, a sparse workload, a DDP candidate: its reducer runs in C++)
+are never sent. Accumulation with ``sync="last"`` reduces once per step, the sum of the
+microbatches' unreduced gradients: those sums are the local gradients compared and bounded.
+
+Import target for the pool: ``harness.parity.ranks.staged:run_batch``.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.parity.plan import profiles
+from harness.parity.plan.config import ParityConfig, poisoned_steps
+from harness.parity.ranks import entry, train
+from harness.parity.ranks.measure import bound, ulp
+from harness.parity.ranks.restart import resume
+from harness.parity.ranks.sides import accumulate, anchor, capture, checkpoint, gather, roles
+from harness.parity.ranks.sides.twin import DTYPES
+from harness.rank import context
+from harness.rank.execute import prefix_lines
+from harness.rank.subtests import agree, leave_group
+
+
+class _Side:
+    """One side's engine, optimizers, scaler and schedulers."""
+
+    def __init__(self, config: ParityConfig, role: str, device: torch.device) -> None:
+        self.engine = roles.build(config, role, device)
+        checkpoint.install(self.engine, config, role)
+        self.groups = self.engine.param_groups(2 if config.path == "two_optimizers" else 1)
+        self.optimizers = [self.engine.make_optimizer(group) for group in self.groups]
+        self.scaler = train.make_scaler(config, role, device)
+        self.loop = resume.Loop(config, role, device)
+        self.loop.start(self.engine, self.optimizers)
+        self.config, self.role = config, role
+        self.hand = None
+        self.unreduced: dict[str, torch.Tensor] = {}
+        """The reference's local gradients as its hand accumulation reduces them (``sync="last"``)."""
+        if config.accumulate > 1 and role == "reference":
+            self.hand = accumulate.HandAccumulation(config, self.engine)
+            self._watch(self.hand)
+
+    def _watch(self, hand: accumulate.HandAccumulation) -> None:
+        """Record the unreduced sum the hand accumulation hands to its reduction (its local gradients)."""
+        names = [gather.clean_name(n) for n, _ in self.engine.trained_module().named_parameters()]
+        reduce = hand._add_reduced
+
+        def recording(grads: list[torch.Tensor | None]) -> None:
+            self.unreduced = {
+                n: g.detach().clone() for n, g in zip(names, grads, strict=True) if g is not None
+            }
+            reduce(grads)
+
+        hand._add_reduced = recording  # type: ignore[method-assign]
+
+    def zero_grad(self) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+
+    def backward(self, step: int, scale: float) -> float:
+        """Forward and scaled backward (every microbatch, accumulated as the row says), then the
+        candidate's reduction; the reference's stays for the caller (:func:`_step`)."""
+        if self.config.accumulate > 1:
+            return accumulate.forward_backward(
+                self.engine, self.role, self.config, step, self.scaler, self.hand
+            )
+        loss, recorded = self.engine.losses(step, scale)
+        self.scaler.scale(loss).backward()
+        return recorded
+
+    def unscale_and_prepare(self, config: ParityConfig) -> bool:
+        """``unscale_`` where the loop unscales first (path ``unscale_clip``, or the engine asks);
+        whether it did."""
+        unscaled = config.path == "unscale_clip" or self.engine.unscales_first
+        if unscaled:
+            for opt in self.optimizers:
+                self.scaler.unscale_(opt)
+            self.engine.before_step()
+        return unscaled
+
+    def step(self) -> None:
+        for opt in self.optimizers:
+            self.scaler.step(opt)
+        self.scaler.update()
+        self.loop.after_update()
+
+
+def _compared(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> dict[str, list[float]]:
+    """Per name in either: ``[elements, differing, max ulp]`` (a name on one side only: every
+    element differs, ``inf`` ulp)."""
+    out: dict[str, list[float]] = {}
+    for name in sorted(set(want) | set(got)):
+        a, b = want.get(name), got.get(name)
+        if a is None or b is None or tuple(a.shape) != tuple(b.shape):
+            size = (a if a is not None else b).numel()  # type: ignore[union-attr]
+            out[name] = [float(size), float(size), float("inf")]
+            continue
+        apart = ulp.distances(a, b)
+        out[name] = [
+            float(a.numel()),
+            float(int((apart > 0).sum())),
+            float(apart.max()) if a.numel() else 0.0,
+        ]
+    return out
+
+
+def _update_compared(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> dict[str, list[float]]:
+    """:func:`_compared` of the update, with a fourth number per tensor: the elements outside the
+    ``fp32`` profile (``profiles.FP32``: what a fused kernel's update is held to, a fallback the
+    report names; from a common state, so it never compounds)."""
+    out = _compared(want, got)
+    fp32 = profiles.FP32
+    for name, found in out.items():
+        a, b = want.get(name), got.get(name)
+        if not found[1]:
+            found.append(0.0)
+        elif a is None or b is None or tuple(a.shape) != tuple(b.shape) or not a.is_floating_point():
+            found.append(found[1])
+        else:
+            ref, cand = a.double(), b.double()
+            close = ((cand - ref).abs() <= fp32.atol + fp32.rtol * ref.abs()) | (ref.isnan() & cand.isnan())
+            found.append(float(int((~close).sum())))
+    return out
+
+
+def _prefixed(kind: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {f"{kind}:{name}": value for name, value in tensors.items()}
+
+
+def _flat_state(state: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {f"{name}:{key}": value for name, values in state.items() for key, value in values.items()}
+
+
+def _reduce_dtype(config: ParityConfig) -> torch.dtype:
+    """The dtype the candidate is configured to sum its ranks' gradients in."""
+    if config.policy is None:
+        return torch.float32
+    return DTYPES[config.policy.reduce_dtype]
+
+
+def _step(config: ParityConfig, step: int, cand: _Side, ref: _Side, poisoned: bool) -> dict[str, Any]:
+    rank = dist.get_rank()
+    scale = cand.scaler.get_scale()
+    cand.zero_grad()
+    ref.zero_grad()
+    with capture.local_grads(cand.engine) as cand_local:
+        cand_loss = cand.backward(step, scale)
+        cand.engine.after_backward()
+    for fault in train.faults_now(config, "candidate", step, rank):
+        train.poison(cand.engine, cand.groups[fault.optimizer], fault)
+    reduced = cand.engine.full_grads()  # collective, on every rank; still scaled
+    ref_loss = ref.backward(step, scale)
+    if ref.hand is not None:  # reduced by its hand accumulation already
+        ref_local = ref.unreduced
+    else:
+        ref_local = anchor.local_grads(ref.engine)
+        ref.engine.after_backward()  # its own mirrored reduction: kept to say whether the order differed
+    mirrored = ref.engine.full_grads()
+    found: dict[str, Any] = {
+        "loss": [cand_loss, ref_loss],
+        "local": None if cand_local is None else _compared(ref_local, cand_local),
+        "poisoned": poisoned,
+    }
+    names = sorted(reduced)
+    means = bound.exact_means(ref_local, names, cand.engine.device)  # collective: every rank
+    if rank == 0:
+        world = dist.get_world_size()
+        found["reduction"] = {
+            name: list(_checked(bound.check(reduced[name], *means[name], world, _reduce_dtype(config))))
+            for name in names
+            if not poisoned
+        }
+        found["reduction_names"] = [
+            sorted(set(mirrored) - set(reduced)),
+            sorted(set(reduced) - set(mirrored)),
+        ]
+        found["reordered"] = sum(int(v[1]) for v in _compared(mirrored, reduced).values())
+    anchor.adopt_grads(ref.engine, reduced)
+    del reduced, mirrored, means, ref_local, cand_local
+    cand_unscaled = cand.unscale_and_prepare(config)
+    ref.unscale_and_prepare(config)
+    if config.path == "unscale_clip" and cand_unscaled:
+        own = anchor.total_norm(ref.engine)  # the reference's measure of the same gradients
+        cand_norm = cand.engine.clip_grad_norm_(config.clip)  # collective
+        anchor.clip_with_norm(ref.engine, config.clip, cand_norm)
+        found["clip"] = [cand_norm, own]
+    cand.step()
+    ref.step()
+    found["scale"] = [cand.scaler.get_scale(), ref.scaler.get_scale()]
+    found["tracker"] = [int(cand.scaler._get_growth_tracker()), int(ref.scaler._get_growth_tracker())]
+    return found
+
+
+def _checked(found: bound.Checked) -> tuple[float, float, float]:
+    return float(found.elements), float(found.violations), found.worst_ratio
+
+
+def _update(cand: _Side, ref: _Side, found: dict[str, Any]) -> None:
+    """Stage 3, then the anchor for the next step: the candidate's full state into the reference."""
+    params, state = cand.engine.full_after_step(cand.optimizers)  # collective
+    buffers = cand.engine.own_buffers()
+    if dist.get_rank() == 0:
+        ref_params, ref_state = ref.engine.full_after_step(ref.optimizers)
+        want = {**_prefixed("param", ref_params), **_prefixed("optim_state", _flat_state(ref_state))}
+        got = {**_prefixed("param", params), **_prefixed("optim_state", _flat_state(state))}
+        found["update"] = _update_compared(want, got)
+    anchor.load(ref.engine, ref.optimizers, params, state, buffers)
+    anchor.load_scaler(ref.scaler, cand.scaler)
+
+
+def run_one(config: ParityConfig) -> dict[str, Any]:
+    """The staged check of ``config`` on this rank: one record per step (module docstring); never
+    raises (an error is recorded, prefixed with the rank)."""
+    device = context.current().device
+    rank = dist.get_rank()
+    steps: list[dict[str, Any]] = []
+    error = None
+    started = time.perf_counter()
+    poisoned = poisoned_steps(config)
+    try:
+        cand = _Side(config, "candidate", device)
+        ref = _Side(config, "reference", device)
+        anchor.load_scaler(ref.scaler, cand.scaler)
+        for step in range(config.steps):
+            found = _step(config, step, cand, ref, step in poisoned)
+            _update(cand, ref, found)
+            steps.append(found)
+            context.heartbeat()
+    except Exception:  # noqa: BLE001 - recorded; the controller reads it
+        error = prefix_lines(traceback.format_exc(), rank)
+    return {
+        "id": config.id,
+        "rank": rank,
+        "steps": steps,
+        "error": error,
+        "duration_s": time.perf_counter() - started,
+    }
+
+
+def run_batch(configs: list[ParityConfig]) -> list[dict[str, Any]]:
+    """:func:`run_one` for each configuration in order, isolated as ``entry.run_batch`` isolates
+    them (a rank that failed leaves the group; the ranks agree; the group is re-created)."""
+    ctx = context.current()
+    results = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        for index, config in enumerate(configs):
+            found = run_one(config)
+            if found["error"] and ctx.world_size > 1:
+                leave_group()
+            if ctx.world_size > 1 and not agree(ctx, f"staged{index}", ok=not found["error"]):
+                entry.forget()
+            results.append(found)
+    return results

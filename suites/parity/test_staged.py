@@ -1,0 +1,74 @@
+"""The staged check decides rows whose straight comparison is not bitwise: a legitimate
+reordering of the reduction passes, and a bug still fails, named by its stage.
+
+Why these cases: at world size 4 a candidate whose reduce-scatter sums the ranks in another order
+than its reference (``reordered_reduce``: what another backend or algorithm does) is a last bit
+away from step 0, and an ``exact`` comparison calls it a FAIL. Re-anchored each step, its local
+gradients match bitwise, every reduced element lies within the order-free bound, and the update
+from the common state is bitwise: a pass. The bugs below reorder *and* break something, so only a
+stage can tell them apart.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fixtures.parity_plants import Plant, planted_executor
+from harness.parity.doors import runner
+from harness.parity.plan.config import ParityConfig
+from harness.parity.report import render
+
+_FSDP2 = {"engine": "fsdp2", "reshard_after_forward": True, "steps": 3, "world_size": 4}
+_REORDERED = Plant(kind="reordered_reduce")
+
+
+def _run(module_ranks, config: ParityConfig, plant: Plant):
+    (outcome,) = runner.run([config], planted_executor(module_ranks, plant))
+    return outcome.result
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        ParityConfig(optimizer="sgd", **_FSDP2),
+        ParityConfig(precision="bf16", optimizer="adam", **_FSDP2),
+        ParityConfig(precision="fp16", optimizer="adam_fused", **_FSDP2),
+        ParityConfig(optimizer="sgd", accumulate=2, sync="last", **_FSDP2),
+    ],
+    ids=["fp32-sgd", "bf16-adam", "fp16-fused-adam", "fp32-sgd-accumulated"],
+)
+def test_a_reduction_summed_in_another_order_passes_the_staged_check(module_ranks, config):
+    result = _run(module_ranks, config, _REORDERED)
+    assert result.status == "pass", (result.reason, result.staged)
+    assert result.max_ulp > 0, "the reordering moved no bit: the case tests nothing"
+    assert result.closeness == "staged"
+    assert result.staged is not None and result.staged.passed
+    assert result.staged.reordered > 0
+    assert result.staged.local_elements > 0 and result.staged.reduced_elements > 0
+    assert result.staged.worst_ratio < 1
+
+
+def test_a_bitwise_row_is_not_sent_to_the_staged_check(module_ranks):
+    result = _run(module_ranks, ParityConfig(optimizer="sgd", **_FSDP2), Plant(kind="none"))
+    assert result.closeness == "bitwise" and result.staged is None
+
+
+def test_the_report_says_which_rows_the_staged_check_decided_and_what_it_measured(module_ranks):
+    result = _run(module_ranks, ParityConfig(optimizer="sgd", **_FSDP2), _REORDERED)
+    text = render.render_markdown([result], {"backend": "gloo", "world_size": 4})
+    assert "## Decided by the staged check" in text
+    assert f"- `{result.config.id}`: staged check passed over 3 steps" in text
+    found = render.to_json([result], {})["configs"][0]["staged"]
+    assert found["passed"] is True and found["reordered"] > 0 and found["findings"] == []
+    assert render.to_json([result], {})["summary"]["closeness"] == {"staged": 1}
+
+
+def test_a_last_bit_each_update_stays_one_steps_ulp_because_the_reference_is_re_anchored(module_ranks):
+    """Straight through, a fused kernel's last bit every step compounds; re-anchored, each step
+    starts from the candidate's state, so the next step's local gradients stay bitwise and the
+    update stage sees one step's ulp (held to the fused fallback)."""
+    config = ParityConfig(optimizer="adam_fused", **{**_FSDP2, "steps": 4})
+    result = _run(module_ranks, config, Plant(kind="update_ulp"))
+    assert result.status == "pass", (result.reason, result.staged)
+    assert result.staged is not None and result.staged.passed
+    assert result.staged.update_fallback == "fp32" and 0 < result.staged.update_max_ulp <= 2
