@@ -78,13 +78,20 @@ class FSDP2TP(FSDP2):
         """An activation (or its gradient) whole: a plain tensor the TP ranks hold differently is
         each rank's share, gathered over the TP group along the last dim (a ``ColwiseParallel``
         output) or the sequence dim (between the blocks of a sequence-parallel plan); one the ranks
-        hold alike is whole already; a DTensor is gathered by the probe. Collective: every TP rank
-        probes the same modules in the same order."""
+        hold alike is whole already; a DTensor is gathered by the probe; shares of unequal shapes
+        (an uneven split) stay as they are. Collective: every TP rank probes the same modules in
+        the same order, and every branch is taken on data the TP group gathered, so alike."""
         import torch.distributed as dist
 
         if hasattr(tensor, "full_tensor"):
             return tensor
-        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(self.tp_group))]
+        ranks = dist.get_world_size(self.tp_group)
+        shape = torch.tensor(tensor.shape, dtype=torch.int64)
+        shapes = [torch.empty_like(shape) for _ in range(ranks)]
+        dist.all_gather(shapes, shape, group=self.tp_group)  # uneven shares: left as they are
+        if any(not torch.equal(shapes[0], other) for other in shapes[1:]):
+            return tensor
+        parts = [torch.empty_like(tensor) for _ in range(ranks)]
         dist.all_gather(parts, tensor.detach().contiguous(), group=self.tp_group)
         if all(torch.equal(parts[0], part) for part in parts[1:]):
             return tensor
