@@ -35,6 +35,19 @@ TWO_D_PLANTS: tuple[Plant, ...] = (
         tests=(_TWO_D,),
     ),
     Plant(
+        name="parity_tp_twin_sums_ranks_together",
+        bug="under a sequence-parallel plan the twin lets autograd add every TP rank's partial input "
+        "gradients in one sum, where each rank sums its own and the reduce-scatter sums the ranks'",
+        edits=(
+            _edit(
+                "ranks/sides/tensor_parallel.py",
+                '        return "replicated" if gathered else "layout"\n',
+                '        return "layout"  # planted\n',
+            ),
+        ),
+        tests=(_TWO_D,),
+    ),
+    Plant(
         name="parity_tp_batch_per_rank",
         bug="every rank trains its own batch under TP, where a TP group shares its data-parallel "
         "group's: the TP'd modules sum partial products of different inputs",

@@ -22,17 +22,17 @@ from harness.parity.plan.config import ParityConfig
 
 _COMMON = {"engine": "fsdp2", "reshard_after_forward": True, "workload": "llama", "world_size": 4, "steps": 3}
 SMOKE = ParityConfig(tp=2, precision="bf16", recipe="reduce32", optimizer="adamw", **_COMMON)
-"""The one correct 2-D row ``make test`` runs (the rest are the ``two_d`` tier's)."""
+SEQUENCE_SMOKE = ParityConfig(
+    **{**_COMMON, "workload": "fixtures.two_d_workloads:llama_sp"}, tp=2, precision="bf16", optimizer="sgd"
+)
+"""The two correct 2-D rows ``make test`` runs, a few seconds (the rest are the ``two_d`` tier's):
+Megatron's plan, and torchtitan's sequence-parallel one (each rank's partial gradients summed
+before the ranks', ``tensor_parallel._FanOut``)."""
 CORRECT = [
     SMOKE,
+    SEQUENCE_SMOKE,
     ParityConfig(hsdp=2, precision="bf16", optimizer="adamw", **_COMMON),
     ParityConfig(hsdp=4, precision="fp32", optimizer="sgd", **_COMMON),
-    ParityConfig(
-        **{**_COMMON, "workload": "fixtures.two_d_workloads:llama_sp"},
-        tp=2,
-        precision="bf16",
-        optimizer="sgd",
-    ),
 ]
 PLANTS = {
     "hsdp2x2_divides_by_the_shard_group": (
@@ -74,11 +74,11 @@ _FAST_PLANT = "hsdp2x2_divides_by_the_shard_group"
 """The plant ``make test`` runs (a second and a half; the others are the ``two_d`` tier's)."""
 
 
-def _tiered(values, fast):
-    return [v if v == fast else pytest.param(v, marks=pytest.mark.two_d) for v in values]
+def _tiered(values, *fast):
+    return [v if v in fast else pytest.param(v, marks=pytest.mark.two_d) for v in values]
 
 
-@pytest.mark.parametrize("config", _tiered(CORRECT, SMOKE), ids=lambda c: c.id)
+@pytest.mark.parametrize("config", _tiered(CORRECT, SMOKE, SEQUENCE_SMOKE), ids=lambda c: c.id)
 def test_a_correct_2d_row_passes_bitwise_at_world_size_4(module_ranks, config):
     (outcome,) = runner.run([config], planted_executor(module_ranks, TwoDPlant(kind="none")))
     result = outcome.result
