@@ -83,6 +83,17 @@ def test_plan_patterns_match_one_name_part_each_as_parallelize_module_does():
     assert len(styled) == 2 * 7
 
 
+def test_the_reference_knows_which_dim_tp_shards_each_parameter_on():
+    """What FSDP2 over ``dp`` reduces of a TP'd parameter is its TP share; the reference lays out
+    each TP coordinate's shares (``reduce_layout._tp_bucket``)."""
+    model = llama.Decoder()
+    dims = tp_plan.sharded_dims(llama.sequence_parallel_plan(), model)
+    assert dims["layers.0.attention.q.weight"] == 0  # colwise: output rows
+    assert dims["layers.1.ffn.down.weight"] == 1  # rowwise: input columns
+    assert "layers.0.ffn_norm.weight" not in dims and "embed.weight" not in dims  # whole on every rank
+    assert len(dims) == 2 * 7
+
+
 def test_a_plan_key_that_matches_no_module_is_an_error_naming_it():
     """parallelize_module would skip it with a warning and train that module without TP."""
     workload = _workload({"layers.*.attn.q": ColwiseParallel()})

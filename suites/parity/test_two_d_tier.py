@@ -46,3 +46,27 @@ def test_the_tier_covers_the_built_in_decoder_and_says_when_hugging_face_llama_i
     if importlib.util.find_spec("transformers") is None:
         pytest.skip("transformers is not installed: the tiny Hugging Face Llama's 2-D rows are left out")
     assert sum(c.workload == HF_LLAMA for c in ROWS) == 27
+
+
+WS8_ROWS = [
+    config
+    for workload in ("llama", SEQUENCE_PARALLEL)
+    for config in two_d_matrix.rows(workload, world_size=8)
+    if config.optimizer == "sgd" and not config.faults and (config.tp is not None or workload == "llama")
+]
+"""At world size 8 (the ``world_sizes`` tier): HSDP 2 x 4 and 8 x 1, and FSDP2 + TP dp 4 x tp 2,
+where four ranks sum each element of the data-parallel reduction in the ring's order: the TP
+reference reduces each TP coordinate's buffer of shares (``reduce_layout._tp_bucket``), or its
+rows fail by rounding (measured: 3 of 4 TP rows before it)."""
+
+
+@pytest.fixture(scope="module")
+def verdicts_at_8(module_ranks):
+    return {o.result.config.id: o.result for o in runner.run(WS8_ROWS, ranks_executor(module_ranks))}
+
+
+@pytest.mark.world_sizes
+@pytest.mark.parametrize("config", WS8_ROWS, ids=lambda c: c.id)
+def test_every_2d_row_passes_bitwise_at_world_size_8(verdicts_at_8, config):
+    result = verdicts_at_8[config.id]
+    assert (result.status, result.profile, result.closeness) == ("pass", "exact", "bitwise"), result.reason

@@ -96,6 +96,29 @@ def styled_modules(plan: dict[str, Any], model: nn.Module) -> list[tuple[str, An
     return sorted(found.items(), key=lambda item: order[item[0]])
 
 
+def sharded_dims(plan: dict[str, Any], model: nn.Module) -> dict[str, int]:
+    """``{parameter name: the dim the TP group shards it on}`` for the parameters ``plan`` splits
+    (torch's styles: a ``ColwiseParallel`` linear's weight and bias on dim 0, an embedding's weight
+    on dim 1; a ``RowwiseParallel`` linear's weight on dim 1, its bias whole, an embedding's weight
+    on dim 0). Every other parameter, a ``SequenceParallel`` norm's included, is whole on each TP
+    rank."""
+    from torch import nn
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    modules = dict(model.named_modules())
+    dims: dict[str, int] = {}
+    for name, style in styled_modules(plan, model):
+        module = modules[name]
+        embedding = isinstance(module, nn.Embedding)
+        if isinstance(style, ColwiseParallel):
+            dims[f"{name}.weight"] = 1 if embedding else 0
+            if getattr(module, "bias", None) is not None:
+                dims[f"{name}.bias"] = 0
+        elif isinstance(style, RowwiseParallel):
+            dims[f"{name}.weight"] = 0 if embedding else 1
+    return dims
+
+
 def describe(workload: Workload, model: nn.Module) -> str:
     """The plan in words (``--list`` and the report): ``layers.*.attention.q ColwiseParallel, ...``,
     and where an ``"auto"`` plan came from."""

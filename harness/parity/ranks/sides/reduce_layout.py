@@ -72,6 +72,10 @@ class Layout:
     mesh: tuple[tuple[int, int], tuple[str, str]] | None = None
     """FSDP2 on a 2-D mesh (``plan/two_d.py``): ``((rows, columns), names)``; HSDP's names are
     ``("replicate", "shard")``, tensor parallelism's ``("dp", "tp")`` (reduced over ``dp`` only)."""
+    tp_dims: tuple[int | None, ...] = ()
+    """Tensor parallelism: per parameter (``parameters()`` order), the dim the TP group shards it on
+    (``None``: whole on every TP rank). FSDP2 over ``dp`` reduces each TP rank's *share*, so the
+    buffer a ``dp`` group reduces holds the shares of its TP coordinate (``_tp_bucket``)."""
 
 
 def _owners(model: nn.Module, units: list[nn.Module], engine: str) -> dict[int, int]:
@@ -117,13 +121,25 @@ def of(config: ParityConfig, model: nn.Module, units: list[nn.Module], param_dty
     align = 16 // torch.empty((), dtype=param_dtype).element_size() if config.use_orig_params else 0
     buckets = tuple(Bucket(tuple(groups[k]), align if config.engine == "fsdp1" else 0) for k in keys)
     if config.engine == "fsdp2":
-        return Layout(engine="fsdp2", buckets=buckets, mesh=two_d.mesh_shape(config))
+        return Layout(
+            engine="fsdp2", buckets=buckets, mesh=two_d.mesh_shape(config), tp_dims=_tp_dims(config, model)
+        )
     return Layout(
         engine="fsdp1",
         buckets=buckets,
         sharded=config.sharding != "no_shard",
         hybrid=config.sharding == "hybrid_shard",
     )
+
+
+def _tp_dims(config: ParityConfig, model: nn.Module) -> tuple[int | None, ...]:
+    """Per parameter of ``model``, the dim the TP plan shards it on (``()`` without TP)."""
+    if config.tp is None:
+        return ()
+    from harness.parity.workload import registry, tp_plan
+
+    dims = tp_plan.sharded_dims(tp_plan.resolve(registry.get(config.workload), model), model)
+    return tuple(dims.get(name) for name, _ in model.named_parameters())
 
 
 def _divide(tensor: torch.Tensor, factor: float | None) -> None:
@@ -224,6 +240,36 @@ def _fsdp2_bucket(
     return out
 
 
+def _tp_bucket(
+    grads: list[torch.Tensor],
+    dims: list[int | None],
+    layout: Layout,
+    factors: tuple[float | None, float | None],
+    groups: tuple[Any, Any],
+) -> list[torch.Tensor]:
+    """An FSDP2 bucket under tensor parallelism: TP rank ``c`` reduces over its ``dp`` group a
+    buffer of its shares (each TP'd gradient's chunk ``c`` on its dim, the others whole), so the
+    ring sums each element at the offset it has there. Every rank of the reference holds whole
+    gradients of its ``dp`` coordinate's batch, so it builds the buffer of every TP coordinate and
+    reduces each over its own ``dp`` group (the same ranks in the same ring positions, the same
+    layout, the same values as coordinate ``c``'s candidates), then joins the shares."""
+    (_, parts), _ = layout.mesh  # type: ignore[misc]
+    mine = dist.get_rank() % parts
+    reduced = [
+        _fsdp2_bucket(
+            [g if d is None else g.chunk(parts, d)[c].contiguous() for g, d in zip(grads, dims, strict=True)],
+            layout,
+            factors,
+            groups,
+        )
+        for c in range(parts)
+    ]
+    return [
+        reduced[mine][i] if d is None else torch.cat([reduced[c][i] for c in range(parts)], d)
+        for i, d in enumerate(dims)
+    ]
+
+
 def _fsdp1_bucket(
     grads: list[torch.Tensor],
     align: int,
@@ -276,7 +322,10 @@ def reduce(
             continue
         if layout.engine == "fsdp2":
             cast = [grads[i].to(reduce_dtype) for i in held]  # type: ignore[union-attr]
-            reduced = _fsdp2_bucket(cast, layout, factors, groups)
+            if layout.tp_dims:
+                reduced = _tp_bucket(cast, [layout.tp_dims[i] for i in held], layout, factors, groups)
+            else:
+                reduced = _fsdp2_bucket(cast, layout, factors, groups)
         elif layout.engine == "fsdp1":
             members = [
                 grads[i].to(reduce_dtype)
