@@ -9,8 +9,8 @@ from the first step. The twin therefore computes each TP'd linear as the plan sp
 partial products on the same shapes (contiguous, as the candidate's local shards are), summed.
 With ``T = 2`` (``plan/two_d.TP_DEGREES``) the all-reduce adds two addends, which sum the same in
 any order, so the verdict stays bitwise (measured: the built-in decoder, under Megatron's and under
-torchtitan's sequence-parallel plan, and Hugging Face Llama, in fp32, bf16 and fp16, at world sizes
-4 and 8: every value equal). Everything else of the twin is the unsharded model.
+torchtitan's sequence-parallel plan, and Hugging Face Llama, in fp32, bf16 and fp16, at world size
+4, the decoder at 8 too: every value equal). Everything else of the twin is the unsharded model.
 
 What the twin takes from the candidate: the plan (which modules, which style), and nothing else;
 the shapes of the parts are derived from the weight and ``T``. So a candidate whose partial sums
