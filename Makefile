@@ -17,7 +17,7 @@ export MKL_NUM_THREADS ?= 1
 export PYTHONUNBUFFERED := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup parity test e2e world-sizes reshard property test-gpu models gate kernels mutation bench demo lint clean
+.PHONY: help setup parity test e2e world-sizes reshard two-d property test-gpu models gate kernels mutation bench demo lint clean
 
 help: ## list the targets and what each does
 	@echo "usage: make <target> [VARIABLE=value ...]"
@@ -48,8 +48,8 @@ WORKLOAD   =
 parity: setup ## the parity matrix against DDP; writes reports/parity.{json,md,png}; exits 1 if a configuration broke its tolerance
 	$(PY) -m harness.parity --backend $(BACKEND) --world-size $(WORLD_SIZE) --scaler $(SCALER) --out $(REPORTS) $(if $(K),-k "$(K)") $(if $(WORKLOAD),--workload "$(WORKLOAD)")
 
-test: setup ## all suites on CPU/gloo but the end-to-end and world-size tiers and the drawn property sample, in under 5 minutes (.ci/run runs exactly this)
-	$(PY) -m pytest suites -q -m "not e2e and not world_sizes and not property"
+test: setup ## all suites on CPU/gloo but the end-to-end, world-size and 2-D tiers and the drawn property sample, in under 5 minutes (.ci/run runs exactly this)
+	$(PY) -m pytest suites -q -m "not e2e and not world_sizes and not two_d and not property"
 
 e2e: setup ## the end-to-end tests make test leaves out (-m e2e): inner sessions, CLI and gate runs, torchrun launches
 	$(PY) -m pytest suites -q -m e2e
@@ -66,6 +66,11 @@ world-sizes: setup ## parity past 2 ranks: the default matrix at world size 4, i
 reshard: setup ## resume across world sizes: rows saved at 4 ranks and loaded at 2, and 2 -> 4, then the tests marked reshard
 	$(PY) -m harness.parity --reshard --out $(REPORTS)/reshard
 	$(PY) -m pytest suites -q -m reshard
+
+# make two-d [REPORTS=reports]; the built-in decoder's 2-D matrix report in $(REPORTS)/two-d
+two-d: setup ## 2-D layouts at world size 4: HSDP (2x2, 4x1) and FSDP2 + tensor parallelism (2x2) of the built-in decoder and tiny HF Llama, and every 2-D plant (-m two_d)
+	$(PY) -m harness.parity --backend gloo --world-size 4 --tp 2 --workload llama --out $(REPORTS)/two-d
+	$(PY) -m pytest suites -q -m "two_d and not world_sizes"
 
 property: setup ## the judge's property on a large drawn sample (-m property): one element moved anywhere turns its row red
 	$(PY) -m pytest suites -q -m property --hypothesis-show-statistics

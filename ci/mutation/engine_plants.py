@@ -245,8 +245,8 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/sides/references.py",
-                "            self.config.engine, twin.DTYPES[self.policy.reduce_dtype], self.world_size\n",
-                '            "ddp", twin.DTYPES[self.policy.reduce_dtype], self.world_size  # planted\n',
+                "            self.config.engine, twin.DTYPES[self.policy.reduce_dtype], two_d.data_parallel_size(self.config)\n",
+                '            "ddp", twin.DTYPES[self.policy.reduce_dtype], two_d.data_parallel_size(self.config)  # planted\n',
             ),
         ),
         tests=(

@@ -21,13 +21,13 @@ from pathlib import Path
 
 from harness.parity.doors import launched, runner
 from harness.parity.judge.result import ParityResult
-from harness.parity.plan import matrix, resume_matrix, workload_matrix
+from harness.parity.plan import matrix, resume_matrix, two_d_matrix, workload_matrix
 from harness.parity.plan.config import BACKENDS, SCALERS, ParityConfig, unique, unsupported_reason
 from harness.parity.plan.recipe import RECIPES
 from harness.parity.plan.select import ExpressionError, select
 from harness.parity.ranks import entry
 from harness.parity.report import render
-from harness.parity.workload import registry, units
+from harness.parity.workload import registry, tp_plan, units
 from harness.parity.workload.spec import WorkloadError
 
 
@@ -130,6 +130,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "model and trains on, against a run straight through (with its own save/load if it declares them)",
     )
     parser.add_argument(
+        "--tp",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run your --workload's 2-D matrix instead (needs --world-size 4 or more): FSDP2 + tensor "
+        "parallelism of degree N over its tp_plan, and HSDP (replicate x shard)",
+    )
+    parser.add_argument(
         "--reshard",
         action="store_true",
         help="the resharded resume rows instead of the embedded matrix: saved at world size 4 and "
@@ -169,6 +177,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "--recipe declares the recipe of a --workload's matrix; the embedded matrix's rows of one "
             f"recipe are -k recipe={options.recipe}"
         )
+    if options.tp is not None and not options.workload:
+        parser.error(
+            "--tp runs a --workload's 2-D matrix (FSDP2 + TP, HSDP); e.g. --workload llama --world-size 4 --tp 2"
+        )
+    if options.tp is not None and (
+        options.tp < 1 or options.world_size < 4 or options.world_size % options.tp
+    ):
+        parser.error(
+            f"--tp {options.tp} needs a 2-D mesh: --world-size 4 or more that --tp divides "
+            f"(got --world-size {options.world_size}); e.g. --world-size 4 --tp 2"
+        )
     if options.world_size < 1:
         parser.error(f"--world-size must be >= 1, got {options.world_size}")
     if launched.launched() and options.world_size != launched.world_size():
@@ -205,6 +224,7 @@ def _matrix(options: argparse.Namespace) -> list[ParityConfig]:
         return matrix.default_matrix(**kwargs)
     options.recipes = {}
     options.loops = {}
+    options.tp_plans = {}
     configs = []
     for name in options.workload:
         try:
@@ -213,6 +233,14 @@ def _matrix(options: argparse.Namespace) -> list[ParityConfig]:
 
                 check(registry.get(name))
             options.units[registry.get(name).name] = units.chosen(name)
+            if options.tp is not None:
+                # Checked here: no plan, an "auto" plan the model lacks or a key that matches
+                # nothing exits 2 naming the fix.
+                workload = registry.get(name)
+                model = registry.build_model(workload, 0)
+                options.tp_plans[workload.name] = tp_plan.describe(workload, model)
+                configs += two_d_matrix.rows(name, tp=options.tp, **kwargs)
+                continue
             configs += workload_matrix.for_workload(
                 name,
                 recipe=options.recipe,
@@ -289,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"recipe of {name}: {declared} (under every engine layout)")
             for name, loop in getattr(options, "loops", {}).items():
                 print(f"loop of {name}: {loop} (under every engine layout)")
+            for name, plan in getattr(options, "tp_plans", {}).items():
+                print(f"tp plan of {name}: {plan}")
             print("\n".join(list_workloads()))
         return 0
     import torch
@@ -354,6 +384,7 @@ def _finish(options: argparse.Namespace, results: list[ParityResult], wall: floa
         "units": options.units,
         "recipes": getattr(options, "recipes", {}),
         "loops": getattr(options, "loops", {}),
+        "tp_plans": getattr(options, "tp_plans", {}),
         "launcher": launcher,
         "torch": torch.__version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -100,8 +100,8 @@ def test_the_gate_runs_the_suites_make_test_runs():
     marker = args[args.index("-m") + 1]
     tests = [a for a in args if not a.startswith("-") and a != marker]
     assert tests == list(suites.DEFAULT_TESTS)
-    assert marker == "not e2e and not world_sizes and not property", (
-        "make test leaves the end-to-end and world-size tiers and the drawn property sample out"
+    assert marker == "not e2e and not world_sizes and not two_d and not property", (
+        "make test leaves the end-to-end, world-size and 2-D tiers and the drawn property sample out"
     )
     command = suites.pytest_command(
         suites.CPU, tests=suites.DEFAULT_TESTS, keyword="", out=Path("o"), plot=True
@@ -128,6 +128,12 @@ def test_the_cpu_workflow_runs_the_world_size_tier_in_a_job_of_its_own():
     assert "make world-sizes" in commands
 
 
+def test_the_cpu_workflow_runs_the_two_d_tier_in_a_job_of_its_own():
+    document = yaml.safe_load((ROOT / "ci" / "workflows" / "cpu.yml").read_text())
+    commands = [step.get("run", "") for step in document["jobs"]["two-d"]["steps"]]
+    assert "make two-d" in commands
+
+
 def test_the_cpu_workflow_runs_the_judges_property_tier_in_a_job_of_its_own():
     document = yaml.safe_load((ROOT / "ci" / "workflows" / "cpu.yml").read_text())
     commands = [step.get("run", "") for step in document["jobs"]["property"]["steps"]]
@@ -147,6 +153,7 @@ TIERS = {
     "e2e": "cpu.yml",
     "world-sizes": "cpu.yml",
     "reshard": "cpu.yml",
+    "two-d": "cpu.yml",
     "property": "cpu.yml",
     "models": "cpu.yml",
     "kernels": "cpu.yml",

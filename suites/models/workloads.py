@@ -43,7 +43,8 @@ def _causal_lm_loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 
 def llama() -> Workload:
-    """``LlamaForCausalLM`` with tied embeddings; units from ``_no_split_modules``."""
+    """``LlamaForCausalLM`` with tied embeddings; units from ``_no_split_modules``, the TP plan from
+    ``config.base_model_tp_plan``."""
     t = _need()
     config = t.LlamaConfig(
         vocab_size=VOCAB,
@@ -61,6 +62,7 @@ def llama() -> Workload:
         batch=_tokens,
         loss=_causal_lm_loss,
         units="auto",
+        tp_plan="auto",  # LlamaConfig.base_model_tp_plan: its 2-D rows (--tp 2) at world size 4
     )
 
 

@@ -24,6 +24,7 @@ def test_make_help_lists_every_target_with_one_line():
         "e2e",
         "world-sizes",
         "reshard",
+        "two-d",
         "property",
         "models",
         "test-gpu",

@@ -17,7 +17,7 @@ from harness.parity.doors.testing import _BATCH, MARKER, gpus, junit_properties,
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{MARKER}(spec, k='', world_size=2, backend='gloo', scaler='ours', recipe=None, clip=None, accumulate=None, sync=None, checkpoint=False, resume_at=None): one test per parity "
+        f"{MARKER}(spec, k='', world_size=2, backend='gloo', scaler='ours', recipe=None, clip=None, accumulate=None, sync=None, checkpoint=False, resume_at=None, tp=None): one test per parity "
         "configuration of the workload (use harness.parity.parity_test)",
     )
 
@@ -25,7 +25,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def _configs(spec: str, options: dict[str, Any]) -> list[Any]:
     """The workload's configurations the marker selects; a collection error naming the fix if the
     workload cannot be used."""
-    from harness.parity.plan import workload_matrix
+    from harness.parity.plan import two_d_matrix, workload_matrix
     from harness.parity.plan.select import ExpressionError, select
     from harness.parity.workload import checks, registry
     from harness.parity.workload.spec import WorkloadError
@@ -34,8 +34,22 @@ def _configs(spec: str, options: dict[str, Any]) -> list[Any]:
     problem = None
     try:
         checks.check(registry.get(spec))
-        configs = select(
-            workload_matrix.for_workload(
+        tp = options.get("tp")
+        if tp is not None:  # the 2-D matrix (``--tp``): its plan checked against the model first
+            from harness.parity.workload import tp_plan
+
+            workload = registry.get(spec)
+            tp_plan.resolve(workload, registry.build_model(workload, 0))
+        matrix = (
+            two_d_matrix.rows(
+                spec,
+                world_size=options.get("world_size", 4),
+                backend=options.get("backend", "gloo"),
+                scaler=options.get("scaler", "ours"),
+                tp=tp,
+            )
+            if tp is not None
+            else workload_matrix.for_workload(
                 spec,
                 world_size=options.get("world_size", 2),
                 backend=options.get("backend", "gloo"),
@@ -46,9 +60,9 @@ def _configs(spec: str, options: dict[str, Any]) -> list[Any]:
                 sync=options.get("sync"),
                 checkpoint=options.get("checkpoint", False),
                 resume_at=options.get("resume_at"),
-            ),
-            k,
+            )
         )
+        configs = select(matrix, k)
     except (WorkloadError, ExpressionError) as error:
         problem = f"parity_test({spec!r}): {error}"
     if problem is not None:  # failed outside the except block: no chained traceback in the report

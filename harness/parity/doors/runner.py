@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from harness.parity.doors import reshard
-from harness.parity.judge import causes, pinpoint, recipe_causes, reduce_causes, staged
+from harness.parity.judge import causes, pinpoint, recipe_causes, reduce_causes, staged, two_d_causes
 from harness.parity.judge import result as results
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan import profiles
@@ -291,6 +291,8 @@ def _with_localization(
         known = causes.localized(known, reference, candidate, found.step, found.first.module)
         autocast = recipe_causes.autocast_differs(reference, candidate, found.step, found.first)
         known += (autocast,) if autocast is not None else ()
+        unreduced = two_d_causes.partial_not_reduced(verdict.config, found)
+        known += (unreduced,) if unreduced is not None else ()
     return dataclasses.replace(verdict, localization=found, causes=known)
 
 

@@ -42,6 +42,7 @@ def parity_test(
     sync: str | None = None,
     checkpoint: bool = False,
     resume_at: int | None = None,
+    tp: int | None = None,
 ) -> Callable[[Any], Any]:
     """Expand the decorated test (which takes the ``parity`` fixture) over ``workload``'s matrix.
 
@@ -52,11 +53,18 @@ def parity_test(
     ``accumulate``/``sync``: the microbatches per step and the sync mode (``every``, ``last``) the
     user trains with (the CLI's ``--accumulate``, ``--sync``); ``checkpoint``: the user checkpoints
     the units' activations (``--checkpoint``); ``resume_at``: resume rows saving after that step
-    (``--resume-at``; a workload that declares ``save``/``load`` has them halfway without it); the
-    other arguments are the CLI's."""
+    (``--resume-at``; a workload that declares ``save``/``load`` has them halfway without it);
+    ``tp``: the workload's 2-D matrix instead (``--tp``: FSDP2 + TP of that degree over its
+    ``tp_plan``, and HSDP), which needs ``world_size=4`` or more; the other arguments are the CLI's."""
     import pytest
 
     from harness.parity.workload import registry
+
+    if tp is not None and (tp < 1 or world_size < 4 or world_size % tp):
+        raise ValueError(
+            f"parity_test(tp={tp}) runs a 2-D mesh: it needs world_size=4 or more that tp divides, got "
+            f"world_size={world_size}; e.g. parity_test(workload, tp=2, world_size=4)"
+        )
 
     spec = registry.spec_of(workload)
     mark = pytest.mark.parity_workload(
@@ -71,6 +79,7 @@ def parity_test(
         sync=sync,
         checkpoint=checkpoint,
         resume_at=resume_at,
+        tp=tp,
     )
     return mark
 

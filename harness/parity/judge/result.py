@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from harness.parity.judge import causes, compare, pinpoint
+from harness.parity.judge import causes, compare, pinpoint, two_d_causes
 from harness.parity.judge import staged as staged_check
 from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig, poisoned_steps
@@ -299,6 +299,12 @@ def verdict(
     matched = causes.match(
         reference, candidate, comparison, poisoned_steps=poisoned, reduce_dtype=_low_reduce_dtype(config)
     )
+    incomplete = two_d_causes.plan_incomplete(config, candidate.error)
+    if config.tp is not None and reference.steps and candidate.steps:
+        same_loss = reference.steps[0].losses == candidate.steps[0].losses
+        unreduced = two_d_causes.grad_not_reduced(config, comparison, same_loss)
+        matched += (unreduced,) if unreduced is not None else ()
+    matched = two_d_causes.hsdp_factor(config, matched) + ((incomplete,) if incomplete is not None else ())
     first = comparison.first
     result = ParityResult(
         status=status,

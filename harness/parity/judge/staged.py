@@ -102,8 +102,12 @@ class Staged:
 def wanted(config: ParityConfig, status: str, max_ulp: float, expected_failure: str) -> bool:
     """Whether a row's straight verdict goes to the staged check: a passing or failing row of an
     FSDP candidate that was not bitwise and that the check can judge (no resume, sparse workload,
-    or row expected to fail)."""
+    tensor parallelism, or row expected to fail). A TP row's local gradients are TP shards of
+    another layout than the captured reduction's, and its reference mirrors the split, so its
+    straight comparison stays the verdict (``two_d_causes``)."""
     if status not in ("pass", "fail") or (status == "pass" and max_ulp == 0) or expected_failure:
+        return False
+    if config.tp is not None:
         return False
     if config.engine not in ("fsdp1", "fsdp2") or config.reference != "ddp":
         return False

@@ -19,16 +19,17 @@ import dataclasses
 from collections.abc import Iterable, Iterator
 
 from harness.parity.plan import recipe as recipes
-from harness.parity.plan import resume_spec
+from harness.parity.plan import resume_spec, two_d
 from harness.parity.plan.precision import PrecisionPolicy
 from harness.parity.workload import registry
 
 ENGINES = ("ddp", "fsdp1", "fsdp2")
 FSDP1_SHARDING = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard")
 PRECISIONS = ("fp32", "fp16", "bf16")
-OPTIMIZERS = ("sgd", "adam", "adam_fused", "sgd_plain", "own")
+OPTIMIZERS = ("sgd", "adam", "adam_fused", "adamw", "sgd_plain", "own")
 """``sgd``: SGD with momentum 0.9 (not scale-invariant, so scaler bugs show); ``adam``:
 ``Adam(foreach=True)``; ``adam_fused``: ``Adam(fused=True)`` (unscales and skips inside its kernel);
+``adamw``: ``AdamW(foreach=True, weight_decay=0.01)`` (the 2-D rows' optimizer, as torchtitan's);
 ``sgd_plain``: SGD without momentum (fp16 sparse gradients: a sparse momentum buffer needs a sparse
 ``add`` that the CPU lacks for fp16); ``own``: the workload's ``optimizer``."""
 PATHS = ("plain", "unscale_clip", "two_optimizers")
@@ -97,6 +98,12 @@ class ParityConfig:
     """FSDP1 only."""
     reshard_after_forward: bool | None = None
     """FSDP2 only."""
+    hsdp: int | None = None
+    """FSDP2 only: HSDP over a 2-D mesh of ``hsdp`` replicas x ``world_size // hsdp`` shards
+    (``two_d.py``; ``hsdp2x2`` in the id); ``None``: a 1-D mesh."""
+    tp: int | None = None
+    """FSDP2 only: tensor parallelism of degree ``tp`` (the workload's ``tp_plan``) on a mesh
+    ``world_size // tp`` (dp) x ``tp``, FSDP over dp (``two_d.py``; ``tp2`` in the id)."""
     precision: str = "fp32"
     """``fp32``, or ``fp16``/``bf16``: FSDP mixed precision (param and reduce dtype); the DDP
     reference then trains a copy in that dtype and keeps float32 master weights, as FSDP does."""
@@ -169,6 +176,7 @@ class ParityConfig:
         _choice("checkpoint", self.checkpoint, CHECKPOINTS)
         self._check_accumulation()
         resume_spec.check(self)
+        two_d.check(self)
         if not self.clip > 0:
             raise ValueError(f"clip must be a max norm > 0, got {self.clip}")
         if self.clip != 1.0 and self.path != "unscale_clip":
@@ -257,6 +265,7 @@ class ParityConfig:
         parts = [self.engine]
         if self.engine == "fsdp1":
             parts += [self.sharding, "orig" if self.use_orig_params else "flat"]  # type: ignore[list-item]
+        parts += two_d.id_parts(self)
         if self.engine == "fsdp2":
             parts.append("reshard" if self.reshard_after_forward else "keep")
         if self.offload:
@@ -355,6 +364,7 @@ class ParityConfig:
             tuple((f.step, f.value, f.optimizer) for f in self.faults),
             self.scaler if self.reference == "single" else "torch.amp",
             self.world_size,
+            self.tp,  # whose batch each rank trains, and the TP'd modules the twin splits
             self.backend,
             self.steps,
             self.resume_at is not None,  # a resume row's forward RNG runs on (ranks/restart/resume.py)
@@ -377,6 +387,8 @@ class ParityConfig:
         if self.engine == "fsdp1":
             stages = self.sharding if self.sharding in ("no_shard", "hybrid_shard") else "reduce_scatter"
             own = (stages, self.use_orig_params)
+        if self.hsdp is not None:
+            own = ("hsdp", self.hsdp)
         if self.resume_layout is None:
             return own
         return (*own, self.engine, self.resume_at, self.resume_layout)  # another layout from resume_at
@@ -397,6 +409,8 @@ def unsupported_reason(config: ParityConfig, *, gpus: int = 0) -> str | None:
             "HYBRID_SHARD shards within a node and replicates across nodes, so it needs a 2-D mesh: "
             f"an even world size >= 4, not {config.world_size} (run with --world-size 4)"
         )
+    if (reason := two_d.unsupported(config)) is not None:
+        return reason
     if config.engine == "fsdp1" and config.offload and config.backend == "gloo":
         return (
             "FSDP1 CPUOffload(offload_params=True) needs an accelerator (pinned memory); the GPU tier runs it"

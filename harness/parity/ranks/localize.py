@@ -85,21 +85,21 @@ class Probe:
         self._calls[name] = calls + 1
         return name if calls == 0 else f"{name}#{calls}"
 
-    def _forward_hook(self, name: str) -> Any:
+    def _forward_hook(self, name: str, engine: engines.Engine) -> Any:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             key = self._key(name)
             tensors = _tensors(output)
             for index, tensor in enumerate(tensors):
                 label = key if len(tensors) == 1 else f"{key}[{index}]"
-                self.forward.append((label, _local(tensor)))
+                self.forward.append((label, _local(engine.observed(name, tensor))))
                 if tensor.requires_grad:
-                    tensor.register_hook(self._backward_hook(label))
+                    tensor.register_hook(self._backward_hook(label, name, engine))
 
         return hook
 
-    def _backward_hook(self, label: str) -> Any:
+    def _backward_hook(self, label: str, name: str, engine: engines.Engine) -> Any:
         def hook(grad: torch.Tensor) -> None:
-            self.backward.append((label, _local(grad)))
+            self.backward.append((label, _local(engine.observed(name, grad))))
 
         return hook
 
@@ -109,7 +109,7 @@ class Probe:
             yield
             return
         handles = [
-            module.register_forward_hook(self._forward_hook(name))
+            module.register_forward_hook(self._forward_hook(name, engine))
             for name, module in module_names(engine.trained_module())
         ]
         try:

@@ -7,7 +7,8 @@
       "run": {"backend", "world_size", "scaler", "filter", "torch", "created", "wall_s",
               "units": {workload name: the FSDP units chosen, in words},
               "recipes": {workload name: the recipe it declares},
-              "loops": {workload name: the loop it declares, in words}},
+              "loops": {workload name: the loop it declares, in words},
+              "tp_plans": {workload name: its tensor-parallel plan, in words (``--tp``)}},
       "profiles": {"exact": {"rtol": 0.0, "atol": 0.0}, ...},
       "summary": {"total", "pass", "fail", "crash", "error", "skip", "expected_failures",
                   "closeness": {"bitwise" | "≤ N ulp" | "staged" | "toleranced": count}},
@@ -351,6 +352,14 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
         lines += [
             "",
             "FSDP units: " + "; ".join(f"`{name}` {chosen}" for name, chosen in run["units"].items()) + ".",
+        ]
+    if run.get("tp_plans"):
+        lines += [
+            "",
+            "Tensor-parallel plans (the reference computes each TP'd linear split as the plan splits it, "
+            "so those modules are judged `exact` too): "
+            + "; ".join(f"`{name}` {plan}" for name, plan in run["tp_plans"].items())
+            + ".",
         ]
     for suite in SUITES:
         rows = [r for r in results if r.config.suite == suite]

@@ -103,6 +103,12 @@ class Workload:
     scheduler: Callable[[Any], Any] | None = None
     """``optimizer -> torch.optim.lr_scheduler.LRScheduler``, stepped after every optimizer step on
     both sides, and saved and restored with the rest by a resume row."""
+    tp_plan: dict[str, Any] | str | None = None
+    """Tensor parallelism (``ParityConfig.tp``): ``{module name or pattern: ParallelStyle}`` exactly
+    as ``torch.distributed.tensor.parallel.parallelize_module`` takes it (``*`` matches one name
+    part: ``{"layers.*.attention.q": ColwiseParallel(), "layers.*.attention.o": RowwiseParallel()}``),
+    or ``"auto"``: a Hugging Face model's ``config.base_model_tp_plan`` (``workload/tp_plan.py``);
+    ``None``: no TP rows."""
     joint_losses: Callable[[nn.Module, list[Any]], list[torch.Tensor]] | None = None
     """``(model, batches) -> one loss per batch`` from a single forward pass (for the sparse
     single-process reference, whose gradient must come out of one backward call)."""
@@ -134,6 +140,20 @@ class Workload:
                 f"or None, got {self.optimizer!r}"
             )
         self._check_checkpointing()
+        if (
+            self.tp_plan is not None
+            and self.tp_plan != "auto"
+            and (
+                not isinstance(self.tp_plan, dict)
+                or not self.tp_plan
+                or not all(isinstance(k, str) for k in self.tp_plan)
+            )
+        ):
+            raise WorkloadError(
+                f"Workload {self.name!r}: tp_plan must be a non-empty dict of module name or pattern -> "
+                f"ParallelStyle, or 'auto', got {self.tp_plan!r}; use e.g. "
+                "tp_plan={'layers.*.ffn.up': ColwiseParallel(), 'layers.*.ffn.down': RowwiseParallel()}"
+            )
         if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
             raise WorkloadError(
                 f"Workload {self.name!r}: steps must be an int >= 1 or None, got {self.steps!r}"

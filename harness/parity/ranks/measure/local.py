@@ -87,14 +87,21 @@ def _copied(piece: Piece) -> Piece:
 
 
 def _dtensor_piece(value: Any, param: Any) -> Piece:
-    """The local shard of a ``Shard(0)`` DTensor laid out like ``param`` (zeros when ``value`` is
-    ``None``: this rank lacks what another holds)."""
-    from torch.distributed.tensor import Shard
+    """The local shard of a DTensor laid out like ``param`` (zeros when ``value`` is ``None``:
+    this rank lacks what another holds). ``Shard(0)`` over the mesh's last dimension (FSDP2, or
+    HSDP's ``(Replicate(), Shard(0))``) is compared where it lives, by the shard group that holds
+    global rank 0 (on a sub-mesh, as FSDP over TP's ``dp``, the other groups hold the same
+    elements). Any other placement (a TP'd parameter's ``(_StridedShard, Shard)``) is gathered
+    whole (collective over its mesh: every rank asks for the same tensors in the same order) and
+    compared by rank 0."""
+    from torch.distributed.tensor import Replicate, Shard
 
-    if param.device_mesh.ndim != 1 or tuple(param.placements) != (Shard(0),):
-        raise NotImplementedError(
-            f"comparing shards of a DTensor placed {param.placements} on a {param.device_mesh.ndim}-D mesh"
-        )
+    mesh, placements = param.device_mesh, tuple(param.placements)
+    along_last = placements == (Shard(0),) or (mesh.ndim == 2 and placements == (Replicate(), Shard(0)))
+    if not along_last:
+        whole = gather.zeros_like_shards(param) if value is None else value
+        return _whole(whole.full_tensor(), _rank() == 0)
+    dim = mesh.ndim - 1
     local = param.to_local() if value is None else value.to_local()
     if value is None:
         local = torch.zeros_like(local)
@@ -102,11 +109,17 @@ def _dtensor_piece(value: Any, param: Any) -> Piece:
     row = 1
     for size in shape[1:]:
         row *= size
-    mesh_rank = param.device_mesh.get_local_rank()
-    chunk = -(-shape[0] // param.device_mesh.size()) if shape else 0
+    mesh_rank = mesh.get_local_rank(dim)
+    chunk = -(-shape[0] // mesh.size(dim)) if shape else 0
     start = min(mesh_rank * chunk, shape[0] if shape else 0) * row
     dtype = param.dtype if value is None else value.dtype
-    return Piece(shape, dtype, start, local.detach().reshape(-1))
+    owner = (mesh.ndim == 1 and mesh.size() == dist.get_world_size()) or _holds_rank_zero(mesh, dim)
+    return Piece(shape, dtype, start, local.detach().reshape(-1) if owner else None)
+
+
+def _holds_rank_zero(mesh: Any, dim: int) -> bool:
+    """Whether this rank's group along ``dim`` of ``mesh`` holds global rank 0 (no collective)."""
+    return 0 in dist.get_process_group_ranks(mesh.get_group(dim))
 
 
 def _fsdp2_piece(value: Any, param: Any) -> Piece:

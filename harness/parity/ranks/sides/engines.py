@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from harness.parity.plan import two_d
 from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks.sides import flat, gather, reduce_layout, twin
 from harness.parity.ranks.sides.optimizers import make_optimizer
@@ -56,6 +57,8 @@ class Engine:
         self.workload = registry.get(config.workload)
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
+        self.data_rank = two_d.data_rank(config, self.rank)
+        """Whose batch this rank trains (under TP, its data-parallel group's; ``two_d.py``)."""
         model = registry.build_model(self.workload, config.seed)
         if self.workload.sparse:  # sparse workloads train in their precision throughout
             model = model.to(DTYPES[config.precision])
@@ -113,7 +116,7 @@ class Engine:
     def forward_rng(self, step: int) -> Any:
         """torch's RNG seeded for this rank's forward of ``step`` (dropout masks match the
         reference's: no engine draws from it between here and the model's own draws)."""
-        return registry.seeded(registry.forward_seed(self.config.seed, self.rank, step), self.device)
+        return registry.seeded(registry.forward_seed(self.config.seed, self.data_rank, step), self.device)
 
     def autocast(self) -> Any:
         """The recipe's ``torch.autocast`` around the forward (``autocast``/``mixed`` recipes), on
@@ -130,7 +133,7 @@ class Engine:
 
     def losses(self, step: int, scale: float) -> tuple[torch.Tensor, float]:
         """``(loss to back-propagate, this rank's loss as recorded)``."""
-        batch = to_device(self.finish(self.batch(step, self.rank), scale), self.device)
+        batch = to_device(self.finish(self.batch(step, self.data_rank), scale), self.device)
         with self.forward_rng(step), self.autocast():
             loss = self.workload.loss(self.wrapped, batch)
         return loss, loss.item()
@@ -158,6 +161,11 @@ class Engine:
 
     def full_grads(self) -> dict[str, torch.Tensor]:
         return {n: gather.to_cpu(p.grad) for n, p in self.named_trainable() if p.grad is not None}
+
+    def observed(self, module: str, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` (an output of ``module``, or its gradient) as the unsharded model holds it, for
+        the localization's probes (tensor parallelism hands on a rank's share: gathered there)."""
+        return tensor
 
     def trained_module(self) -> nn.Module:
         """The module whose forward runs (the low-precision reference runs a working copy)."""
@@ -240,21 +248,26 @@ class FSDP1(Engine):
 
 
 class FSDP2(Engine):
-    """``fully_shard`` on every unit and the root, with the configuration's precision and offload."""
+    """``fully_shard`` on every unit and the root, with the configuration's precision and offload
+    (HSDP: on a 2-D mesh, replicate x shard)."""
 
     def __init__(self, config: ParityConfig, device: torch.device) -> None:
         super().__init__(config, device)
         self.description = (
             f"FSDP2 fully_shard, reshard_after_forward={config.reshard_after_forward}, {config.recipe_name}"
             + (", CPUOffloadPolicy" if config.offload else "")
+            + (f", HSDP mesh {' x '.join(two_d.id_parts(config))}" if config.hsdp is not None else "")
         )
 
     def wrap(self, module: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
         config = self.config
+        shape = two_d.mesh_shape(config)  # HSDP: (replicate, shard); else one dimension
         kwargs: dict[str, Any] = {
-            "mesh": gather.mesh(self.device.type, (self.world_size,), None),
+            "mesh": gather.mesh(self.device.type, *shape)
+            if shape is not None
+            else gather.mesh(self.device.type, (self.world_size,), None),
             "reshard_after_forward": config.reshard_after_forward,
         }
         if config.policy is not None:

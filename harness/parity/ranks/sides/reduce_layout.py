@@ -15,8 +15,12 @@ The layouts, read in torch 2.13's sources (``_fsdp_collectives.foreach_reduce``,
 
 * **FSDP2**: one buffer per parameter group (a ``fully_shard`` call's own parameters, those of
   nested units excluded, in registration order), only the parameters that have a gradient; each
-  gradient padded on dim 0 to a multiple of the world size and laid out by ``torch._chunk_cat``
-  (row ``r`` of the buffer holds chunk ``r`` of every gradient in turn); reduce-scattered.
+  gradient padded on dim 0 to a multiple of the shard group's size and laid out by
+  ``torch._chunk_cat`` (row ``r`` of the buffer holds chunk ``r`` of every gradient in turn);
+  reduce-scattered over the shard group. HSDP (``fully_shard(mesh=(replicate, shard))``): then
+  all-reduced over the replicate group, each stage with ``AVG`` where FSDP2 averages (torch 2.13
+  ``_get_gradient_divide_factors``: ``AVG`` over the shard group, then ``AVG`` over the replicas).
+  With tensor parallelism the shard group is the mesh's ``dp`` dimension.
 * **FSDP1**: one flat gradient per unit (the unit's own parameters in module order; under
   ``use_orig_params`` each one starts at a multiple of 16 bytes of the compute dtype, zeros
   between), padded with zeros at the end to a multiple of the shard group's size; reduce-scattered
@@ -42,6 +46,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from harness.parity.plan import two_d
 from harness.parity.plan.config import ParityConfig
 
 
@@ -66,6 +71,13 @@ class Layout:
     """FSDP: reduce-scatter (False: FSDP1 ``NO_SHARD``, an all-reduce of the whole flat gradient)."""
     hybrid: bool = False
     """FSDP1 ``HYBRID_SHARD``: shard groups of 2 ranks, then an all-reduce across them."""
+    mesh: tuple[tuple[int, int], tuple[str, str]] | None = None
+    """FSDP2 on a 2-D mesh (``plan/two_d.py``): ``((rows, columns), names)``; HSDP's names are
+    ``("replicate", "shard")``, tensor parallelism's ``("dp", "tp")`` (reduced over ``dp`` only)."""
+    tp_dims: tuple[int | None, ...] = ()
+    """Tensor parallelism: per parameter (``parameters()`` order), the dim the TP group shards it on
+    (``None``: whole on every TP rank). FSDP2 over ``dp`` reduces each TP rank's *share*, so the
+    buffer a ``dp`` group reduces holds the shares of its TP coordinate (``_tp_bucket``)."""
 
 
 def _owners(model: nn.Module, units: list[nn.Module], engine: str) -> dict[int, int]:
@@ -111,13 +123,25 @@ def of(config: ParityConfig, model: nn.Module, units: list[nn.Module], param_dty
     align = 16 // torch.empty((), dtype=param_dtype).element_size() if config.use_orig_params else 0
     buckets = tuple(Bucket(tuple(groups[k]), align if config.engine == "fsdp1" else 0) for k in keys)
     if config.engine == "fsdp2":
-        return Layout(engine="fsdp2", buckets=buckets)
+        return Layout(
+            engine="fsdp2", buckets=buckets, mesh=two_d.mesh_shape(config), tp_dims=_tp_dims(config, model)
+        )
     return Layout(
         engine="fsdp1",
         buckets=buckets,
         sharded=config.sharding != "no_shard",
         hybrid=config.sharding == "hybrid_shard",
     )
+
+
+def _tp_dims(config: ParityConfig, model: nn.Module) -> tuple[int | None, ...]:
+    """Per parameter of ``model``, the dim the TP plan shards it on (``()`` without TP)."""
+    if config.tp is None:
+        return ()
+    from harness.parity.workload import registry, tp_plan
+
+    dims = tp_plan.sharded_dims(tp_plan.resolve(registry.get(config.workload), model), model)
+    return tuple(dims.get(name) for name, _ in model.named_parameters())
 
 
 def _divide(tensor: torch.Tensor, factor: float | None) -> None:
@@ -133,13 +157,18 @@ def _reduce_scatter(out: torch.Tensor, buffer: torch.Tensor, group: Any, op: Any
         dist.reduce_scatter_tensor(out, buffer, op=op, group=group)
 
 
-def _op(layout: Layout, factors: tuple[float | None, float | None]) -> tuple[Any, float | None, float | None]:
-    """``(reduce op, divide before, divide after)``. FSDP2 divides by the whole world size after
-    the sum with the collective's own ``AVG`` (NCCL pre-multiplies by ``1/n`` in the reduce dtype;
-    gloo sums, then divides): where the reference's own factors say exactly that (nothing before,
-    the world size after), it asks the same collective for ``AVG``; else ``SUM`` and divisions."""
+def _op(
+    layout: Layout, factors: tuple[float | None, float | None], groups: tuple[Any, Any]
+) -> tuple[Any, float | None, float | None]:
+    """``(reduce op, divide before, divide after)``. FSDP2 divides by the whole data-parallel size
+    after the sum with the collective's own ``AVG`` (NCCL pre-multiplies by ``1/n`` in the reduce
+    dtype; gloo sums, then divides; HSDP averages in each stage): where the reference's own factors
+    say exactly that (nothing before, the data-parallel size after), it asks the same collectives
+    for ``AVG``; else ``SUM`` and divisions."""
     pre, post = factors
-    if layout.engine == "fsdp2" and pre is None and post == dist.get_world_size():
+    shard, replicate = groups
+    size = dist.get_world_size(shard) * (dist.get_world_size(replicate) if replicate is not None else 1)
+    if layout.engine == "fsdp2" and pre is None and post == size:
         return dist.ReduceOp.AVG, None, None
     return dist.ReduceOp.SUM, pre, post
 
@@ -184,7 +213,7 @@ def _scattered_and_gathered(
     back whole over the shard group."""
     shard, replicate = groups
     size = dist.get_world_size(shard)
-    op, pre, post = _op(layout, factors)
+    op, pre, post = _op(layout, factors, groups)
     _divide(buffer, pre)
     if _reversed:
         whole = reverse_sum(buffer, op)
@@ -213,25 +242,33 @@ def _all_reduced(buffer: torch.Tensor, factors: tuple[float | None, float | None
 
 def _groups(layout: Layout, device: torch.device) -> tuple[Any, Any]:
     """``(shard group, replicate group or None)``: HYBRID_SHARD's mesh as the candidate builds it
-    (``engines.FSDP1.wrap``: replicate x shard, shard groups of 2 ranks)."""
-    if not layout.hybrid:
-        return dist.group.WORLD, None
+    (``engines.FSDP1.wrap``: replicate x shard, shard groups of 2 ranks), FSDP2's 2-D meshes as
+    ``plan/two_d.py`` shapes them (HSDP: shard, then replicate; TP: ``dp`` only)."""
     from harness.parity.ranks.sides import gather
 
+    if layout.mesh is not None:
+        shape, names = layout.mesh
+        mesh = gather.mesh(device.type, shape, names)
+        if names == ("dp", "tp"):
+            return mesh["dp"].get_group(), None
+        return mesh["shard"].get_group(), mesh["replicate"].get_group()
+    if not layout.hybrid:
+        return dist.group.WORLD, None
     world = dist.get_world_size()
     mesh = gather.mesh(device.type, (world // 2, 2), ("replicate", "shard"))
     return mesh["shard"].get_group(), mesh["replicate"].get_group()
 
 
 def _fsdp2_bucket(
-    grads: list[torch.Tensor], layout: Layout, factors: tuple[float | None, float | None]
+    grads: list[torch.Tensor],
+    layout: Layout,
+    factors: tuple[float | None, float | None],
+    groups: tuple[Any, Any],
 ) -> list[torch.Tensor]:
-    world = dist.get_world_size()
+    world = dist.get_world_size(groups[0])  # the shard group's size
     rows = [g.reshape(1) if g.dim() == 0 else g for g in grads]
     chunked = torch._chunk_cat(rows, dim=0, num_chunks=world)  # (world, per-rank numel)
-    whole = _scattered_and_gathered(chunked.reshape(-1), layout, factors, (dist.group.WORLD, None)).view(
-        world, -1
-    )
+    whole = _scattered_and_gathered(chunked.reshape(-1), layout, factors, groups).view(world, -1)
     out, offset = [], 0
     for grad, row in zip(grads, rows, strict=True):
         rows_per_rank = -(-row.shape[0] // world)
@@ -242,6 +279,36 @@ def _fsdp2_bucket(
         )  # fused kernels read memory in order
         offset += per_rank
     return out
+
+
+def _tp_bucket(
+    grads: list[torch.Tensor],
+    dims: list[int | None],
+    layout: Layout,
+    factors: tuple[float | None, float | None],
+    groups: tuple[Any, Any],
+) -> list[torch.Tensor]:
+    """An FSDP2 bucket under tensor parallelism: TP rank ``c`` reduces over its ``dp`` group a
+    buffer of its shares (each TP'd gradient's chunk ``c`` on its dim, the others whole), so the
+    ring sums each element at the offset it has there. Every rank of the reference holds whole
+    gradients of its ``dp`` coordinate's batch, so it builds the buffer of every TP coordinate and
+    reduces each over its own ``dp`` group (the same ranks in the same ring positions, the same
+    layout, the same values as coordinate ``c``'s candidates), then joins the shares."""
+    (_, parts), _ = layout.mesh  # type: ignore[misc]
+    mine = dist.get_rank() % parts
+    reduced = [
+        _fsdp2_bucket(
+            [g if d is None else g.chunk(parts, d)[c].contiguous() for g, d in zip(grads, dims, strict=True)],
+            layout,
+            factors,
+            groups,
+        )
+        for c in range(parts)
+    ]
+    return [
+        reduced[mine][i] if d is None else torch.cat([reduced[c][i] for c in range(parts)], d)
+        for i, d in enumerate(dims)
+    ]
 
 
 def _fsdp1_bucket(
@@ -289,13 +356,17 @@ def reduce(
     stays without one."""
     out: list[torch.Tensor | None] = [None] * len(grads)
     device = next((g.device for g in grads if g is not None), torch.device("cpu"))
-    groups = _groups(layout, device) if layout.engine == "fsdp1" else (dist.group.WORLD, None)
+    groups = _groups(layout, device) if layout.engine in ("fsdp1", "fsdp2") else (dist.group.WORLD, None)
     for bucket in layout.buckets:
         held = [i for i in bucket.params if grads[i] is not None]
         if not held:
             continue
         if layout.engine == "fsdp2":
-            reduced = _fsdp2_bucket([grads[i].to(reduce_dtype) for i in held], layout, factors)  # type: ignore[union-attr]
+            cast = [grads[i].to(reduce_dtype) for i in held]  # type: ignore[union-attr]
+            if layout.tp_dims:
+                reduced = _tp_bucket(cast, [layout.tp_dims[i] for i in held], layout, factors, groups)
+            else:
+                reduced = _fsdp2_bucket(cast, layout, factors, groups)
         elif layout.engine == "fsdp1":
             members = [
                 grads[i].to(reduce_dtype)

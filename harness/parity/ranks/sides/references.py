@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harness.parity.plan import resume_spec
+from harness.parity.plan import resume_spec, two_d
 from harness.parity.plan.config import ParityConfig
 from harness.parity.plan.precision import PrecisionPolicy
 from harness.parity.ranks.sides import reduce_layout, twin
@@ -57,14 +57,14 @@ class LowPrecisionDDP(Engine):
         with torch.no_grad():
             for low, master in zip(self.working.parameters(), self.module.parameters(), strict=True):
                 low.copy_(master)
-        batch = to_device(self.batch(step, self.rank), self.device)
+        batch = to_device(self.batch(step, self.data_rank), self.device)
         with self.forward_rng(step), self.autocast(), self.wrapped.no_sync():  # type: ignore[operator]
             loss = self.workload.loss(self.wrapped, batch)  # reduced by hand in after_backward
         return loss, loss.item()
 
     def after_backward(self) -> None:
         factors = twin.divide_factors(
-            self.config.engine, twin.DTYPES[self.policy.reduce_dtype], self.world_size
+            self.config.engine, twin.DTYPES[self.policy.reduce_dtype], two_d.data_parallel_size(self.config)
         )
         twin.reduce_grads(
             list(self.working.parameters()), list(self.module.parameters()), self.policy, factors, self.layout
@@ -116,7 +116,7 @@ class MirroredDDP(Engine):
         grads = [p.grad for p in params]
         if all(g is None for g in grads):
             return
-        factors = twin.divide_factors(engine, torch.float32, self.world_size)
+        factors = twin.divide_factors(engine, torch.float32, two_d.data_parallel_size(self.config))
         reduced = reduce_layout.reduce(layout, params, grads, torch.float32, factors)
         for param, grad in zip(params, reduced, strict=True):
             param.grad = None if grad is None else grad.to(param.dtype)

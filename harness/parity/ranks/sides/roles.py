@@ -11,16 +11,18 @@ from __future__ import annotations
 import torch
 
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks.sides import twin
+from harness.parity.ranks.sides import tensor_parallel, twin
 from harness.parity.ranks.sides.engines import FSDP1, FSDP2, Engine, unit_modules
 from harness.parity.ranks.sides.references import LowPrecisionDDP, MirroredDDP, SingleProcess
-from harness.parity.workload import registry
+from harness.parity.workload import registry, tp_plan
 
 
 def build(config: ParityConfig, role: str, device: torch.device) -> Engine:
     """The engine of ``role`` (``reference`` or ``candidate``) for ``config``."""
     if role == "candidate":
         cls = {"ddp": Engine, "fsdp1": FSDP1, "fsdp2": FSDP2}[config.engine]
+        if config.tp is not None:
+            cls = tensor_parallel.FSDP2TP
     elif config.reference == "single":
         cls = SingleProcess
     elif config.policy is not None and not registry.get(config.workload).sparse:
@@ -38,4 +40,11 @@ def build(config: ParityConfig, role: str, device: torch.device) -> Engine:
         # The twin of FSDP2's autograd graph too: its units' inputs pass one identity node each.
         model = engine.trained_module()
         twin.mirror_fsdp2_inputs(model, unit_modules(model, engine.units))
+    if role == "reference" and config.tp is not None:
+        # The twin of TP's arithmetic: each TP'd linear as partial products, summed.
+        model = engine.trained_module()
+        split = tensor_parallel.mirror(model, tp_plan.resolve(engine.workload, model), config.tp)
+        engine.description += "; TP'd linears split as the candidate's plan: " + ", ".join(
+            f"{name} ({kind})" for name, kind in split
+        )
     return engine

@@ -18,6 +18,7 @@ from harness.parity.workload.spec import Workload
 VOCAB = 64
 WIDTH = 32
 HEADS = 2
+HEAD_WIDTH = WIDTH // HEADS
 LAYERS = 2
 SEQUENCE = 16
 
@@ -58,11 +59,12 @@ class Attention(nn.Module):
         batch, positions, _ = x.shape
 
         def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(batch, positions, HEADS, WIDTH // HEADS).transpose(1, 2)
+            # -1 heads: under tensor parallelism a rank holds its share of them (q, k, v colwise)
+            return t.view(batch, positions, -1, HEAD_WIDTH).transpose(1, 2)
 
         q, k, v = rotate(heads(self.q(x))), rotate(heads(self.k(x))), heads(self.v(x))
         attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o(attended.transpose(1, 2).reshape(batch, positions, WIDTH))
+        return self.o(attended.transpose(1, 2).reshape(batch, positions, -1))
 
 
 class SwiGLU(nn.Module):
@@ -119,6 +121,51 @@ def next_token_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
 
 
+def tp_plan() -> dict[str, object]:
+    """Megatron's split of a decoder layer, as torchtitan writes it: q, k, v and the feed-forward's
+    gate and up by output columns (each TP rank its heads, its hidden units), o and down by input
+    rows (their partial products summed across the TP group). Norms, the embedding and the tied
+    head stay replicated."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    columns = [f"layers.*.attention.{n}" for n in ("q", "k", "v")] + ["layers.*.ffn.gate", "layers.*.ffn.up"]
+    plan: dict[str, object] = {name: ColwiseParallel() for name in columns}
+    plan.update({"layers.*.attention.o": RowwiseParallel(), "layers.*.ffn.down": RowwiseParallel()})
+    return plan
+
+
+def sequence_parallel_plan() -> dict[str, object]:
+    """:func:`tp_plan` with sequence parallelism, as torchtitan writes it: between the blocks each
+    TP rank holds its share of the positions (``Shard(1)``), the norms run on that share
+    (``SequenceParallel``, their weights' gradients summed across the TP group), each block
+    all-gathers its input and its closing linear reduce-scatters its output. The embedding and the
+    tied head stay whole: the first layer takes its share of the embedded positions, the head
+    all-gathers them back."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, RowwiseParallel, SequenceParallel
+
+    def gather_input() -> PrepareModuleInput:
+        return PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+
+    plan: dict[str, object] = {
+        "layers.0": PrepareModuleInput(
+            input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True
+        ),
+        **tp_plan(),
+        "layers.*.attention_norm": SequenceParallel(),
+        "layers.*.attention": gather_input(),
+        "layers.*.attention.o": RowwiseParallel(output_layouts=Shard(1)),
+        "layers.*.ffn_norm": SequenceParallel(),
+        "layers.*.ffn": gather_input(),
+        "layers.*.ffn.down": RowwiseParallel(output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+        ),
+    }
+    return plan
+
+
 def llama() -> Workload:
     return Workload(
         name="llama",
@@ -126,4 +173,5 @@ def llama() -> Workload:
         batch=token_batch,
         loss=next_token_loss,
         units=(DecoderLayer,),
+        tp_plan=tp_plan(),
     )

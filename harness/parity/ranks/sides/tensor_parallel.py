@@ -1,0 +1,271 @@
+"""FSDP2 with tensor parallelism (rank side): the candidate, and its unsharded twin's split matmuls.
+
+Why the reference splits: tensor parallelism changes the local arithmetic. A ``RowwiseParallel``
+linear computes ``x[..., part_t] @ W[:, part_t]^T`` on each TP rank and sums the ``T`` partial
+products across the TP group; a ``ColwiseParallel`` one computes its share of the outputs, and the
+gradient of its input is again a sum of ``T`` partial products. One unsplit matmul sums the same
+products in another order, so an unsharded reference drifts from a correct candidate by rounding
+from the first step. The twin therefore computes each TP'd linear as the plan splits it: the
+partial products on the same shapes (contiguous, as the candidate's local shards are), summed.
+With ``T = 2`` (``plan/two_d.TP_DEGREES``) the all-reduce adds two addends, which sum the same in
+any order, so the verdict stays bitwise (measured: the built-in decoder, under Megatron's and under
+torchtitan's sequence-parallel plan, and Hugging Face Llama, in fp32, bf16 and fp16, at world size
+4, the decoder at 8 too: every value equal). Everything else of the twin is the unsharded model.
+
+What the twin takes from the candidate: the plan (which modules, which style), and nothing else;
+the shapes of the parts are derived from the weight and ``T``. So a candidate whose partial sums
+are not reduced, or whose plan leaves a module out that the model's code needs split, differs.
+
+The styles the twin mirrors: ``ColwiseParallel`` and ``RowwiseParallel`` on ``nn.Linear`` (any
+layouts: what they move changes no value) and on ``nn.Embedding`` (a vocabulary split adds zeros),
+``SequenceParallel`` (the module run on each share of the sequence, its weight's gradient the sum
+of the shares'), ``PrepareModuleInput``/``PrepareModuleOutput`` (data moved, nothing computed); any
+other style or module is refused with its name, before training.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from harness.parity.plan import two_d
+from harness.parity.ranks.sides import gather
+from harness.parity.ranks.sides.engines import FSDP2, unit_modules
+from harness.parity.workload import tp_plan
+
+
+class FSDP2TP(FSDP2):
+    """``parallelize_module(model, mesh["tp"], plan)``, then ``fully_shard(mesh=mesh["dp"])`` on every
+    unit and the root: torchtitan's 2-D recipe on a ``dp x tp`` mesh."""
+
+    def __init__(self, config: Any, device: torch.device) -> None:
+        super().__init__(config, device)
+        self.description = (
+            f"FSDP2 + TP (mesh dp {self.world_size // config.tp} x tp {config.tp}), "
+            f"reshard_after_forward={config.reshard_after_forward}, {config.recipe_name}; "
+            f"plan: {self.plan_text}"
+        )
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        config = self.config
+        shape, names = two_d.mesh_shape(config)  # type: ignore[misc]
+        mesh = gather.mesh(self.device.type, shape, names)
+        plan = self.plan(module)
+        self.plan_text = ", ".join(f"{key} {type(style).__name__}" for key, style in plan.items())
+        parallelize_module(module, mesh["tp"], plan)
+        self.tp_group = mesh["tp"].get_group()
+        styled = tp_plan.styled_modules(plan, module)
+        self.column_outputs = {name for name, style in styled if _is_colwise(style)}
+        """The modules whose outputs (and their gradients) are a TP rank's share of the last dim."""
+        self.sequence_dim = next((s.sequence_sharding[0].dim for _, s in styled if _is_sequence(s)), None)
+        """Under a sequence-parallel plan, the dim along which activations between blocks are shared."""
+        kwargs: dict[str, Any] = {"mesh": mesh["dp"], "reshard_after_forward": config.reshard_after_forward}
+        if config.policy is not None:
+            from harness.parity.ranks.sides import twin
+
+            kwargs["mp_policy"] = twin.fsdp2_mixed_precision(config.policy)
+        for unit in reversed(unit_modules(module, self.units)):  # innermost first
+            fully_shard(unit, **kwargs)
+        fully_shard(module, **kwargs)
+        return module
+
+    def observed(self, module: str, tensor: torch.Tensor) -> torch.Tensor:
+        """An activation (or its gradient) whole: a plain tensor the TP ranks hold differently is
+        each rank's share, gathered over the TP group along the last dim (a ``ColwiseParallel``
+        output) or the sequence dim (between the blocks of a sequence-parallel plan); one the ranks
+        hold alike is whole already; a DTensor is gathered by the probe; shares of unequal shapes
+        (an uneven split) stay as they are. Collective: every TP rank probes the same modules in
+        the same order, and every branch is taken on data the TP group gathered, so alike."""
+        import torch.distributed as dist
+
+        if hasattr(tensor, "full_tensor"):
+            return tensor
+        ranks = dist.get_world_size(self.tp_group)
+        shape = torch.tensor(tensor.shape, dtype=torch.int64)
+        shapes = [torch.empty_like(shape) for _ in range(ranks)]
+        dist.all_gather(shapes, shape, group=self.tp_group)  # uneven shares: left as they are
+        if any(not torch.equal(shapes[0], other) for other in shapes[1:]):
+            return tensor
+        parts = [torch.empty_like(tensor) for _ in range(ranks)]
+        dist.all_gather(parts, tensor.detach().contiguous(), group=self.tp_group)
+        if all(torch.equal(parts[0], part) for part in parts[1:]):
+            return tensor
+        dim = -1 if module in self.column_outputs else self.sequence_dim
+        return tensor if dim is None else torch.cat(parts, dim)
+
+    def plan(self, module: nn.Module) -> dict[str, Any]:
+        """The workload's plan over ``module`` (``"auto"`` read from it), checked against its names."""
+        return tp_plan.resolve(self.workload, module)
+
+
+class _FanOut(torch.autograd.Function):
+    """One copy of ``x`` per TP rank, as one autograd node: each copy collects the gradients one TP
+    rank computes locally from its share of the weights (summed in the order autograd delivers
+    them, as that rank's autograd does), and the node sums the ranks' totals, as the TP all-reduce
+    (or reduce-scatter) of the ``Partial`` gradient does, before autograd adds the result to the
+    gradients of the input's other consumers."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        return tuple(x.view_as(x) for _ in range(parts))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, None]:  # type: ignore[override]
+        held = [grad for grad in grads if grad is not None]
+        total = held[0] if held else None
+        for grad in held[1:]:
+            total = total + grad
+        return total, None
+
+
+_SHARES: dict[int, tuple[torch.Tensor, ...]] = {}
+"""The per-rank copies of a tensor an enclosing ``PrepareModuleInput`` made ``Replicate`` (by the
+``id`` of the copy its module's code receives), while that module runs: the column-split linears
+inside take their rank's copy, so each rank's partial gradients are summed before the ranks'."""
+
+
+def _columns(module: nn.Linear, parts: int) -> Any:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        shares = _SHARES.get(id(x)) or _FanOut.apply(x, parts)
+        weights = module.weight.chunk(parts, 0)
+        biases = module.bias.chunk(parts, 0) if module.bias is not None else [None] * parts
+        return torch.cat(
+            [F.linear(share, w.contiguous(), b) for share, w, b in zip(shares, weights, biases, strict=True)],
+            -1,
+        )
+
+    return forward
+
+
+def _replicated_input(module: nn.Module, parts: int) -> Any:
+    """A module whose ``PrepareModuleInput`` hands its code a ``Replicate`` DTensor: the TP
+    reduction of its input's gradient happens here, once for every column-split linear inside."""
+    inner = module.forward
+
+    def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        shares = _FanOut.apply(x, parts)
+        _SHARES[id(shares[0])] = shares
+        try:
+            return inner(shares[0], *args, **kwargs)
+        finally:
+            del _SHARES[id(shares[0])]
+
+    return forward
+
+
+def _rows(module: nn.Linear, parts: int) -> Any:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        inputs = [piece.contiguous() for piece in x.chunk(parts, -1)]
+        weights = [w.contiguous() for w in module.weight.chunk(parts, 1)]
+        out = F.linear(inputs[0], weights[0])
+        for piece, weight in zip(inputs[1:], weights[1:], strict=True):
+            out = out + F.linear(piece, weight)
+        return out
+
+    return forward
+
+
+def _is_colwise(style: Any) -> bool:
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    return isinstance(style, ColwiseParallel)
+
+
+def _is_sequence(style: Any) -> bool:
+    from torch.distributed.tensor.parallel import SequenceParallel
+
+    return isinstance(style, SequenceParallel)
+
+
+def _sequence(module: nn.Module, dim: int, parts: int) -> Any:
+    """A ``SequenceParallel`` module (a norm) run on each TP rank's share of the sequence: the parts
+    computed apart and joined, so its weight's gradient is the sum of the parts' (two addends)."""
+    inner = module.forward
+
+    def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.cat([inner(piece.contiguous(), *args, **kwargs) for piece in x.chunk(parts, dim)], dim)
+
+    return forward
+
+
+def _kind(name: str, module: nn.Module, style: Any, parts: int) -> str:
+    """How the twin computes ``module`` under ``style``: ``colwise``/``rowwise`` (a linear split),
+    ``sequence`` (run per sequence share), ``layout`` (the style moves data only: the twin's
+    values are already whole); else a ValueError naming the style."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    if isinstance(style, PrepareModuleInput):
+        from torch.distributed.tensor import Replicate
+
+        desired = tuple(style.desired_input_layouts or ())
+        gathered = bool(desired) and isinstance(desired[0], Replicate) and not style.use_local_output
+        return "replicated" if gathered else "layout"
+    if isinstance(style, PrepareModuleOutput):
+        return "layout"
+    if isinstance(style, SequenceParallel):
+        return "sequence"
+    if isinstance(style, (ColwiseParallel, RowwiseParallel)) and isinstance(module, nn.Embedding):
+        # A vocabulary split sums one looked-up row with zeros, an embedding-dim split joins
+        # columns: both exact, the whole lookup's values.
+        return "layout"
+    kind = (
+        "colwise"
+        if isinstance(style, ColwiseParallel)
+        else "rowwise"
+        if isinstance(style, RowwiseParallel)
+        else None
+    )
+    if kind is None or not isinstance(module, nn.Linear):
+        raise ValueError(
+            f"tp_plan: {name!r} is a {type(module).__name__} under {type(style).__name__}; the reference "
+            "mirrors ColwiseParallel and RowwiseParallel on nn.Linear and nn.Embedding, SequenceParallel, "
+            "PrepareModuleInput and PrepareModuleOutput (leave other modules out of the plan)"
+        )
+    if kind == "rowwise" and module.bias is not None:
+        raise ValueError(
+            f"tp_plan: {name!r} is a RowwiseParallel nn.Linear with a bias; the reference mirrors "
+            "RowwiseParallel on bias-free linears only (Llama-style projections)"
+        )
+    dim = 0 if kind == "colwise" else 1
+    if module.weight.shape[dim] % parts:
+        raise ValueError(
+            f"tp_plan: {name!r} splits weight dim {dim} of size {module.weight.shape[dim]} over tp={parts}, "
+            "which does not divide it; use a tp that divides it"
+        )
+    return kind
+
+
+def mirror(model: nn.Module, plan: dict[str, Any], parts: int) -> list[tuple[str, str]]:
+    """Make every module ``plan`` parallelizes in ``model`` (the reference's trained module) compute
+    as the plan splits it over ``parts`` TP ranks; ``[(module name, how)]``.
+
+    The layouts a style moves data between (all-gathers, the chunks of a redistribution, a
+    reduce-scatter's two addends) change no value, so a linear is mirrored by its split whatever
+    its input and output layouts; a ``SequenceParallel`` module runs per sequence share."""
+    modules = dict(model.named_modules())
+    done = []
+    for name, style in tp_plan.styled_modules(plan, model):
+        module = modules[name]
+        kind = _kind(name, module, style, parts)
+        if kind == "colwise":
+            module.forward = _columns(module, parts)  # type: ignore[method-assign, arg-type]
+        elif kind == "rowwise":
+            module.forward = _rows(module, parts)  # type: ignore[method-assign, arg-type]
+        elif kind == "replicated":
+            module.forward = _replicated_input(module, parts)  # type: ignore[method-assign]
+        elif kind == "sequence":
+            module.forward = _sequence(module, style.sequence_sharding[0].dim, parts)  # type: ignore[method-assign]
+        done.append((name, kind))
+    return done

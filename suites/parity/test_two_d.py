@@ -1,0 +1,116 @@
+"""2-D layouts at world size 4: HSDP (``fully_shard`` on a replicate x shard mesh, 2 x 2 and 4 x 1)
+and FSDP2 + tensor parallelism (dp 2 x tp 2) on the built-in Llama-style decoder pass bitwise, and
+each planted 2-D bug fails its row and is named.
+
+Why bitwise and not a tolerance: HSDP's reference reduces through the candidate's two stages
+(reduce-scatter over the shard group, all-reduce over the replicas) with divide factors derived on
+its own side; the TP reference computes each TP'd linear as the plan splits it, and two partial
+products sum the same in any order (``ranks/sides/tensor_parallel.py``). The plants live in
+``fixtures/two_d_plants.py``. The whole 2-D matrix of the decoder is the ``two_d`` tier
+(``make two-d``, ``test_two_d_tier.py``); ``make test`` runs one correct row and one plant of
+this module, the ``two_d`` marker the rest.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fixtures.two_d_plants import TwoDPlant, planted_executor
+from harness.parity.doors import runner
+from harness.parity.plan import two_d_matrix
+from harness.parity.plan.config import ParityConfig
+
+_COMMON = {"engine": "fsdp2", "reshard_after_forward": True, "workload": "llama", "world_size": 4, "steps": 3}
+SMOKE = ParityConfig(tp=2, precision="bf16", recipe="reduce32", optimizer="adamw", **_COMMON)
+SEQUENCE_SMOKE = ParityConfig(
+    **{**_COMMON, "workload": "fixtures.two_d_workloads:llama_sp"}, tp=2, precision="bf16", optimizer="sgd"
+)
+"""The two correct 2-D rows ``make test`` runs, a few seconds (the rest are the ``two_d`` tier's):
+Megatron's plan, and torchtitan's sequence-parallel one (each rank's partial gradients summed
+before the ranks', ``tensor_parallel._FanOut``)."""
+CORRECT = [
+    SMOKE,
+    SEQUENCE_SMOKE,
+    ParityConfig(hsdp=2, precision="bf16", optimizer="adamw", **_COMMON),
+    ParityConfig(hsdp=4, precision="fp32", optimizer="sgd", **_COMMON),
+]
+PLANTS = {
+    "hsdp2x2_divides_by_the_shard_group": (
+        ParityConfig(hsdp=2, optimizer="sgd", **_COMMON),
+        TwoDPlant(kind="hsdp_shard_divide_factor"),
+        "divide_factor",
+    ),
+    "hsdp4x1_divides_by_the_shard_group": (
+        ParityConfig(hsdp=4, precision="bf16", optimizer="sgd", **_COMMON),
+        TwoDPlant(kind="hsdp_shard_divide_factor"),
+        "divide_factor",
+    ),
+    "tp_partial_not_reduced": (
+        ParityConfig(tp=2, optimizer="sgd", **_COMMON),
+        TwoDPlant(kind="tp_partial_not_reduced"),
+        "tp_partial_not_reduced",
+    ),
+    "tp_module_left_out": (
+        ParityConfig(tp=2, precision="bf16", optimizer="sgd", **_COMMON),
+        TwoDPlant(kind="tp_module_left_out", module="layers.*.ffn.up"),
+        "tp_plan_incomplete",
+    ),
+    "sp_norm_left_out": (
+        ParityConfig(
+            **{**_COMMON, "workload": "fixtures.two_d_workloads:llama_sp_norm_left_out"},
+            tp=2,
+            optimizer="sgd",
+        ),
+        TwoDPlant(kind="none"),
+        "tp_grad_not_reduced",
+    ),
+    "reference_without_tp_split": (
+        ParityConfig(tp=2, optimizer="sgd", **_COMMON),
+        TwoDPlant(kind="reference_without_tp_split"),
+        None,
+    ),
+}
+_FAST_PLANT = "hsdp2x2_divides_by_the_shard_group"
+"""The plant ``make test`` runs (a second and a half; the others are the ``two_d`` tier's)."""
+
+
+def _tiered(values, *fast):
+    return [v if v in fast else pytest.param(v, marks=pytest.mark.two_d) for v in values]
+
+
+@pytest.mark.parametrize("config", _tiered(CORRECT, SMOKE, SEQUENCE_SMOKE), ids=lambda c: c.id)
+def test_a_correct_2d_row_passes_bitwise_at_world_size_4(module_ranks, config):
+    (outcome,) = runner.run([config], planted_executor(module_ranks, TwoDPlant(kind="none")))
+    result = outcome.result
+    assert (result.status, result.profile, result.closeness) == ("pass", "exact", "bitwise"), result.reason
+
+
+@pytest.mark.parametrize("case", _tiered(sorted(PLANTS), _FAST_PLANT))
+def test_a_planted_2d_bug_fails_its_row_and_is_named(module_ranks, case):
+    config, plant, cause = PLANTS[case]
+    (outcome,) = runner.run([config], planted_executor(module_ranks, plant))
+    result = outcome.result
+    # A plan that leaves out a module the model's code needs split cannot run: a shape mismatch
+    # in the candidate (a red ``crash`` row), named from its error.
+    red = "crash" if plant.kind == "tp_module_left_out" else "fail"
+    assert result.status == red, f"{case}: {result.status} {result.reason}"
+    assert result.first_diverging_step == 0, result.reason
+    if cause is not None:
+        assert cause in [c.name for c in result.causes], (
+            case,
+            [c.name for c in result.causes],
+            result.reason,
+        )
+    if config.hsdp is not None:  # said in HSDP's terms: the replicas summed, not averaged
+        (named,) = [c for c in result.causes if c.name == "divide_factor"]
+        assert f"{config.hsdp}x the reference's were summed across the replicas" in named.explanation
+
+
+def test_the_2d_matrix_has_hsdp_at_both_sharding_degrees_and_tp_in_every_recipe_and_optimizer():
+    ids = [c.id for c in two_d_matrix.rows("llama", world_size=4)]
+    assert {"hsdp2x2", "hsdp4x1", "tp2"} <= {part for i in ids for part in i.split("-")}
+    tp_rows = [c for c in two_d_matrix.rows("llama", world_size=4) if c.tp == 2 and not c.faults]
+    assert {(c.recipe_name, c.optimizer) for c in tp_rows} == {
+        (r, o) for r in ("fp32", "pure-bf16", "bf16-reduce32", "pure-fp16") for o in ("sgd", "adamw")
+    }
+    assert two_d_matrix.rows("llama", world_size=2) == []
