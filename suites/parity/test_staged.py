@@ -64,15 +64,32 @@ def test_the_report_says_which_rows_the_staged_check_decided_and_what_it_measure
     assert render.to_json([result], {})["summary"]["closeness"] == {"staged": 1}
 
 
-def test_a_last_bit_each_update_stays_one_steps_ulp_because_the_reference_is_re_anchored(module_ranks):
+_FSDP1 = {"engine": "fsdp1", "use_orig_params": False, "steps": 4, "world_size": 4}
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        {**_FSDP2, "steps": 4},
+        {**_FSDP1, "sharding": "full_shard"},
+        {**_FSDP1, "sharding": "no_shard"},
+        {**_FSDP1, "sharding": "hybrid_shard", "use_orig_params": True},
+    ],
+    ids=["fsdp2", "fsdp1-full_shard", "fsdp1-no_shard", "fsdp1-hybrid_shard"],
+)
+def test_a_last_bit_each_update_stays_one_steps_ulp_because_the_reference_is_re_anchored(
+    module_ranks, engine
+):
     """Straight through, a fused kernel's last bit every step compounds; re-anchored, each step
-    starts from the candidate's state, so the next step's local gradients stay bitwise and the
-    update stage sees one step's ulp (held to the fused fallback)."""
-    config = ParityConfig(optimizer="adam_fused", **{**_FSDP2, "steps": 4})
+    starts from the candidate's state, so the next step's local gradients (captured where each
+    engine hands them to its reduction) stay bitwise and the update stage sees one step's ulp
+    (held to the fused fallback)."""
+    config = ParityConfig(optimizer="adam_fused", **engine)
     result = _run(module_ranks, config, Plant(kind="update_ulp"))
     assert result.status == "pass", (result.reason, result.staged)
     assert result.staged is not None and result.staged.passed
     assert result.staged.update_fallback == "fp32" and 0 < result.staged.update_max_ulp <= 2
+    assert result.staged.local_elements > 0
 
 
 def test_on_request_a_staged_row_shows_the_drift_a_reordering_alone_produces(module_ranks):

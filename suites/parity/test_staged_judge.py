@@ -132,3 +132,16 @@ def test_which_rows_the_runner_sends_to_the_staged_check(config, status, max_ulp
 
 def test_a_row_expected_to_fail_keeps_its_straight_verdict():
     assert not staged.wanted(_FSDP2, "fail", 9.0, expected_failure="torch's scaler ...")
+
+
+def test_a_pass_the_staged_check_could_not_establish_becomes_an_error_naming_why():
+    from harness.parity.doors import runner
+    from harness.parity.judge.result import ParityResult
+
+    straight = ParityResult(config=_FSDP2, status="pass", profile="fp32", max_ulp=3.0)
+    broken = staged.Staged(passed=False, error="[rank 1] KeyError: 'w'")
+    decided = runner._with_staged(straight, broken)
+    assert decided.status == "error" and "could not run" in decided.reason
+    assert decided.detail == "[rank 1] KeyError: 'w'"
+    failed = ParityResult(config=_FSDP2, status="fail", profile="exact", max_ulp=3.0, reason="step 0 ...")
+    assert runner._with_staged(failed, broken).status == "fail"

@@ -238,9 +238,14 @@ def _staged(
 def _with_staged(verdict: ParityResult, found: staged.Staged) -> ParityResult:
     """``verdict`` decided by the staged check: a pass when every stage held at every step (the
     straight comparison's distances stay, as the drift a reordering leaves), a fail naming the
-    first stage that did not. A check that could not run leaves the straight verdict, saying so."""
-    if found.error:
-        return dataclasses.replace(verdict, staged=found)
+    first stage that did not. A check that could not run leaves a failed row failed and makes a
+    passing one an ``error`` (the harness could not establish it), with the check's traceback."""
+    if found.error:  # a pass it was meant to decide cannot stand on a fallback alone
+        if verdict.status != "pass":
+            return dataclasses.replace(verdict, staged=found)
+        return dataclasses.replace(
+            verdict, status="error", reason=found.summary(), detail=found.error, staged=found
+        )
     if found.passed:
         return dataclasses.replace(verdict, status="pass", reason="", causes=(), staged=found)
     first = found.findings[0].line()

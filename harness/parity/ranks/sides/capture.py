@@ -97,8 +97,8 @@ def _fsdp1(engine: engines.Engine) -> Iterator[dict[str, list[torch.Tensor]]]:
     def recording(name: str) -> Any:
         def record(state: Any, handle: Any) -> Any:
             flat = handle.flat_param.grad.detach()
-            for name, grad in _split_flat(flat, handle.flat_param, prefixes.get(id(state), "")).items():
-                found.setdefault(name, []).append(grad)
+            for param, grad in _split_flat(flat, handle.flat_param, prefixes.get(id(state), "")).items():
+                found.setdefault(param, []).append(grad)
             return originals[name](state, handle)
 
         return record
