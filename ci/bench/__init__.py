@@ -5,14 +5,16 @@ Four parts, one module each: ``scaler_overhead`` (our scalers against torch's an
 native check-and-unscale kernel, the floor no scaler can beat), ``harness_overhead`` (a trivial
 2-rank test under the warm pool against ``MultiProcessTestCase``) and ``parity_wall`` (the parity
 matrix on warm ranks against one spawn per configuration), ``cost_curve`` (one configuration of a
-Llama at growing sizes against the plain training it checks, time and peak memory). Each part's ``measure()`` returns
+Llama at growing sizes against the plain training it checks, time and peak memory), ``diagnosis``
+(planted bugs with a known place: how often the report names the place and the cause; an accuracy,
+not a ratio). Each part's ``measure()`` returns
 JSON-ready numbers and its ``render()`` prints them, so the table can be printed again from the
 JSON (``ci.gate --bench`` does) on another machine than the one that measured it.
 
 ``bench.json`` (``"schema": "shardscale.bench"``, ``"version": 1``)::
 
     {"schema", "version", "created", "torch", "python", "platform", "cpus",
-     "parts": {"scaler" | "harness" | "parity" | "cost": {...that part's measure()...} | {"error": "..."}}}
+     "parts": {"scaler" | "harness" | "parity" | "cost" | "diagnosis": {...that part's measure()...} | {"error": "..."}}}
 
 Timing is information, never a verdict: nothing here gates CI.
 """
@@ -23,12 +25,13 @@ from typing import Any
 
 SCHEMA = "shardscale.bench"
 VERSION = 1
-PARTS = ("scaler", "harness", "parity", "cost")
+PARTS = ("scaler", "harness", "parity", "cost", "diagnosis")
 _TITLES = {
     "scaler": "scaler overhead",
     "harness": "harness overhead",
     "parity": "parity matrix wall time",
     "cost": "cost curve",
+    "diagnosis": "diagnosis accuracy",
 }
 
 
@@ -48,6 +51,10 @@ def render_part(name: str, measured: dict[str, Any]) -> str:
         from ci.bench import cost_curve
 
         return cost_curve.render(measured)
+    if name == "diagnosis":
+        from ci.bench import diagnosis
+
+        return diagnosis.render(measured)
     from ci.bench import parity_wall
 
     return parity_wall.render(measured)

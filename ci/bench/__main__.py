@@ -33,6 +33,10 @@ def _measure(name: str, cost_sizes: tuple[str, ...], cost_world_size: int = 2) -
         from ci.bench import cost_curve
 
         return cost_curve.measure(cost_sizes, world_size=cost_world_size)
+    if name == "diagnosis":
+        from ci.bench import diagnosis
+
+        return diagnosis.measure()
     from ci.bench import parity_wall
 
     return parity_wall.measure()

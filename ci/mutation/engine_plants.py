@@ -203,9 +203,9 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="no known cause is ever matched",
         edits=(
             _edit(
-                "judge/causes.py",
-                "    found = (pattern(evidence) for _, pattern in CATALOGUE)\n",
-                "    found = ()  # planted\n",
+                "judge/causes/__init__.py",
+                "    found = [known.weigh(evidence) for known in CATALOGUE]\n",
+                "    found = []  # planted\n",
             ),
         ),
         tests=(_CAUSES, _LOCALIZE),
@@ -260,7 +260,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "the reference is bitwise) is excused as summation order",
         edits=(
             _edit(
-                "judge/rounding.py",
+                "judge/causes/rounding.py",
                 "or e.world_size <= 2 or e.origin is None:\n",
                 "or e.world_size < 2 or e.origin is None:  # planted\n",
             ),
@@ -272,7 +272,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="any parameter that moved apart is blamed on a noise gradient, whatever its gradient",
         edits=(
             _edit(
-                "judge/rounding.py",
+                "judge/causes/rounding.py",
                 "any(norms.get(name, largest) > 1e-6 * largest for name in moved):\n",
                 "any(False for name in moved):  # planted\n",
             ),
@@ -453,7 +453,9 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="a loss computed in float16 on one side only (a twin without the recipe's autocast) is "
         "never named",
         edits=(
-            _edit("judge/causes.py", '    ("loss_dtype_differs", _loss_dtype_differs),\n', "    # planted\n"),
+            _edit(
+                "judge/causes/forward.py", "pattern=loss_dtype_differs)", "pattern=lambda e: None)  # planted"
+            ),
         ),
         tests=("suites/parity/test_recipe_causes.py",),
     ),
@@ -487,9 +489,9 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="a rank that clipped with its own shard's norm as the total is never named",
         edits=(
             _edit(
-                "judge/causes.py",
-                '    ("clip_norm_sharded", loop_causes.clip_norm_sharded),\n',
-                "    # planted\n",
+                "judge/causes/loop.py",
+                "        pattern=clip_norm_sharded,\n",
+                "        pattern=lambda e: None,  # planted\n",
             ),
         ),
         tests=(_CLIP,),
@@ -499,9 +501,9 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="gradients clipped before unscale_, or unscaled twice, are only 'a clip norm that differs'",
         edits=(
             _edit(
-                "judge/causes.py",
-                '    ("clip_unscale_order", loop_causes.clip_unscale_order),\n',
-                "    # planted\n",
+                "judge/causes/loop.py",
+                "        pattern=clip_unscale_order,\n",
+                "        pattern=lambda e: None,  # planted\n",
             ),
         ),
         tests=(_CLIP,),
@@ -544,9 +546,9 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="a twin accumulating in another dtype than its candidate is never named",
         edits=(
             _edit(
-                "judge/causes.py",
-                '    ("accumulation_dtype", loop_causes.accumulation_dtype),\n',
-                "    # planted\n",
+                "judge/causes/loop.py",
+                "        pattern=accumulation_dtype,\n",
+                "        pattern=lambda e: None,  # planted\n",
             ),
         ),
         tests=(_ACCUMULATE,),
@@ -571,7 +573,9 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="a recompute without RNG replay under dropout is never named",
         edits=(
             _edit(
-                "judge/causes.py", '    ("checkpoint_rng", loop_causes.checkpoint_rng),\n', "    # planted\n"
+                "judge/causes/loop.py",
+                "        pattern=checkpoint_rng,\n",
+                "        pattern=lambda e: None,  # planted\n",
             ),
         ),
         tests=(_CHECKPOINT,),

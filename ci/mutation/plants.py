@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ci.mutation.edits import Edit, Plant, PlantError, apply
 from ci.mutation.engine_plants import ENGINE_PLANTS
+from ci.mutation.premise_plants import PREMISE_PLANTS
 from ci.mutation.resume_plants import RESUME_PLANTS
 from ci.mutation.staged_plants import STAGED_PLANTS
 from ci.mutation.two_d_plants import TWO_D_PLANTS
@@ -417,6 +418,7 @@ PLANTS: tuple[Plant, ...] = (
     *ENGINE_PLANTS,
     *WORLD_SIZE_PLANTS,
     *STAGED_PLANTS,
+    *PREMISE_PLANTS,
     *RESUME_PLANTS,
     *TWO_D_PLANTS,
 )

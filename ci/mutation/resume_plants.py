@@ -1,5 +1,5 @@
 """Plants in a resume row's rank side and its causes (``harness/parity/ranks/resume*.py``,
-``judge/resume_causes.py``): a checkpoint that loses one piece of state, or a report that stops
+``judge/causes/resume.py``): a checkpoint that loses one piece of state, or a report that stops
 naming it.
 
 Why: each is a resume bug users report (the issue's list), planted into *our* checkpoint code; a
@@ -127,8 +127,8 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         bug="the report's catalogue leaves out the resume causes: a failing resume row says nothing of what it lost",
         edits=(
             _edit(
-                "judge/causes.py",
-                "    *resume_causes.PATTERNS,\n",
+                "judge/causes/__init__.py",
+                "    *(known.name for known in resume.CAUSES),  # a resume row's headline first\n",
                 "    # planted: the resume causes left out\n",
             ),
         ),

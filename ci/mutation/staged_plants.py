@@ -97,7 +97,7 @@ STAGED_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/staged.py",
-                "    anchor.load(ref.engine, ref.optimizers, params, state, buffers)\n",
+                "    anchor.hold(ref.engine, ref.optimizers, ref.scaler, held, cand.scaler)\n",
                 "    pass  # planted\n",
             ),
         ),

@@ -96,9 +96,9 @@ WORLD_SIZE_PLANTS: tuple[Plant, ...] = (
         bug="gradients that differ where every module matched on every rank are never named reduction_differs",
         edits=(
             _edit(
-                "judge/reduce_causes.py",
-                '    if localization.first is not None or localization.error or first_what != "grad":\n',
-                "    if True:  # planted\n",
+                "judge/causes/reduction.py",
+                "        pattern=reduction_differs,\n",
+                "        pattern=lambda e: None,  # planted\n",
             ),
         ),
         tests=(_WORLD_SIZE,),
@@ -108,9 +108,9 @@ WORLD_SIZE_PLANTS: tuple[Plant, ...] = (
         bug="a reduction in bfloat16 where the policy says float32 is never named",
         edits=(
             _edit(
-                "judge/causes.py",
-                '    ("reduced_in_lower_dtype", reduce_causes.reduced_in_lower_dtype),\n',
-                "    # planted\n",
+                "judge/causes/reduction.py",
+                "        pattern=reduced_in_lower_dtype,\n",
+                "        pattern=lambda e: None,  # planted\n",
             ),
         ),
         tests=(_WORLD_SIZE,),

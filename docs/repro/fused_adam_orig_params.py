@@ -8,7 +8,7 @@ step 2 the convolution biases (each before a per-channel GroupNorm, so their tru
 and their gradient is rounding noise of ~1e-9) move apart by 1e-5 to 1e-4, because Adam divides
 each gradient by its own running RMS. ``foreach`` Adam is bitwise throughout, and so are
 FSDP1's flat parameters at these steps. The parity engine names it ``noise_gradient``
-(``harness/parity/judge/causes.py``). Run: ``.venv/bin/python docs/repro/fused_adam_orig_params.py``.
+(``harness/parity/judge/causes/rounding.py``). Run: ``.venv/bin/python docs/repro/fused_adam_orig_params.py``.
 """
 
 import os

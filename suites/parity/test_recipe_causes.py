@@ -2,9 +2,11 @@
 records and localizations (no ranks): each names the pattern; records without it do not get it."""
 
 from fixtures.parity_records import replace_step, run, step
-from harness.parity.judge import causes, recipe_causes
+from harness.parity.judge import causes
+from harness.parity.judge.causes import forward
 from harness.parity.judge.compare import compare_runs
-from harness.parity.judge.pinpoint import ModuleDiff
+from harness.parity.judge.evidence import Evidence
+from harness.parity.judge.pinpoint import Localization, ModuleDiff
 from harness.parity.plan import profiles
 
 _FLOAT16_LOSS = 1.65625  # a float16 value
@@ -52,8 +54,21 @@ def _first(phase="forward", dtypes=("float32", "float16")):
     )
 
 
+def _autocast(reference, candidate, first):
+    """``forward.autocast_differs`` on step 0 of the two runs, localized at ``first``."""
+    evidence = Evidence(
+        reference=reference.steps[0],
+        candidate=candidate.steps[0],
+        failed=frozenset(),
+        world_size=len(candidate.steps[0].losses),
+        grads_compared=True,
+        localization=Localization(step=0, first=first),
+    )
+    return forward.autocast_differs(evidence)
+
+
 def test_a_forward_output_in_float16_against_float32_with_equal_parameters_is_a_forgotten_autocast():
-    cause = recipe_causes.autocast_differs(run(step(0)), run(step(0)), 0, _first())
+    cause = _autocast(run(step(0)), run(step(0)), _first())
     assert cause is not None and cause.name == "autocast_differs"
     assert cause.evidence.startswith(
         "inner.0.linear's forward output at step 0 is float16 in the candidate and float32 in the reference"
@@ -63,11 +78,11 @@ def test_a_forward_output_in_float16_against_float32_with_equal_parameters_is_a_
 def test_an_output_dtype_explained_by_a_parameter_in_another_dtype_is_left_to_dtype_differs():
     half = step(0)
     half = replace_step(half, params={name: value.half() for name, value in half.params.items()})
-    assert recipe_causes.autocast_differs(run(step(0)), run(half), 0, _first()) is None
+    assert _autocast(run(step(0)), run(half), _first()) is None
 
 
 def test_outputs_of_the_same_dtype_or_in_backward_are_no_autocast_cause():
     same = run(step(0))
-    assert recipe_causes.autocast_differs(same, same, 0, _first(dtypes=None)) is None
-    assert recipe_causes.autocast_differs(same, same, 0, _first(phase="backward")) is None
-    assert recipe_causes.autocast_differs(same, same, 0, _first(dtypes=("float32", "float64"))) is None
+    assert _autocast(same, same, _first(dtypes=None)) is None
+    assert _autocast(same, same, _first(phase="backward")) is None
+    assert _autocast(same, same, _first(dtypes=("float32", "float64"))) is None

@@ -114,6 +114,7 @@ Recipes (how the precision is applied; each row's is in its `recipe` column): `f
 
 - `fsdp2-reshard-bf16-adam-w2` FAIL:
   - step 1, rank 1 loss 0.625, reference 0.5 (abs diff 0.125) (profile exact)
+    - known cause (forward_differs): the loss differs at step 1 on rank(s) 1, from the same parameters and state (the straight runs were bitwise at every earlier step). The forward pass itself differs: how the model is wrapped, the input dtype or its casting, or a module that behaves differently when sharded; the first diverging module says where (torchtitan#734)
   - step 1, param layer.weight: 4 / 4 mismatched; max abs 0.5, max rel 0.5, 4.2e+06 ulp (profile exact)
 - `fsdp2-reshard-fp32-adam_fused-unscale_clip-inf@r1s1-torch_scaler-w2` xfail (expected: torch's scaler crashes: unscale_ then a fused step on DTensor grads (found_inf shape [1] vs [])):
   - step 1, the candidate raised: [rank 0] RuntimeError: output with shape [] doesn't match the broadcast shape [1]

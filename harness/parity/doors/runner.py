@@ -8,9 +8,14 @@ an *executor*: ``execute(batch, backend, world_size)`` runs ``entry.run_batch(ba
 Configurations that cannot run here become ``skip`` results with their reason and cost nothing.
 Rows whose straight comparison was not bitwise go to the staged check first (``ranks/staged.py``,
 ``judge/staged.py``: one more rank call per batch, ``target=STAGED_TARGET``), which decides their
-verdict from a re-anchored reference. Configurations that fail are then localized (``localize.py``, ``pinpoint.py``): one more rank call
-per batch, ``execute(requests, backend, world_size, target=LOCALIZE_TARGET)`` with ``(config,
-step)`` requests, so a passing matrix costs nothing more.
+verdict from a re-anchored reference. Configurations that fail are then localized (``localize.py``,
+``pinpoint.py``): one more rank call per batch, ``execute(requests, backend, world_size,
+target=LOCALIZE_TARGET)`` with ``(config, step, anchor)`` requests, so a passing matrix costs
+nothing more. The step is where the staged check first found a stage differing (else the straight
+comparison's first divergence), replayed from the candidate's state on both sides when the staged
+check can judge the row; a location that could begin neither from a common state nor re-anchored
+says it is approximate, and why. Last, each row's known causes are weighed against everything
+measured (``result.explained``): a cause whose premise the evidence refutes is ruled out.
 A batch that does not come back from every rank (a rank died mid-batch, or missed its deadline) is
 run again one configuration at a time on fresh ranks (the pool replaces them), so only the
 configuration that kills a rank becomes an ``error`` result, and one broken configuration never
@@ -25,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from harness.parity.doors import reshard
-from harness.parity.judge import causes, pinpoint, recipe_causes, reduce_causes, staged, two_d_causes
+from harness.parity.judge import pinpoint, staged
 from harness.parity.judge import result as results
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan import profiles
@@ -207,7 +212,9 @@ def _judged_batch(
         results.judge(config, [rank[index] for rank in per_rank]) for index, config in enumerate(batch)
     ]
     judged = _staged(judged, execute, backend, world_size, drift)
-    return _localized(judged, execute, backend, world_size) if localize else judged
+    if localize:
+        judged = _localized(judged, execute, backend, world_size)
+    return [(results.explained(v, r, c), r, c) for v, r, c in judged]
 
 
 def _staged(
@@ -247,58 +254,64 @@ def _with_staged(verdict: ParityResult, found: staged.Staged) -> ParityResult:
             verdict, status="error", reason=found.summary(), detail=found.error, staged=found
         )
     if found.passed:
-        return dataclasses.replace(verdict, status="pass", reason="", causes=(), staged=found)
+        return dataclasses.replace(verdict, status="pass", reason="", staged=found)
     first = found.findings[0].line()
     reason = verdict.reason if verdict.status == "fail" else f"staged check: {first}"
     return dataclasses.replace(verdict, status="fail", reason=reason, staged=found)
 
 
+def where_to_localize(verdict: ParityResult) -> tuple[int, bool, str] | None:
+    """For a failed row: the step to probe, whether to re-anchor the reference to the candidate's
+    state before it, and why the location is approximate (empty: it begins from a common state).
+    ``None`` when the row is not localizable (``result.localizable``)."""
+    step = results.localizable(verdict)
+    if step is None:
+        return None
+    if step == 0:
+        return 0, False, ""
+    if staged.unjudged(verdict.config) is None:
+        return step, True, ""
+    drifted = [d for d in verdict.distances if d.step < step and (d.max_ulp > 0 or d.failed)]
+    if not drifted:
+        return step, False, ""
+    return (
+        step,
+        False,
+        f"the straight runs already differed at step {drifted[0].step} (up to "
+        f"{max(d.max_ulp for d in drifted):.3g} ulp) and {staged.unjudged(verdict.config)}, so the step "
+        "cannot be replayed from a common state: a module that this drift alone moved may come first",
+    )
+
+
 def _localized(judged: list[Judged], execute: Executor, backend: str, world_size: int) -> list[Judged]:
     """``judged`` with a localization on each failed verdict (one rank call for all of them)."""
-    requests = [
-        (verdict.config, step)
-        for verdict, _, _ in judged
-        if (step := results.localizable(verdict)) is not None
-    ]
-    # A row the staged check judged is located bitwise: its local stage asks for equal bits, so
-    # a module one ulp off is where it broke, whatever fallback the straight comparison used.
-    exact = {v.config.id for v, _, _ in judged if v.staged is not None and not v.staged.error}
+    wanted = {v.config.id: where for v, _, _ in judged if (where := where_to_localize(v)) is not None}
+    requests = [(v.config, *wanted[v.config.id][:2]) for v, _, _ in judged if v.config.id in wanted]
     if not requests:
         return judged
     try:
         per_rank = execute(requests, backend, world_size, target=LOCALIZE_TARGET)  # type: ignore[call-arg]
-        found = {
-            config.id: pinpoint.locate(
+        found = {}
+        for index, (config, step, anchored) in enumerate(requests):
+            approximate = wanted[config.id][2]
+            # From a common state a module one ulp off is where it broke: bitwise, whatever fallback
+            # the straight comparison used; an approximate location keeps the row's own profile.
+            profile = profiles.profile_for(config) if approximate else profiles.EXACT
+            found[config.id] = pinpoint.locate(
                 step,
                 [rank[index] for rank in per_rank],
-                profiles.EXACT if config.id in exact else profiles.profile_for(config),
+                profile,
+                anchored=anchored,
+                approximate=approximate,
             )
-            for index, (config, step) in enumerate(requests)
-        }
     except BatchFailed as failure:
-        found = {config.id: pinpoint.Localization(step=step, error=str(failure)) for config, step in requests}
+        found = {
+            config.id: pinpoint.Localization(step=step, error=str(failure)) for config, step, _ in requests
+        }
     return [
-        (_with_localization(v, r, c, found[v.config.id]) if v.config.id in found else v, r, c)
+        (dataclasses.replace(v, localization=found[v.config.id]) if v.config.id in found else v, r, c)
         for v, r, c in judged
     ]
-
-
-def _with_localization(
-    verdict: ParityResult, reference: RunRecord, candidate: RunRecord | None, found: pinpoint.Localization
-) -> ParityResult:
-    """``verdict`` with its localization, and its known causes narrowed to the module it names."""
-    known = verdict.causes
-    first = verdict.divergences[0].what if verdict.divergences else ""
-    reduction = reduce_causes.reduction_differs(found, first)
-    if reduction is not None and not any(c.name == "divide_factor" for c in known):
-        known += (reduction,)
-    if found.first is not None and candidate is not None:
-        known = causes.localized(known, reference, candidate, found.step, found.first.module)
-        autocast = recipe_causes.autocast_differs(reference, candidate, found.step, found.first)
-        known += (autocast,) if autocast is not None else ()
-        unreduced = two_d_causes.partial_not_reduced(verdict.config, found)
-        known += (unreduced,) if unreduced is not None else ()
-    return dataclasses.replace(verdict, localization=found, causes=known)
 
 
 def deadline_hint(deadline_per_config_s: float) -> str:

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from harness.parity.judge.evidence import short
 from harness.parity.plan.profiles import ToleranceProfile
 from harness.parity.ranks.measure.distance import format_ulp, tensor_diff
+from harness.parity.ranks.measure.ulp import short
 
 PHASES = ("forward", "backward")
 _PHASE_WORDS = {"forward": "forward output", "backward": "gradient of its output"}
@@ -102,10 +102,22 @@ class Localization:
     """Wall time of the re-runs on the ranks (both sides, through the probed step)."""
     op: OpFinding | None = None
     """Inside the first diverging module, when it diverged in its forward output."""
+    anchored: bool = False
+    """Both sides replayed the step from the candidate's state (the reference re-anchored to its
+    parameters, optimizer state, buffers and scale first): what earlier steps drifted cannot show."""
+    approximate: str = ""
+    """Why the location may be drift and not the first divergence (empty: it began from a common
+    state: step 0, a re-anchored replay, or a step the straight runs reached bitwise)."""
 
     def describe(self) -> str:
         if self.error:
             return f"not localized: {self.error.strip().splitlines()[0]}"
+        how = " (replayed from the candidate's state)" if self.anchored else ""
+        if self.approximate:
+            how = f" (approximate: {self.approximate})"
+        return self._located() + how
+
+    def _located(self) -> str:
         first = self.first
         if first is None:
             count = len({(m.phase, m.module) for m in self.modules})
@@ -165,12 +177,20 @@ def _diff(
     )
 
 
-def locate(step: int, parts: list[dict[str, Any]], profile: ToleranceProfile) -> Localization:
-    """The localization from every rank's ``localize.run_one`` dict (ordered by rank)."""
+def locate(
+    step: int,
+    parts: list[dict[str, Any]],
+    profile: ToleranceProfile,
+    *,
+    anchored: bool = False,
+    approximate: str = "",
+) -> Localization:
+    """The localization from every rank's ``localize.run_one`` dict (ordered by rank); ``anchored``
+    and ``approximate`` say how its replay began (:class:`Localization`)."""
     errors = [part["error"] for part in parts if part.get("error")]
     duration = max((part.get("duration_s", 0.0) for part in parts), default=0.0)
     if errors:
-        return Localization(step=step, error=errors[0], duration_s=duration)
+        return Localization(step=step, error=errors[0], duration_s=duration, anchored=anchored)
     modules: list[ModuleDiff] = []
     for phase in PHASES:
         for rank, part in enumerate(parts):
@@ -184,7 +204,15 @@ def locate(step: int, parts: list[dict[str, Any]], profile: ToleranceProfile) ->
         part = parts[first.rank]
         if part.get("ops") and part.get("ops_module") == first.module:
             op = locate_op(part["ops"]["reference"], part["ops"]["candidate"], profile)
-    return Localization(step=step, first=first, modules=tuple(modules), duration_s=duration, op=op)
+    return Localization(
+        step=step,
+        first=first,
+        modules=tuple(modules),
+        duration_s=duration,
+        op=op,
+        anchored=anchored,
+        approximate=approximate,
+    )
 
 
 def locate_op(

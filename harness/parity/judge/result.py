@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
-from harness.parity.judge import causes, compare, pinpoint, two_d_causes
+from harness.parity.judge import causes, compare, measured, pinpoint
 from harness.parity.judge import staged as staged_check
+from harness.parity.judge.causes import two_d
 from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig, poisoned_steps
 from harness.parity.ranks.measure import gap, ulp
@@ -95,7 +96,10 @@ class ParityResult:
     at_first: tuple[TensorDiff, ...] = ()
     """Every loss and tensor compared at the first diverging step."""
     causes: tuple[causes.Cause, ...] = ()
-    """Known causes whose pattern matches the first divergence (``causes.py``)."""
+    """Known causes whose pattern matches the first divergence and whose premise the row's evidence
+    measured (``causes/``)."""
+    ruled_out: tuple[causes.RuledOut, ...] = ()
+    """Known causes whose pattern matched but whose premise the evidence refutes, with why."""
     expected_gap: gap.Gap | None = None
     """Mixed precision only: how far the reference itself is from a plain float32 run of the same
     workload (the gap the precision is expected to cost), next to the candidate's distance."""
@@ -177,16 +181,18 @@ def expected_failure(config: ParityConfig) -> str:
 
 
 def localizable(result: ParityResult) -> int | None:
-    """The step to probe module by module when ``result`` failed, else ``None``: the first
-    diverging step (a row only the staged check failed: its first finding's step), for
+    """The step to probe module by module when ``result`` failed, else ``None``: where the staged
+    check first found a stage differing from a common state, else the straight comparison's first
+    diverging step (where the straight runs crossed their profile: later than the bug when the
+    profile let its first steps through, or earlier when drift crossed it first), for
     configurations whose two sides run the same model per rank (not the single-process sparse
     reference, which runs every rank's batch at once)."""
     if result.status != "fail" or result.config.reference != "ddp":
         return None
-    if result.first_diverging_step is not None:
-        return result.first_diverging_step
-    found = result.staged  # failed by the staged check alone: where it first did not hold
-    return found.findings[0].step if found is not None and found.findings else None
+    found = result.staged
+    if found is not None and not found.error and found.findings:
+        return found.findings[0].step
+    return result.first_diverging_step
 
 
 def skipped(config: ParityConfig, reason: str) -> ParityResult:
@@ -294,17 +300,7 @@ def verdict(
         reference, candidate, profile=profile, poisoned_steps=poisoned_steps(config)
     )
     status = "pass" if comparison.ok else ("crash" if candidate.error else "fail")
-    poisoned = poisoned_steps(config)
     expected_gap = gap.merge(gaps) if gaps and all(g is not None for g in gaps) else None  # type: ignore[arg-type]
-    matched = causes.match(
-        reference, candidate, comparison, poisoned_steps=poisoned, reduce_dtype=_low_reduce_dtype(config)
-    )
-    incomplete = two_d_causes.plan_incomplete(config, candidate.error)
-    if config.tp is not None and reference.steps and candidate.steps:
-        same_loss = reference.steps[0].losses == candidate.steps[0].losses
-        unreduced = two_d_causes.grad_not_reduced(config, comparison, same_loss)
-        matched += (unreduced,) if unreduced is not None else ()
-    matched = two_d_causes.hsdp_factor(config, matched) + ((incomplete,) if incomplete is not None else ())
     first = comparison.first
     result = ParityResult(
         status=status,
@@ -322,16 +318,66 @@ def verdict(
         max_ulp=comparison.max_ulp,
         distances=comparison.steps,
         at_first=comparison.at_first,
-        causes=matched,
         expected_gap=expected_gap,
         **common,
     )
-    return result, reference, candidate
+    return explained(result, reference, candidate), reference, candidate
+
+
+def measured_of(result: ParityResult) -> measured.Measured:
+    """Where ``result``'s first difference was measured to begin, from its strongest evidence
+    (``measured.py``): the staged check when it ran, else the straight comparison, refined by a
+    localization from the same common state."""
+    found = result.staged
+    if found is not None and not found.error:
+        return measured.from_staged(((f.step, f.stage, f.said()) for f in found.findings), found.reordered)
+    if found is not None:
+        why_not = f"the staged check could not run ({found.summary()})"
+    else:
+        why_not = staged_check.unjudged(result.config) or "the staged check was not asked to judge it"
+    straight = causes.straight_measured(_comparison(result), why_not)
+    located = result.localization
+    if straight.step is None or located is None or located.error or located.approximate:
+        return straight
+    return measured.refined(straight, located.step, located.first is None)
+
+
+def _comparison(result: ParityResult) -> compare.Comparison:
+    return compare.Comparison(
+        profile=profiles.profile_for(result.config),
+        divergences=result.divergences,
+        worst=result.worst,
+        max_loss_diff=result.max_loss_diff,
+        max_ulp=result.max_ulp,
+        steps=result.distances,
+        at_first=result.at_first,
+    )
+
+
+def explained(result: ParityResult, reference: RunRecord, candidate: RunRecord | None) -> ParityResult:
+    """``result`` with its known causes weighed against all of its evidence so far: the straight
+    comparison, the staged check, the localization (``causes/``). A row that passed has none."""
+    if result.status not in ("fail", "crash") or candidate is None:
+        return dataclasses.replace(result, causes=(), ruled_out=())
+    config = result.config
+    weighed = causes.weigh(
+        reference,
+        candidate,
+        _comparison(result),
+        poisoned_steps=poisoned_steps(config),
+        reduce_dtype=_low_reduce_dtype(config),
+        measured=measured_of(result),
+        localization=result.localization,
+        config=config,
+    )
+    crashed = two_d.plan_incomplete(config, candidate.error)
+    named = weighed.named + ((crashed,) if crashed is not None else ())
+    return dataclasses.replace(result, causes=named, ruled_out=weighed.ruled_out)
 
 
 def _low_reduce_dtype(config: ParityConfig) -> torch.dtype | None:
     """The float16/bfloat16 dtype both runs sum their ranks' gradients in (the candidate's policy,
-    which its twin reference mirrors), else ``None``: what ``causes.reduce_order`` needs."""
+    which its twin reference mirrors), else ``None``: what ``causes.rounding.reduce_order`` needs."""
     if config.policy is None or config.reference != "ddp":
         return None
     reduce = DTYPES[config.policy.reduce_dtype]

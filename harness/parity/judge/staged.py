@@ -51,6 +51,11 @@ class Finding:
         where = f" on rank {self.rank}" if self.rank is not None else ""
         return f"step {self.step}, {self.stage} stage{where}: {self.what}: {self.detail}"
 
+    def said(self) -> str:
+        """What differed, without the step and stage (a sentence that names them already)."""
+        where = f" on rank {self.rank}" if self.rank is not None else ""
+        return f"{self.what}{where}: {self.detail}"
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Staged:
@@ -99,24 +104,35 @@ class Staged:
         )
 
 
+def unjudged(config: ParityConfig) -> str | None:
+    """Why the staged check cannot judge ``config`` (``None``: it can). A TP row's local gradients
+    are TP shards of another layout than the captured reduction's, and its reference mirrors the
+    split, so its straight comparison stays the verdict (``causes/two_d.py``); a DDP candidate's
+    reducer runs in C++, where its local gradients cannot be captured; a resume row restarts its
+    candidate mid-run; a sparse workload's reference runs every rank's batch at once."""
+    if config.tp is not None:
+        return "the staged check does not judge tensor-parallel rows (their reference mirrors the split)"
+    if config.engine not in ("fsdp1", "fsdp2") or config.reference != "ddp":
+        return (
+            "the staged check judges FSDP candidates against their DDP twin only (DDP's reducer runs in C++)"
+        )
+    if config.resume_at is not None:
+        return "the staged check does not judge resume rows (the candidate restarts mid-run)"
+    try:
+        sparse = registry.get(config.workload).sparse
+    except Exception:  # noqa: BLE001 - an unresolvable workload already has its own error
+        return "the workload could not be resolved"
+    if sparse:
+        return "the staged check does not judge sparse workloads (their reference runs every rank's batch at once)"
+    return None
+
+
 def wanted(config: ParityConfig, status: str, max_ulp: float, expected_failure: str) -> bool:
-    """Whether a row's straight verdict goes to the staged check: a passing or failing row of an
-    FSDP candidate that was not bitwise and that the check can judge (no resume, sparse workload,
-    tensor parallelism, or row expected to fail). A TP row's local gradients are TP shards of
-    another layout than the captured reduction's, and its reference mirrors the split, so its
-    straight comparison stays the verdict (``two_d_causes``)."""
+    """Whether a row's straight verdict goes to the staged check: a passing or failing row that was
+    not bitwise, that the check can judge (:func:`unjudged`) and that is not expected to fail."""
     if status not in ("pass", "fail") or (status == "pass" and max_ulp == 0) or expected_failure:
         return False
-    if config.tp is not None:
-        return False
-    if config.engine not in ("fsdp1", "fsdp2") or config.reference != "ddp":
-        return False
-    if config.resume_at is not None:
-        return False
-    try:
-        return not registry.get(config.workload).sparse
-    except Exception:  # noqa: BLE001 - an unresolvable workload already has its own error
-        return False
+    return unjudged(config) is None
 
 
 def judge(config: ParityConfig, parts: list[dict[str, Any]]) -> Staged:

@@ -16,6 +16,12 @@ per rank, never sharded):
   backward produces them (tensor hooks on the outputs: no full backward hooks, which wrap a
   module's inputs and interfere with FSDP's own).
 
+Re-anchored (``anchor=True``, for a step after 0 of a row the staged check can judge): the two
+sides train in lockstep up to the step, and before it the reference takes the candidate's full
+parameters, optimizer state, buffers and scale (``sides/anchor.py``, as the staged check does), so
+both start the probed step from one state and a last bit that earlier steps drifted (a fused
+kernel's lanes, a reduction summed in another order) cannot be mistaken for the first divergence.
+
 When a module's forward output diverged on some rank, both sides are replayed once more with
 ``ops.OpProbe`` inside that rank's first diverging module, recording its ATen ops, so the report
 can go one level deeper and name the first op (``pinpoint.locate_op``).
@@ -46,6 +52,7 @@ from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks import entry, train
 from harness.parity.ranks.measure import ops
+from harness.parity.ranks.sides import anchor as anchoring
 from harness.parity.ranks.sides import engines
 from harness.parity.ranks.sides.gather import module_names
 from harness.rank import context
@@ -122,9 +129,16 @@ class Probe:
         return {"forward": self.forward, "backward": self.backward}
 
 
-def _replay(config: ParityConfig, step: int, probes: dict[str, Any], part: dict[str, Any]) -> None:
-    """Both sides through ``step`` with ``probes[role].observe``; the first error into ``part``."""
+def _replay(
+    config: ParityConfig, step: int, probes: dict[str, Any], part: dict[str, Any], anchor: str = ""
+) -> None:
+    """Both sides through ``step`` with ``probes[role].observe`` (``anchor``, the store key of the
+    agreement it needs: in lockstep, the reference re-anchored to the candidate's state before
+    ``step``); the first error into ``part``."""
     device = context.current().device
+    if anchor and step > 0:  # step 0 begins from one state on both sides already
+        _anchored(config, step, probes, part, device, anchor)
+        return
     for role in ("reference", "candidate"):
         try:
             run, _ = train.run(
@@ -136,6 +150,51 @@ def _replay(config: ParityConfig, step: int, probes: dict[str, Any], part: dict[
             part["error"] = f"the {role} raised while being probed:\n{run['error']}"
 
 
+_ROLES = ("candidate", "reference")
+
+
+def _anchored(
+    config: ParityConfig,
+    step: int,
+    probes: dict[str, Any],
+    part: dict[str, Any],
+    device: torch.device,
+    key: str,
+) -> None:
+    """Both sides a step at a time up to ``step``, then the candidate's state into the reference
+    (collective; every rank agrees first that both sides are still running), then ``step`` observed."""
+    runs = {
+        role: train.Run(config, role, device, observe=probes[role].observe, last_step=step, record=False)
+        for role in _ROLES
+    }
+    steps = {role: iter(run) for role, run in runs.items()}
+    for _ in range(step):
+        for role in _ROLES:
+            next(steps[role], None)
+    cand, ref = runs["candidate"], runs["reference"]
+    running = cand.error is None and ref.error is None and cand.engine is not None and ref.engine is not None
+    if not entry.everywhere(key, running):
+        for role in _ROLES:
+            steps[role].close()  # type: ignore[attr-defined]
+    else:
+        try:
+            held = anchoring.candidate_state(cand.engine, cand.optimizers)  # type: ignore[arg-type]
+            anchoring.hold(ref.engine, ref.optimizers, ref.scaler, held, cand.scaler)  # type: ignore[arg-type]
+        except Exception:  # noqa: BLE001 - recorded as the probe's error
+            part["error"] = "re-anchoring the reference raised:\n" + prefix_lines(
+                traceback.format_exc(), context.current().rank
+            )
+            return
+        for role in _ROLES:
+            for _ in steps[role]:  # the probed step (the last one)
+                pass
+    for role in _ROLES:
+        if runs[role].error and part["error"] is None:
+            part["error"] = f"the {role} raised while being probed:\n{runs[role].error}"
+    if part["error"] is None and not running:
+        part["error"] = "another rank's run raised before the probed step"
+
+
 def _any_rank(flag: bool) -> bool:
     """Whether ``flag`` holds on any rank (every rank must replay, or none: the runs are collective)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
@@ -145,14 +204,14 @@ def _any_rank(flag: bool) -> bool:
     return bool(value.item())
 
 
-def run_one(config: ParityConfig, step: int, index: int = 0) -> dict[str, Any]:
-    """Both sides of ``config`` through ``step``, probed at ``step`` module by module, then, when
-    a forward output diverged on any rank, once more op by op inside this rank's first diverging
-    module (``ops.py``). Never raises."""
+def run_one(config: ParityConfig, step: int, index: int = 0, anchor: bool = False) -> dict[str, Any]:
+    """Both sides of ``config`` through ``step`` (``anchor``: re-anchored before it), probed at
+    ``step`` module by module, then, when a forward output diverged on any rank, once more op by
+    op inside this rank's first diverging module (``ops.py``). Never raises."""
     started = time.perf_counter()
     part: dict[str, Any] = {"id": config.id, "step": step, "error": None, "ops_module": None, "ops": None}
     probes = {role: Probe(step) for role in ("reference", "candidate")}
-    _replay(config, step, probes, part)
+    _replay(config, step, probes, part, f"localize{index}/anchor" if anchor else "")
     for role, probe in probes.items():
         part[role] = probe.to_wire()
     # Whether the op-level replay (collective) happens must not hang on one rank's error alone.
@@ -164,7 +223,7 @@ def run_one(config: ParityConfig, step: int, index: int = 0) -> dict[str, Any]:
             op_probes = {role: ops.OpProbe(step, target or "") for role in ("reference", "candidate")}
             if target is None:  # replay for the collectives' sake, recording nothing
                 op_probes = {role: Probe(-1) for role in ("reference", "candidate")}  # type: ignore[misc]
-            _replay(config, step, op_probes, part)
+            _replay(config, step, op_probes, part, f"localize{index}/anchor-ops" if anchor else "")
             if target is not None:
                 part["ops_module"] = target
                 part["ops"] = {role: probe.ops for role, probe in op_probes.items()}
@@ -172,15 +231,15 @@ def run_one(config: ParityConfig, step: int, index: int = 0) -> dict[str, Any]:
     return part
 
 
-def run_batch(requests: list[tuple[ParityConfig, int]]) -> list[dict[str, Any]]:
-    """Probe each ``(configuration, step)`` in order, isolated as ``entry.run_batch`` isolates
-    configurations (a rank that failed leaves the group; every rank re-creates it)."""
+def run_batch(requests: list[tuple[ParityConfig, int, bool]]) -> list[dict[str, Any]]:
+    """Probe each ``(configuration, step, anchor)`` in order, isolated as ``entry.run_batch``
+    isolates configurations (a rank that failed leaves the group; every rank re-creates it)."""
     ctx = context.current()
     results = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        for index, (config, step) in enumerate(requests):
-            result = run_one(config, step, index)
+        for index, (config, step, anchor) in enumerate(requests):
+            result = run_one(config, step, index, anchor)
             failed = result["error"] is not None
             if failed and ctx.world_size > 1:
                 leave_group()

@@ -248,16 +248,15 @@ def _checked(found: bound.Checked) -> tuple[float, float, float]:
 
 def _update(cand: _Side, ref: _Side, found: dict[str, Any]) -> None:
     """Stage 3, then the anchor for the next step: the candidate's full state into the reference."""
-    params, state = cand.engine.full_after_step(cand.optimizers)  # collective
-    buffers = cand.engine.own_buffers()
+    held = anchor.candidate_state(cand.engine, cand.optimizers)  # collective
+    params, state, buffers = held
     found["buffers"] = _compared(ref.engine.own_buffers(), buffers)  # this rank's own (never sharded)
     if dist.get_rank() == 0:
         ref_params, ref_state = ref.engine.full_after_step(ref.optimizers)
         want = {**_prefixed("param", ref_params), **_prefixed("optim_state", _flat_state(ref_state))}
         got = {**_prefixed("param", params), **_prefixed("optim_state", _flat_state(state))}
         found["update"] = _update_compared(want, got)
-    anchor.load(ref.engine, ref.optimizers, params, state, buffers)
-    anchor.load_scaler(ref.scaler, cand.scaler)
+    anchor.hold(ref.engine, ref.optimizers, ref.scaler, held, cand.scaler)
 
 
 @contextlib.contextmanager

@@ -142,6 +142,11 @@ class Run:
         self.rank = dist.get_rank()  # kept: a failed run's rank leaves the group before it reports
         self.loop = resume.Loop(config, role, device, half)
         """Schedulers, a resume row's carried RNG and its restart (``resume.py``)."""
+        self.engine: engines.Engine | None = None
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.scaler: Any = None
+        """What trains, once built (while iterating): a replay anchors one side to the other's
+        state between steps (``localize.py``)."""
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         started = time.perf_counter()
@@ -161,6 +166,7 @@ class Run:
                 optimizers = [engine.make_optimizer(group) for group in groups]
                 scaler = self._new_scaler()
                 self.loop.start(engine, optimizers)
+            self.engine, self.optimizers, self.scaler = engine, optimizers, scaler
             hand = None
             if self.config.accumulate > 1 and self.role == "reference":
                 hand = accumulate.HandAccumulation(self.config, engine)
@@ -170,6 +176,7 @@ class Run:
                         step, engine, optimizers, scaler, self._new_scaler
                     )
                     self.description += f"; saved after step {step - 1}, resumed in {engine.description}"
+                    self.engine, self.optimizers, self.scaler = engine, optimizers, scaler
                 self.loop.before_step(step, engine)
                 found = self._step(step, rank, engine, groups, optimizers, scaler, hand)
                 self.loop.after_step(step, found)

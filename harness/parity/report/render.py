@@ -25,10 +25,12 @@
         "worst": {"step", "kind", "name", "max_abs", "max_rel", "mismatched", "numel", "max_ulp"} | null,
         "distances": [{"step", "max_ulp", "max_rel", "failed"}],      # per step, everything compared
         "at_first": [{...as worst...}],                # every loss/tensor at the first diverging step
-        "causes": [{"name", "evidence", "explanation", "reference"}],  # known causes that match
+        "causes": [{"name", "evidence", "explanation", "reference"}],  # known causes: pattern and premise hold
+        "ruled_out": [{"name", "why"}],                # patterns that matched, premise refuted by the evidence
         "expected_gap": null | {"loss_max_abs", "loss_max_rel", "param_max_abs", "param_max_rel"},
                                                        # fp16/bf16: the reference against plain fp32
         "localization": null | {"step", "summary", "error", "time_s",  # failed configurations only
+            "anchored", "approximate",                 # replayed from the candidate's state; why not exact
             "first": {"phase", "module", "rank", "order", "max_abs", "max_rel", "max_ulp",
                       "mismatched", "numel"} | null,
             "op": null | {"compared", "first", "index", "max_abs", "max_rel", "max_ulp", "missing", "extra"},
@@ -147,6 +149,8 @@ def _localization_json(result: ParityResult) -> dict[str, Any] | None:
         "summary": found.describe(),
         "error": found.error,
         "time_s": round(found.duration_s, 4),
+        "anchored": found.anchored,
+        "approximate": found.approximate,
         "first": None if found.first is None else _diff_json(found.first),
         "op": None if found.op is None else _diff_json(found.op),
         "modules": [_diff_json(m) for m in found.modules],
@@ -205,6 +209,7 @@ def result_to_json(result: ParityResult) -> dict[str, Any]:
         "distances": [_numbers(dataclasses.asdict(d)) for d in result.distances],
         "at_first": [_diff_json(d) for d in result.at_first],
         "causes": [dataclasses.asdict(c) for c in result.causes],
+        "ruled_out": [dataclasses.asdict(c) for c in result.ruled_out],
         "expected_gap": None if result.expected_gap is None else _diff_json(result.expected_gap),
         "localization": _localization_json(result),
         "staged": _staged_json(result),
@@ -379,6 +384,7 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
             if r.staged is not None:
                 lines.append(f"    - {r.staged.summary()}")
             lines += [f"    - {cause.describe()}" for cause in r.causes]
+            lines += [f"    - {ruled.describe()}" for ruled in r.ruled_out]
             lines += [f"  - {message}" for message in shown[1:]]
             if len(r.divergences) > 5:
                 lines.append(f"  - ... and {len(r.divergences) - 5} more")

@@ -8,7 +8,7 @@ run: every rank holds all of it) as each step ends, and sends only distances: pe
 largest abs/rel/ULP distance and the mismatch count (``distance.partial``), which the judge merges
 exactly (``distance.merged``).
 
-Full tensors still travel for the two steps the known causes read (``judge/causes.py``): the
+Full tensors still travel for the two steps the known causes read (``judge/causes/``): the
 *origin*, the first step whose gradients differ at all (not a step with a planted fault, nor an
 overflow of the reference), and the first step where a tensor check fails. Whether a step is one
 of them is agreed by all-reduces, so every rank joins the same gathers (docs/architecture.md,

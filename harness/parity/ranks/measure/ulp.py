@@ -26,6 +26,11 @@ _BITS = {
 }
 
 
+def short(dtype: torch.dtype) -> str:
+    """``bfloat16`` for ``torch.bfloat16``: a dtype as the report writes it."""
+    return str(dtype).removeprefix("torch.")
+
+
 def coarser(a: torch.dtype, b: torch.dtype) -> torch.dtype:
     """The dtype of ``a`` and ``b`` with the larger unit in the last place (fewer mantissa bits)."""
     if a not in _BITS or b not in _BITS:

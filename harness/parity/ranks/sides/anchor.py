@@ -110,3 +110,28 @@ def clip_with_norm(engine: engines.Engine, max_norm: float, norm: float) -> None
     params = [p for _, p in engine.named_trainable() if p.grad is not None]
     if params:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, torch.tensor(norm, dtype=torch.float32))
+
+
+Held = tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+"""A candidate's full parameters, full optimizer state (by name) and this rank's buffers."""
+
+
+def candidate_state(engine: engines.Engine, optimizers: list[torch.optim.Optimizer]) -> Held:
+    """What the reference is anchored to: the candidate's full parameters and optimizer state
+    (a collective: every rank calls it) and this rank's own buffers."""
+    params, state = engine.full_after_step(optimizers)
+    return params, state, engine.own_buffers()
+
+
+def hold(
+    engine: engines.Engine,
+    optimizers: list[torch.optim.Optimizer],
+    scaler: Any,
+    held: Held,
+    candidate_scaler: Any,
+) -> None:
+    """The reference (``engine``, its ``optimizers`` and ``scaler``) set to the candidate's
+    ``held`` state and its scaler's: both sides then start the next step from the same state."""
+    params, state, buffers = held
+    load(engine, optimizers, params, state, buffers)
+    load_scaler(scaler, candidate_scaler)

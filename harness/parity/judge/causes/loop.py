@@ -1,15 +1,19 @@
 """Known causes that a training loop's features break: clipping, gradient accumulation,
 activation checkpointing.
 
-Why apart from ``causes.py``: each reads what only its loop feature records (the clip norms of
+Why a family of its own: each reads what only its loop feature records (the clip norms of
 path ``unscale_clip``, say), and the catalogue stays a list of names. Pure, controller side.
+
+Each blames a stage: the clip causes the clip (the gradients it measured matched, from a common
+state, and its norm did not), the accumulation and checkpointing causes the local gradients (the
+loss matched, and what each rank summed or recomputed before the reduction did not).
 """
 
 from __future__ import annotations
 
 import math
 
-from harness.parity.judge.evidence import Cause, Evidence
+from harness.parity.judge.evidence import Cause, Evidence, KnownCause
 
 _SAME = 1e-3
 """How close (relative) the ranks' partial norms must add up to the reference's norm."""
@@ -140,3 +144,38 @@ def clip_unscale_order(e: Evidence) -> Cause | None:
         ),
         reference="torch.amp GradScaler docs (gradient clipping); pytorch#149768",
     )
+
+
+CAUSES = (
+    KnownCause(
+        name="clip_norm_sharded",
+        premise="the clip stage differing first from a common state (the gradients it measures matching)",
+        blames=frozenset({"clip"}),
+        pattern=clip_norm_sharded,
+    ),
+    KnownCause(
+        name="clip_unscale_order",
+        premise="the clip stage differing first from a common state, by a power of two",
+        blames=frozenset({"clip"}),
+        pattern=clip_unscale_order,
+    ),
+    KnownCause(
+        name="accumulation_dtype",
+        premise=(
+            "the local gradients differing first from a common state (the loss matching), and the "
+            "records naming another accumulation dtype on each side"
+        ),
+        blames=frozenset({"local", "gradients"}),
+        pattern=accumulation_dtype,
+    ),
+    KnownCause(
+        name="checkpoint_rng",
+        premise=(
+            "the local gradients differing first from a common state (the loss matching), and the "
+            "records naming a recompute without RNG replay on the candidate only"
+        ),
+        blames=frozenset({"local", "gradients"}),
+        pattern=checkpoint_rng,
+    ),
+)
+"""The loop's causes, in the order the report lists them."""

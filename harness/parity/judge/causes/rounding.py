@@ -1,16 +1,24 @@
 """Known causes that are rounding, not sharding: a low-precision reduction summed in another
 order, and Adam turning a gradient of rounding noise into a learning-rate-sized move.
 
-Why they are causes and not bugs: both leave the candidate training as DDP would up to the last
-bits of a sum, and both are measured (see each pattern); the report names them so that a reader
-can tell them from a sharding mistake, while the row keeps its FAIL: the values did differ.
+Why their premise is the strictest of the catalogue: "it is only rounding" is the most expensive
+sentence a report can print, since a reader who believes it dismisses the row. The shape of the
+numbers (a few ulps, a gradient near zero) is what a real bug of the same size leaves too. So
+each is named only when the staged check held at every stage from a common state: every rank's
+loss and local gradients bitwise, every reduced element within the order-free bound, the update,
+buffers and scale as required (``ranks/staged.py``). That measurement, and nothing weaker, shows
+the difference to be rounding; ``reduce_order`` further needs the reduction not mirrored bitwise
+(some element summed in another order than the reference's mirror). On a row where the staged
+check found a stage differing, or did not judge the row, the pattern is ruled out, with why.
 """
 
 from __future__ import annotations
 
 import torch
 
-from harness.parity.judge.evidence import Cause, Evidence, short
+from harness.parity.judge.evidence import Cause, Evidence, KnownCause
+from harness.parity.judge.measured import Measured
+from harness.parity.ranks.measure.ulp import short
 
 _LOW = (torch.float16, torch.bfloat16)
 
@@ -135,5 +143,27 @@ def noise_gradient(e: Evidence) -> Cause | None:
             "learning-rate-sized move. Not a sharding bug: remove or freeze such a bias, or check "
             "parity with a non-fused optimizer"
         ),
-        reference="harness/parity/judge/rounding.py (noise_gradient)",
+        reference="harness/parity/judge/causes/rounding.py (noise_gradient)",
     )
+
+
+def _summed_otherwise(measured: Measured) -> str | None:
+    """``reduce_order``'s further premise: some reduced element's bits differ from the mirror."""
+    if measured.reordered:
+        return None
+    return "the staged check found every reduced element bitwise equal to the reference's mirror: no order differed"
+
+
+_HELD = "the staged check holding at every stage from a common state"
+
+CAUSES = (
+    KnownCause(
+        name="reduce_order",
+        premise=f"{_HELD}, with some reduced elements summed in another order than the mirror",
+        rounding=True,
+        also=_summed_otherwise,
+        pattern=reduce_order,
+    ),
+    KnownCause(name="noise_gradient", premise=_HELD, rounding=True, pattern=noise_gradient),
+)
+"""The rounding causes, in the order the report lists them."""

@@ -6,13 +6,18 @@ after the resume) but not *what* was lost; the rank side (``ranks/restart/resume
 rank's state right after the load with what it saved (weights, optimizer moments, step counts,
 scaler, RNG, schedulers) and whether the resumed forward ran on the saved weights. Each pattern
 here turns one lost piece into its sentence. Pure, controller side.
+
+Their premise is that audit: each cause is named only when the candidate's own ranks measured,
+right after the load, that piece of state differing from what they saved (or, for
+``resume_weights_late``, the restored weights not yet in place when the resumed forward began),
+so none of them blames a stage of the step: the audit is the measurement.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from harness.parity.judge.evidence import Cause, Evidence
+from harness.parity.judge.evidence import Cause, Evidence, KnownCause
 
 _SHOWN = 3
 """How many names of a group the evidence quotes."""
@@ -180,15 +185,45 @@ def scheduler_not_restored(e: Evidence) -> Cause | None:
     )
 
 
-PATTERNS = (
-    ("resume_weights_not_restored", weights_not_restored),
-    ("resume_weights_late", weights_late),
-    ("resume_shard_misplaced", shard_misplaced),
-    ("resume_optimizer_not_restored", optimizer_not_restored),
-    ("resume_step_counter_reset", step_counter_reset),
-    ("resume_scaler_not_restored", scaler_not_restored),
-    ("resume_rng_not_restored", rng_not_restored),
-    ("resume_scheduler_not_restored", scheduler_not_restored),
+def _audited(what: str) -> str:
+    return f"the candidate's audit right after the load finding {what} differing from what was saved"
+
+
+CAUSES = (
+    KnownCause(
+        name="resume_weights_not_restored", premise=_audited("the weights"), pattern=weights_not_restored
+    ),
+    KnownCause(
+        name="resume_weights_late",
+        premise="the audit finding the weights restored, and the resumed forward running on others",
+        pattern=weights_late,
+    ),
+    KnownCause(
+        name="resume_shard_misplaced",
+        premise=_audited("the placement of the saved values (another rank's or row's)"),
+        pattern=shard_misplaced,
+    ),
+    KnownCause(
+        name="resume_optimizer_not_restored",
+        premise=_audited("the optimizer state"),
+        pattern=optimizer_not_restored,
+    ),
+    KnownCause(
+        name="resume_step_counter_reset",
+        premise=_audited("the optimizer's step count, its moments restored"),
+        pattern=step_counter_reset,
+    ),
+    KnownCause(
+        name="resume_scaler_not_restored", premise=_audited("the scaler"), pattern=scaler_not_restored
+    ),
+    KnownCause(
+        name="resume_rng_not_restored", premise=_audited("torch's RNG state"), pattern=rng_not_restored
+    ),
+    KnownCause(
+        name="resume_scheduler_not_restored",
+        premise=_audited("the LR scheduler"),
+        pattern=scheduler_not_restored,
+    ),
 )
 """The resume causes, in the order the report lists them (first in the catalogue: a resume row's
 headline)."""

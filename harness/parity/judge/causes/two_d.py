@@ -1,7 +1,7 @@
 """Known causes of 2-D rows: a TP reduction missing, a plan that leaves a module out, HSDP's
 replicas summed instead of averaged.
 
-Why apart from ``causes.py``: these read what only a 2-D row has, its mesh and the workload's plan
+Why a family of its own: these read what only a 2-D row has, its mesh and the workload's plan
 (which module is split how) next to the localization, the candidate's error or a cause the
 catalogue found, so they need the configuration and not only the two records. Controller side;
 resolving the plan builds the workload's model once (only for a failed TP row).
@@ -20,6 +20,11 @@ resolving the plan builds the workload's model once (only for a failed TP row).
 * ``tp_plan_incomplete``: a TP candidate crashed on a shape mismatch: a module the model's code
   needs split was left out of the plan, so it got a TP rank's share of its input (or of the heads)
   and a whole weight.
+
+Premises: ``tp_partial_not_reduced`` blames the forward, so the first diverging module must come
+from a common state (the row's first difference measured in the loss or local stage);
+``tp_grad_not_reduced`` blames the gradients at step 0 (a common state by construction) with every
+loss equal; ``tp_plan_incomplete`` stands on the candidate's own error text.
 """
 
 from __future__ import annotations
@@ -28,8 +33,7 @@ import dataclasses
 import re
 from typing import Any
 
-from harness.parity.judge.evidence import Cause
-from harness.parity.judge.pinpoint import Localization
+from harness.parity.judge.evidence import Cause, Evidence, KnownCause
 from harness.parity.plan.config import ParityConfig
 from harness.parity.workload import registry, tp_plan
 
@@ -48,11 +52,18 @@ def _styles(config: ParityConfig) -> dict[str, Any]:
     return dict(tp_plan.styled_modules(plan, model))
 
 
-def partial_not_reduced(config: ParityConfig, localization: Localization) -> Cause | None:
-    """The ``tp_partial_not_reduced`` cause when the first diverging module of a TP row is split
-    by rows in its plan."""
-    first = localization.first
-    if config.tp is None or first is None or first.phase != "forward":
+def partial_not_reduced(e: Evidence) -> Cause | None:
+    """The ``tp_partial_not_reduced`` pattern: the first diverging module of a TP row is split by
+    rows in its plan."""
+    config, localization = e.config, e.localization
+    first = localization.first if localization is not None else None
+    if (
+        config is None
+        or config.tp is None
+        or localization is None
+        or first is None
+        or first.phase != "forward"
+    ):
         return None
     from torch.distributed.tensor.parallel import RowwiseParallel
 
@@ -120,14 +131,15 @@ def hsdp_factor(config: ParityConfig, found: tuple[Cause, ...]) -> tuple[Cause, 
     )
 
 
-def grad_not_reduced(config: ParityConfig, comparison: Any, losses_equal: bool) -> Cause | None:
-    """The ``tp_grad_not_reduced`` cause: a TP row whose first divergence is at step 0, with equal
-    losses, on gradients of parameters of modules the plan leaves whole (``comparison``: the
-    judge's; ``losses_equal``: every rank's step-0 loss bitwise equal)."""
-    first = comparison.first
-    if config.tp is None or first is None or first.step != 0 or not losses_equal:
+def grad_not_reduced(e: Evidence) -> Cause | None:
+    """The ``tp_grad_not_reduced`` pattern: a TP row whose first divergence is at step 0, with
+    every rank's loss bitwise equal, on gradients of parameters of modules the plan leaves whole."""
+    config = e.config
+    if config is None or config.tp is None or e.candidate.step != 0:
         return None
-    differing = [d.name for d in comparison.at_first if d.kind == "grad" and d.mismatched]
+    if list(e.reference.losses) != list(e.candidate.losses):
+        return None
+    differing = [d.name for d in e.at_first if d.kind == "grad" and d.mismatched]
     if not differing:
         return None
     styles = _styles(config)
@@ -158,3 +170,24 @@ def grad_not_reduced(config: ParityConfig, comparison: Any, losses_equal: bool) 
         ),
         reference="torch.distributed.tensor.parallel.SequenceParallel",
     )
+
+
+CAUSES = (
+    KnownCause(
+        name="tp_grad_not_reduced",
+        premise="the gradients differing first at step 0 (a common state), every loss equal",
+        blames=frozenset({"gradients", "reduction", "local"}),
+        pattern=grad_not_reduced,
+    ),
+)
+"""The 2-D causes read from the step records."""
+
+FROM_LOCALIZATION = (
+    KnownCause(
+        name="tp_partial_not_reduced",
+        premise="the first diverging module found from a common state (the loss or local stage differing first)",
+        blames=frozenset({"loss", "local"}),
+        pattern=partial_not_reduced,
+    ),
+)
+"""The 2-D causes read from a localization."""
