@@ -22,6 +22,8 @@ import sys
 import time
 from typing import Any
 
+from harness.parity.plan.config import Layout
+
 SIZES: dict[str, tuple[int, int, int]] = {
     "1M": (128, 2, 1024),
     "10M": (384, 4, 4096),
@@ -149,10 +151,10 @@ def measure_side(side: str, size: str, world_size: int = 2) -> dict[str, Any]:
 
             parity = ParityConfig(
                 engine="fsdp2",
-                reshard_after_forward=True,
                 workload=spec(size),
                 steps=STEPS,
                 world_size=world_size,
+                layout=Layout(reshard_after_forward=True),
             )
             (outcome,) = runner.run(
                 [parity], runner.pool_executor(pool, deadline_per_config_s=600), keep_records=False

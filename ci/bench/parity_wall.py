@@ -28,8 +28,8 @@ import time
 import warnings
 
 from harness.parity.doors import runner
-from harness.parity.plan import matrix
 from harness.parity.plan.config import ParityConfig, unsupported_reason
+from harness.parity.plan.matrices import default as matrix
 
 SAMPLE = 6
 USER_WORKLOAD = "llama"
@@ -122,7 +122,7 @@ def plain_loop(workload_name: str, steps: int) -> float:
 
 def measure_user_workload(name: str = USER_WORKLOAD) -> dict[str, object]:
     """The tool's wall time on one workload's matrix against the same steps in a plain loop."""
-    from harness.parity.plan import workload_matrix
+    from harness.parity.plan.matrices import workload as workload_matrix
 
     configs = [c for c in workload_matrix.for_workload(name) if unsupported_reason(c) is None]
     wall, _ = _on_pool(configs)
@@ -212,12 +212,12 @@ def measure_localization(pool: object) -> dict[str, object]:
 
     fsdp2 = {"engine": "fsdp2", "reshard_after_forward": True, "optimizer": "sgd"}
     cases = [
-        (ParityConfig(**fsdp2), Plant(kind="output_ulp", module="inner.1.linear")),
+        (ParityConfig.from_flat(**fsdp2), Plant(kind="output_ulp", module="inner.1.linear")),
         (
-            ParityConfig(workload="transformer", **fsdp2),
+            ParityConfig.from_flat(workload="transformer", **fsdp2),
             Plant(kind="output_scale", module="blocks.1", amount=1e-2),
         ),
-        (ParityConfig(**fsdp2), Plant(kind="grad_factor", amount=2.0)),
+        (ParityConfig.from_flat(**fsdp2), Plant(kind="grad_factor", amount=2.0)),
     ]
     started = time.perf_counter()
     plain = with_localization = ranks_s = 0.0
@@ -243,11 +243,11 @@ def measure_localization(pool: object) -> dict[str, object]:
 
 
 def _loop_feature(config: ParityConfig) -> str | None:
-    if config.clip != 1.0:
+    if config.loop.clip != 1.0:
         return "clip"
-    if config.accumulate > 1:
+    if config.loop.accumulate > 1:
         return "accumulate"
-    return "checkpoint" if config.checkpoint else None
+    return "checkpoint" if config.loop.checkpoint else None
 
 
 def loop_rows(outcomes: list[runner.Outcome]) -> dict[str, dict[str, float]]:

@@ -245,8 +245,8 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/sides/references.py",
-                "            self.config.engine, twin.DTYPES[self.policy.reduce_dtype], two_d.data_parallel_size(self.config)\n",
-                '            "ddp", twin.DTYPES[self.policy.reduce_dtype], two_d.data_parallel_size(self.config)  # planted\n',
+                "        factors = twin.divide_factors(\n            self.config.engine,\n",
+                '        factors = twin.divide_factors(\n            "ddp",  # planted\n',
             ),
         ),
         tests=(
@@ -424,7 +424,9 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "report, -k and the gate's curves cannot tell them apart)",
         edits=(
             _edit(
-                "plan/config.py", "            parts.append(self.recipe)\n", "            pass  # planted\n"
+                "plan/config/precision.py",
+                "        parts = [self.recipe] if self.recipe in recipes.AUTOCASTING else []\n",
+                "        parts = []  # planted\n",
             ),
         ),
         tests=(f"{_RECIPES}::test_a_recipe_beyond_pure_is_named_in_the_id",),
@@ -432,7 +434,13 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
     Plant(
         name="parity_recipes_share_a_reference",
         bug="a mixed recipe shares the pure recipe's cached reference: its twin never autocasts",
-        edits=(_edit("plan/config.py", "            self.autocast,\n", "            None,  # planted\n"),),
+        edits=(
+            _edit(
+                "plan/config/__init__.py",
+                "            self.precision.autocast,\n",
+                "            None,  # planted\n",
+            ),
+        ),
         tests=(f"{_RECIPES}::test_every_recipe_has_a_reference_of_its_own",),
     ),
     Plant(
@@ -443,7 +451,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
             _edit(
                 "ranks/sides/roles.py",
                 "    elif config.policy is not None and not registry.get(config.workload).sparse:\n",
-                '    elif config.precision != "fp32" and not registry.get(config.workload).sparse:  # planted\n',
+                '    elif config.precision.dtype != "fp32" and not registry.get(config.workload).sparse:  # planted\n',
             ),
         ),
         tests=(f"{_RECIPE_PARITY}::test_each_recipe_trains_like_its_twin_bitwise",),
@@ -515,7 +523,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/train.py",
-                "                clip_norm = engine.clip_grad_norm_(config.clip)\n",
+                "                clip_norm = engine.clip_grad_norm_(config.loop.clip)\n",
                 "                clip_norm = engine.clip_grad_norm_(1.0)  # planted\n",
             ),
         ),
@@ -586,7 +594,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "the three together, the loop they train with",
         edits=(
             _edit(
-                "plan/loop_matrix.py",
+                "plan/matrices/loop.py",
                 "    if sum(declared) < 2:\n        return []\n",
                 "    if True:  # planted\n        return []\n",
             ),

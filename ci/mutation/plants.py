@@ -21,7 +21,7 @@ from ci.mutation.resume_plants import RESUME_PLANTS
 from ci.mutation.staged_plants import STAGED_PLANTS
 from ci.mutation.two_d_plants import TWO_D_PLANTS
 from ci.mutation.world_size_plants import WORLD_SIZE_PLANTS
-from harness.parity.plan import matrix
+from harness.parity.plan.matrices import default as matrix
 
 __all__ = ["PLANTS", "Edit", "Plant", "PlantError", "apply"]
 
@@ -44,7 +44,7 @@ def _forced_inf(engine: str, optimizer: str, path: str = "plain", *, every_rank:
     (config,) = [
         c
         for c in matrix.forced_inf()
-        if (c.engine, c.optimizer, c.path) == (engine, optimizer, path)
+        if (c.engine, c.optimizer, c.loop.path) == (engine, optimizer, path)
         and all(f.value == "inf" and (f.rank is None) == every_rank for f in c.faults)
     ]
     return config.id

@@ -84,7 +84,7 @@ STAGED_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/staged.py",
-                '    reductions = config.accumulate if config.accumulate > 1 and config.sync == "every" else 1\n',
+                '    reductions = config.loop.accumulate if config.loop.accumulate > 1 and config.loop.sync == "every" else 1\n',
                 "    reductions = 1  # planted\n",
             ),
         ),

@@ -53,9 +53,9 @@ TWO_D_PLANTS: tuple[Plant, ...] = (
         "group's: the TP'd modules sum partial products of different inputs",
         edits=(
             _edit(
-                "plan/two_d.py",
-                "    return rank // config.tp if config.tp is not None else rank\n",
-                "    return rank  # planted\n",
+                "plan/config/mesh.py",
+                "        return rank // self.tp if self.tp is not None else rank\n",
+                "        return rank  # planted\n",
             ),
         ),
         tests=(_TWO_D,),

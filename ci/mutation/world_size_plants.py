@@ -47,7 +47,7 @@ WORLD_SIZE_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/sides/reduce_layout.py",
-                "if config.use_orig_params else 0",
+                "if config.layout.use_orig_params else 0",
                 "if False else 0  # planted",
             ),
         ),
@@ -60,7 +60,7 @@ WORLD_SIZE_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/sides/reduce_layout.py",
-                'hybrid=config.sharding == "hybrid_shard",',
+                'hybrid=config.layout.sharding == "hybrid_shard",',
                 "hybrid=False,  # planted",
             ),
         ),
@@ -71,7 +71,7 @@ WORLD_SIZE_PLANTS: tuple[Plant, ...] = (
         bug="configurations whose candidates lay out their gradients differently share one reference run",
         edits=(
             _edit(
-                "plan/config.py",
+                "plan/config/__init__.py",
                 '        if self.world_size <= 2 or self.reference != "ddp":\n',
                 "        if True:  # planted\n",
             ),
@@ -85,7 +85,7 @@ WORLD_SIZE_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/sides/references.py",
-                "        if config.resume_layout is not None:\n            resumed = ",
+                "        if config.resume.layout is not None:\n            resumed = ",
                 "        if False:  # planted\n            resumed = ",
             ),
         ),

@@ -21,8 +21,12 @@ from pathlib import Path
 
 from harness.parity.doors import launched, runner
 from harness.parity.judge.result import ParityResult
-from harness.parity.plan import matrix, resume_matrix, two_d_matrix, workload_matrix
-from harness.parity.plan.config import BACKENDS, SCALERS, ParityConfig, unique, unsupported_reason
+from harness.parity.plan.config import BACKENDS, SCALERS, ParityConfig, Scale, unique, unsupported_reason
+from harness.parity.plan.matrices import default as matrix
+from harness.parity.plan.matrices import resume as resume_matrix
+from harness.parity.plan.matrices import two_d as two_d_matrix
+from harness.parity.plan.matrices import workload as workload_matrix
+from harness.parity.plan.matrices.workload import Declared
 from harness.parity.plan.recipe import RECIPES
 from harness.parity.plan.select import ExpressionError, select
 from harness.parity.ranks import entry
@@ -216,12 +220,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _matrix(options: argparse.Namespace) -> list[ParityConfig]:
     """The embedded matrix, or every ``--workload``'s (each checked first: :class:`BadWorkload`)."""
-    kwargs = {"world_size": options.world_size, "backend": options.backend, "scaler": options.scaler}
+    where = {"world_size": options.world_size, "backend": options.backend}
     if options.reshard:
         resharded = matrix.reshard(backend=options.backend)
         return [c.with_(scaler=options.scaler) for c in resharded] if options.scaler != "ours" else resharded
     if not options.workload:
-        return matrix.default_matrix(**kwargs)
+        return matrix.default_matrix(**where, scaler=options.scaler)
+    scale = Scale(scaler=options.scaler)
+    asked = Declared(
+        recipe=options.recipe,
+        clip=options.clip,
+        accumulate=options.accumulate,
+        sync=options.sync,
+        checkpoint=options.checkpoint,
+        resume_at=options.resume_at,
+    )
     options.recipes = {}
     options.loops = {}
     options.tp_plans = {}
@@ -239,26 +252,15 @@ def _matrix(options: argparse.Namespace) -> list[ParityConfig]:
                 workload = registry.get(name)
                 model = registry.build_model(workload, 0)
                 options.tp_plans[workload.name] = tp_plan.describe(workload, model)
-                configs += two_d_matrix.rows(name, tp=options.tp, **kwargs)
+                configs += two_d_matrix.rows(name, tp=options.tp, scale=scale, **where)
                 continue
-            configs += workload_matrix.for_workload(
-                name,
-                recipe=options.recipe,
-                clip=options.clip,
-                accumulate=options.accumulate,
-                sync=options.sync,
-                checkpoint=options.checkpoint,
-                resume_at=options.resume_at,
-                **kwargs,
-            )
-            loop = workload_matrix.declared_loop(
-                name, options.clip, options.accumulate, options.sync, options.checkpoint
-            )
+            configs += workload_matrix.for_workload(name, scale=scale, declared=asked, **where)
+            declared = asked.over(name)
+            loop = declared.loop_words()
             if loop is not None:
                 options.loops[registry.get(name).name] = loop
-            declared = workload_matrix.declared_recipe(name, options.recipe)
-            if declared is not None:
-                options.recipes[registry.get(name).name] = declared
+            if declared.recipe is not None:
+                options.recipes[registry.get(name).name] = declared.recipe
         except WorkloadError as error:
             raise BadWorkload(str(error)) from None
     return unique(configs)

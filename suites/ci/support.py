@@ -9,10 +9,15 @@ from typing import Any
 
 from ci.gate import baselines, curves
 from harness.parity.judge.result import Curves, ParityResult
-from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.config import Layout, ParityConfig, Precision
 
-SGD = ParityConfig(engine="fsdp1", sharding="full_shard", use_orig_params=False)
-ADAM_BF16 = ParityConfig(engine="fsdp2", reshard_after_forward=True, precision="bf16", optimizer="adam")
+SGD = ParityConfig(engine="fsdp1", layout=Layout(sharding="full_shard", use_orig_params=False))
+ADAM_BF16 = ParityConfig(
+    engine="fsdp2",
+    optimizer="adam",
+    layout=Layout(reshard_after_forward=True),
+    precision=Precision(dtype="bf16"),
+)
 LOSSES = ((2.5, 2.4), (2.25, 2.2), (2.0, 1.9), (1.75, 1.7))
 SCALES = (65536.0, 65536.0, 131072.0, 131072.0)
 NORMS = (1.5, 1.25, 1.0, 0.75)

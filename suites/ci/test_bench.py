@@ -107,7 +107,7 @@ def test_the_recipe_costs_are_counted_from_the_outcomes():
     from harness.parity.plan.config import ParityConfig
 
     def outcome(**fields: object) -> Outcome:
-        config = ParityConfig(engine="fsdp2", reshard_after_forward=True, **fields)
+        config = ParityConfig.from_flat(engine="fsdp2", **fields, reshard_after_forward=True)
         return Outcome(result=ParityResult(config=config, status="pass", profile="exact", time_s=0.5))
 
     found = cost_by_recipe([outcome(), outcome(precision="bf16"), outcome(precision="bf16", recipe="mixed")])

@@ -3,7 +3,7 @@
 import types
 
 from ci.bench import parity_wall
-from harness.parity.plan import matrix
+from harness.parity.plan.matrices import default as matrix
 
 
 def test_the_loop_rows_are_counted_and_timed_by_feature():

@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 
 from ci.kernels import settings, verdicts
-from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.config import Layout, ParityConfig, Precision
 from suites.ci.support import SGD, report, result
 
 ROOT = Path(__file__).resolve().parents[2]
-BF16 = ParityConfig(engine="fsdp2", reshard_after_forward=True, precision="bf16")
+BF16 = ParityConfig(
+    engine="fsdp2", layout=Layout(reshard_after_forward=True), precision=Precision(dtype="bf16")
+)
 
 
 def _families(**documents):

@@ -179,7 +179,7 @@ def _count_parity_heartbeats(config) -> int:
 
 
 def test_the_parity_loop_beats_once_per_training_step(ranks):
-    from harness.parity.plan import matrix
+    from harness.parity.plan.matrices import default as matrix
 
     config = matrix.sparse(world_size=2)[0]
     assert ranks.run(_count_parity_heartbeats, config, world_size=2) == [config.steps] * 2

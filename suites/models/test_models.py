@@ -9,6 +9,7 @@ the reason (HYBRID_SHARD at world size 2, FSDP1 CPU offload without an accelerat
 
 import pytest
 
+from harness.parity.plan.config import Layout, Precision
 from suites.models.support import INSTALL_HINT, rows
 
 pytest.importorskip(
@@ -86,10 +87,10 @@ def test_a_llama_whose_rotary_buffer_is_cast_by_hand_is_told_which_buffer_and_dt
 
     config = ParityConfig(
         engine="fsdp2",
-        reshard_after_forward=True,
-        precision="bf16",
         workload="suites.models.workloads:llama",
         steps=2,
+        layout=Layout(reshard_after_forward=True),
+        precision=Precision(dtype="bf16"),
     )
     (outcome,) = runner.run([config], planted_executor(module_ranks, plant))
     (cause,) = [c for c in outcome.result.causes if c.name == "dtype_differs"]

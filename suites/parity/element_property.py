@@ -70,14 +70,14 @@ def config(
     **layout: Any,
 ) -> ParityConfig:
     """A configuration of the ``edges`` workload (``layout``: one of :data:`ENGINE_LAYOUTS`)."""
-    return ParityConfig(
+    return ParityConfig.from_flat(
         workload=WORKLOAD,
         steps=STEPS,
         world_size=world_size,
         optimizer=optimizer,
+        **layout,
         precision=precision,
         path=path,
-        **layout,
     )
 
 
@@ -186,7 +186,7 @@ def cases(found: ParityConfig, layout: Layout) -> st.SearchStrategy[Case]:
     """A case of ``found``: any kind it records, any tensor of that kind, and an element that is
     one of the tensor's edges most of the time (any element otherwise)."""
     kinds = [kind for kind in ("grad", "param", "optim_state", "buffer") if layout.tensors[kind]]
-    kinds += ["loss"] + (["clip_norm"] if found.path == "unscale_clip" else [])
+    kinds += ["loss"] + (["clip_norm"] if found.loop.path == "unscale_clip" else [])
 
     @st.composite
     def draw_case(draw: st.DrawFn) -> Case:

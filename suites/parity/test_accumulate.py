@@ -10,8 +10,11 @@ from fixtures.parity_records import replace_step, run, step
 from harness.parity.doors import runner
 from harness.parity.judge import causes
 from harness.parity.judge.compare import compare_runs
-from harness.parity.plan import matrix, profiles, workload_matrix
-from harness.parity.plan.config import ParityConfig
+from harness.parity.plan import profiles
+from harness.parity.plan.config import Loop, ParityConfig
+from harness.parity.plan.matrices import default as matrix
+from harness.parity.plan.matrices import workload as workload_matrix
+from harness.parity.plan.matrices.workload import Declared
 from harness.parity.ranks.sides import accumulate
 from suites.parity.support import cli_in_process, describe, ranks_executor
 
@@ -19,34 +22,46 @@ _FSDP1 = {"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": False}
 _FSDP2 = {"engine": "fsdp2", "reshard_after_forward": True}
 _LAST = {"recipe": "reduce32", "precision": "bf16", "accumulate": 2, "sync": "last"}
 _ROWS = {
-    "fsdp1_last": ParityConfig(**_FSDP1, **_LAST),
-    "fsdp2_last": ParityConfig(**_FSDP2, **_LAST),
-    "fsdp1_every": ParityConfig(**{**_FSDP1, "use_orig_params": True}, precision="fp16", accumulate=2),
-    "fsdp2_every": ParityConfig(**_FSDP2, precision="bf16", accumulate=3),
-    "overflow": ParityConfig(**_FSDP2, precision="fp16", accumulate=4, sync="last", init_scale=2.0**20),
+    "fsdp1_last": ParityConfig.from_flat(**_FSDP1, **_LAST),
+    "fsdp2_last": ParityConfig.from_flat(**_FSDP2, **_LAST),
+    "fsdp1_every": ParityConfig.from_flat(
+        **{**_FSDP1, "use_orig_params": True}, precision="fp16", accumulate=2
+    ),
+    "fsdp2_every": ParityConfig.from_flat(**_FSDP2, precision="bf16", accumulate=3),
+    "overflow": ParityConfig.from_flat(
+        **_FSDP2,
+        precision="fp16",
+        accumulate=4,
+        sync="last",
+        init_scale=2.0**20,
+    ),
 }
 
 
 def test_microbatches_and_the_sync_mode_are_named_in_the_id_and_one_microbatch_is_not():
     assert _ROWS["fsdp1_last"].id == "fsdp1-full_shard-flat-bf16-reduce32-sgd-acc2-synclast-w2"
     assert _ROWS["fsdp1_every"].id == "fsdp1-full_shard-orig-fp16-sgd-acc2-w2"
-    assert "acc" not in ParityConfig(**_FSDP1).id
+    assert "acc" not in ParityConfig.from_flat(**_FSDP1).id
 
 
 def test_syncing_only_the_last_of_one_microbatch_is_refused():
     with pytest.raises(ValueError, match="needs accumulate > 1"):
-        ParityConfig(**_FSDP1, sync="last")
+        ParityConfig.from_flat(**_FSDP1, sync="last")
 
 
 def test_a_ddp_candidate_cannot_accumulate():
     with pytest.raises(ValueError, match="DDP's own reducer re-reduces"):
-        ParityConfig(engine="ddp", accumulate=2)
+        ParityConfig(engine="ddp", loop=Loop(accumulate=2))
 
 
 def test_each_accumulation_has_a_reference_of_its_own():
     keys = {
         c.reference_key()
-        for c in (ParityConfig(**_FSDP1), _ROWS["fsdp1_last"], _ROWS["fsdp1_last"].with_(sync="every"))
+        for c in (
+            ParityConfig.from_flat(**_FSDP1),
+            _ROWS["fsdp1_last"],
+            _ROWS["fsdp1_last"].with_(sync="every"),
+        )
     }
     assert len(keys) == 3
 
@@ -56,7 +71,7 @@ def test_each_accumulation_has_a_reference_of_its_own():
     [
         (_ROWS["fsdp1_last"], torch.bfloat16),  # FSDP1: the parameter dtype, whatever the reduce
         (_ROWS["fsdp2_last"], torch.float32),  # FSDP2: the reduce dtype
-        (ParityConfig(**_FSDP2, accumulate=2, sync="last"), torch.float32),
+        (ParityConfig.from_flat(**_FSDP2, accumulate=2, sync="last"), torch.float32),
     ],
     ids=["fsdp1", "fsdp2", "fp32"],
 )
@@ -65,14 +80,18 @@ def test_each_engine_sums_unsynced_gradients_in_the_dtype_its_sources_say(config
 
 
 def test_the_default_matrix_accumulates_in_both_sync_modes_under_both_engines():
-    rows = [c for c in matrix.default_matrix() if c.accumulate > 1]
-    assert {c.sync for c in rows} == {"every", "last"}
-    assert {c.engine for c in rows if c.sync == "last"} == {"fsdp1", "fsdp2"}
+    rows = [c for c in matrix.default_matrix() if c.loop.accumulate > 1]
+    assert {c.loop.sync for c in rows} == {"every", "last"}
+    assert {c.engine for c in rows if c.loop.sync == "last"} == {"fsdp1", "fsdp2"}
 
 
 def test_a_workloads_matrix_runs_the_users_accumulation_under_every_layout():
-    rows = [c for c in workload_matrix.for_workload("mlp", accumulate=4, sync="last") if c.accumulate > 1]
-    assert {(c.accumulate, c.sync) for c in rows} == {(4, "last")} and len(rows) == 12 * 2
+    rows = [
+        c
+        for c in workload_matrix.for_workload("mlp", declared=Declared(accumulate=4, sync="last"))
+        if c.loop.accumulate > 1
+    ]
+    assert {(c.loop.accumulate, c.loop.sync) for c in rows} == {(4, "last")} and len(rows) == 12 * 2
 
 
 def test_accumulate_without_a_workload_exits_2_naming_the_k_filter():
@@ -159,11 +178,16 @@ def test_the_cli_lists_the_users_accumulation_under_every_layout():
 def test_parity_test_passes_the_users_loop_to_the_workloads_matrix():
     from harness.parity.doors import pytest_plugin
 
-    options = {"clip": 0.5, "accumulate": 4, "sync": "last", "checkpoint": True, "k": "fsdp2 and reshard"}
+    options = {
+        "declared": Declared(clip=0.5, accumulate=4, sync="last", checkpoint=True),
+        "k": "fsdp2 and reshard",
+    }
     configs = pytest_plugin._configs("convnet", options)
-    assert {c.clip for c in configs if c.path == "unscale_clip"} == {0.5}
-    assert {(c.accumulate, c.sync) for c in configs if c.accumulate > 1} == {(4, "last")}
-    assert any(c.checkpoint == "replay" and c.offload for c in configs)  # every layout: offload too
+    assert {c.loop.clip for c in configs if c.loop.path == "unscale_clip"} == {0.5}
+    assert {(c.loop.accumulate, c.loop.sync) for c in configs if c.loop.accumulate > 1} == {(4, "last")}
+    assert any(
+        c.loop.checkpoint == "replay" and c.layout.offload for c in configs
+    )  # every layout: offload too
 
 
 def test_the_report_says_each_rows_loop_beside_its_optimizer():
@@ -171,4 +195,4 @@ def test_the_report_says_each_rows_loop_beside_its_optimizer():
 
     config = _ROWS["fsdp1_last"].with_(path="unscale_clip", clip=0.05, checkpoint="replay")
     assert render._loop_words(config) == " (unscale_clip 0.05, acc2 synclast, ckpt)"
-    assert render._loop_words(ParityConfig(**_FSDP1)) == ""
+    assert render._loop_words(ParityConfig.from_flat(**_FSDP1)) == ""

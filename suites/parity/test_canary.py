@@ -15,8 +15,9 @@ import torch
 
 from fixtures.parity_plants import Plant, planted_executor
 from harness.parity.doors import runner
-from harness.parity.plan import matrix, profiles
-from harness.parity.plan.config import ParityConfig
+from harness.parity.plan import profiles
+from harness.parity.plan.config import Layout, ParityConfig
+from harness.parity.plan.matrices import default as matrix
 from harness.parity.workload import registry
 from suites.parity.support import ranks_executor
 
@@ -58,7 +59,9 @@ def test_every_gradient_of_the_canary_sums_exactly_in_any_order(world):
 
 def test_the_canary_is_judged_bitwise_on_every_backend():
     for backend in ("gloo", "nccl"):
-        config = ParityConfig(engine="fsdp2", reshard_after_forward=True, workload="canary", backend=backend)
+        config = ParityConfig(
+            engine="fsdp2", workload="canary", backend=backend, layout=Layout(reshard_after_forward=True)
+        )
         assert profiles.profile_for(config).name == "exact"
 
 
@@ -86,7 +89,11 @@ def test_the_canary_passes_bitwise_under_every_layout_at_world_size_4(canary_at_
 )
 def test_a_wiring_bug_fails_the_canary_at_world_size_4(module_ranks, plant, named):
     config = ParityConfig(
-        engine="fsdp2", reshard_after_forward=True, workload="canary", optimizer="own", world_size=4
+        engine="fsdp2",
+        workload="canary",
+        optimizer="own",
+        world_size=4,
+        layout=Layout(reshard_after_forward=True),
     )
     (outcome,) = runner.run([config], planted_executor(module_ranks, plant))
     result = outcome.result

@@ -26,7 +26,7 @@ from harness.parity.judge.compare import compare_runs
 from harness.parity.judge.measured import Measured
 from harness.parity.judge.pinpoint import Localization, ModuleDiff
 from harness.parity.plan import profiles
-from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.config import Layout, Mesh, ParityConfig
 
 HELD = Measured(source="staged", reordered=12)
 """The staged check held at every stage, some reduced elements summed in another order."""
@@ -86,7 +86,9 @@ def _resumed(audit):
     return [step(0), replace_step(step(1, weight=1.5), resume=(audit, audit))]
 
 
-_TP = ParityConfig(tp=2, world_size=4, engine="fsdp2", reshard_after_forward=True, workload="llama")
+_TP = ParityConfig(
+    world_size=4, engine="fsdp2", workload="llama", mesh=Mesh(tp=2), layout=Layout(reshard_after_forward=True)
+)
 _NOISY = {"layer.weight": torch.full((2, 2), 0.5), "layer.bias": torch.full((2,), 1e-9)}
 _FEW_ULPS = torch.tensor([0.5, 0.00390625 + 1.5 * 2**-8])
 _EQUAL_EVERYWHERE = Localization(step=0, modules=(_module("layer", failed=False),))
@@ -316,7 +318,7 @@ def test_a_tp_candidate_that_raised_on_a_shape_mismatch_is_named_plan_incomplete
     cause = two_d.plan_incomplete(_TP, "[rank 0] RuntimeError: mat1 and mat2 shapes cannot be multiplied")
     assert cause is not None and cause.name == "tp_plan_incomplete"
     assert two_d.plan_incomplete(_TP, "[rank 0] RuntimeError: out of memory") is None
-    assert two_d.plan_incomplete(dataclasses.replace(_TP, tp=None), "mat1 and mat2 shapes") is None
+    assert two_d.plan_incomplete(_TP.with_(tp=None), "mat1 and mat2 shapes") is None
 
 
 def test_a_row_the_staged_check_failed_is_explained_from_its_first_finding():
@@ -326,7 +328,7 @@ def test_a_row_the_staged_check_failed_is_explained_from_its_first_finding():
     from harness.parity.judge import result as results
     from harness.parity.judge.staged import Finding, Staged
 
-    config = ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam_fused")
+    config = ParityConfig(engine="fsdp2", optimizer="adam_fused", layout=Layout(reshard_after_forward=True))
     reference = run(step(0), step(1))
     candidate = run(
         step(0, weight=next_float(1.0)), replace_step(step(1), losses=(0.5, 0.75)), role="candidate"

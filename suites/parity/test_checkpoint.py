@@ -11,21 +11,35 @@ from harness.parity.doors import runner
 from harness.parity.judge import causes
 from harness.parity.judge.compare import compare_runs
 from harness.parity.judge.result import expected_failure
-from harness.parity.plan import matrix, profiles, workload_matrix
-from harness.parity.plan.config import ParityConfig
+from harness.parity.plan import profiles
+from harness.parity.plan.config import Layout, Loop, ParityConfig
+from harness.parity.plan.matrices import default as matrix
+from harness.parity.plan.matrices import workload as workload_matrix
+from harness.parity.plan.matrices.workload import Declared
 from harness.parity.ranks.sides import checkpoint
 from harness.parity.report import render
 from suites.parity.support import cli_in_process, describe, ranks_executor
 
 _CONV = {"workload": "convnet", "checkpoint": "replay"}
 _ROWS = {
-    "fsdp1_flat": ParityConfig(engine="fsdp1", sharding="full_shard", use_orig_params=False, **_CONV),
-    "fsdp1_orig_bf16": ParityConfig(
-        engine="fsdp1", sharding="full_shard", use_orig_params=True, precision="bf16", **_CONV
+    "fsdp1_flat": ParityConfig.from_flat(
+        engine="fsdp1", **_CONV, sharding="full_shard", use_orig_params=False
     ),
-    "fsdp2_fp16": ParityConfig(engine="fsdp2", reshard_after_forward=True, precision="fp16", **_CONV),
+    "fsdp1_orig_bf16": ParityConfig.from_flat(
+        engine="fsdp1",
+        **_CONV,
+        sharding="full_shard",
+        use_orig_params=True,
+        precision="bf16",
+    ),
+    "fsdp2_fp16": ParityConfig.from_flat(
+        engine="fsdp2", **_CONV, reshard_after_forward=True, precision="fp16"
+    ),
     "no_replay": ParityConfig(
-        engine="fsdp2", reshard_after_forward=True, workload="convnet", checkpoint="no_replay"
+        engine="fsdp2",
+        workload="convnet",
+        layout=Layout(reshard_after_forward=True),
+        loop=Loop(checkpoint="no_replay"),
     ),
 }
 
@@ -33,7 +47,10 @@ _ROWS = {
 def test_checkpointing_is_named_in_the_id_with_or_without_replay_and_none_is_not():
     assert _ROWS["fsdp1_flat"].id == "fsdp1-full_shard-flat-fp32-sgd-convnet-ckpt-w2"
     assert _ROWS["no_replay"].id.endswith("-convnet-ckpt_norng-w2")
-    assert "ckpt" not in ParityConfig(engine="fsdp1", sharding="full_shard", use_orig_params=False).id
+    assert (
+        "ckpt"
+        not in ParityConfig(engine="fsdp1", layout=Layout(sharding="full_shard", use_orig_params=False)).id
+    )
 
 
 def test_both_modes_share_the_replaying_reference_and_no_checkpoint_has_its_own():
@@ -73,13 +90,17 @@ def test_the_row_without_replay_is_an_expected_failure_naming_its_cause():
 
 
 def test_the_default_matrix_checkpoints_the_conv_net_with_replay_only():
-    rows = [c for c in matrix.default_matrix() if c.checkpoint]
-    assert {c.checkpoint for c in rows} == {"replay"} and {c.workload for c in rows} == {"convnet"}
+    rows = [c for c in matrix.default_matrix() if c.loop.checkpoint]
+    assert {c.loop.checkpoint for c in rows} == {"replay"} and {c.workload for c in rows} == {"convnet"}
 
 
 def test_a_workloads_matrix_checkpoints_under_every_layout_when_the_user_does():
-    rows = [c for c in workload_matrix.for_workload("convnet", checkpoint=True) if c.checkpoint]
-    assert {c.checkpoint for c in rows} == {"replay"} and len(rows) == 12 * 2
+    rows = [
+        c
+        for c in workload_matrix.for_workload("convnet", declared=Declared(checkpoint=True))
+        if c.loop.checkpoint
+    ]
+    assert {c.loop.checkpoint for c in rows} == {"replay"} and len(rows) == 12 * 2
 
 
 def _replayed(candidate_mode):

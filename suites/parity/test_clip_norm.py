@@ -11,8 +11,11 @@ from fixtures.parity_records import next_float, replace_step, run, step
 from harness.parity.doors import runner
 from harness.parity.judge import causes, clip_norm
 from harness.parity.judge.compare import compare_runs
-from harness.parity.plan import matrix, profiles, workload_matrix
-from harness.parity.plan.config import ParityConfig
+from harness.parity.plan import profiles
+from harness.parity.plan.config import Layout, Loop, ParityConfig, Precision
+from harness.parity.plan.matrices import default as matrix
+from harness.parity.plan.matrices import workload as workload_matrix
+from harness.parity.plan.matrices.workload import Declared
 from suites.parity.support import cli_in_process, describe, ranks_executor
 
 _NORM = 0.13837067782878876
@@ -95,8 +98,17 @@ def test_every_rank_off_by_the_same_norm_is_no_sharded_clip():
     assert "clip_norm_sharded" not in names
 
 
-_FSDP1 = ParityConfig(engine="fsdp1", sharding="full_shard", use_orig_params=False, path="unscale_clip")
-_FSDP2 = ParityConfig(engine="fsdp2", reshard_after_forward=True, precision="bf16", path="unscale_clip")
+_FSDP1 = ParityConfig(
+    engine="fsdp1",
+    layout=Layout(sharding="full_shard", use_orig_params=False),
+    loop=Loop(path="unscale_clip"),
+)
+_FSDP2 = ParityConfig(
+    engine="fsdp2",
+    layout=Layout(reshard_after_forward=True),
+    precision=Precision(dtype="bf16"),
+    loop=Loop(path="unscale_clip"),
+)
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +139,7 @@ def test_a_configured_max_norm_is_named_in_the_id_and_the_default_is_not():
 
 def test_a_max_norm_off_the_clipping_path_is_refused():
     with pytest.raises(ValueError, match="clips on path='unscale_clip' only"):
-        ParityConfig(engine="fsdp2", reshard_after_forward=True, clip=0.5)
+        ParityConfig(engine="fsdp2", layout=Layout(reshard_after_forward=True), loop=Loop(clip=0.5))
 
 
 def test_rows_clipping_at_other_norms_have_references_of_their_own():
@@ -155,17 +167,21 @@ def test_each_ranks_partial_norm_used_as_the_total_is_named_clip_norm_sharded(lo
 
 def test_an_fsdp_clip_is_held_to_fp32_as_its_norm_sums_in_another_order_and_ddps_stays_exact():
     assert profiles.profile_for(_FSDP1).name == "fp32"
-    assert profiles.profile_for(ParityConfig(engine="ddp", path="unscale_clip")).name == "exact"
+    assert profiles.profile_for(ParityConfig(engine="ddp", loop=Loop(path="unscale_clip"))).name == "exact"
 
 
 def test_the_default_matrix_clips_for_real_under_fsdp1_and_fsdp2():
-    rows = [c for c in matrix.default_matrix() if c.clip != 1.0]
-    assert {c.engine for c in rows} == {"fsdp1", "fsdp2"} and all(c.path == "unscale_clip" for c in rows)
+    rows = [c for c in matrix.default_matrix() if c.loop.clip != 1.0]
+    assert {c.engine for c in rows} == {"fsdp1", "fsdp2"} and all(c.loop.path == "unscale_clip" for c in rows)
 
 
 def test_a_workloads_matrix_runs_the_users_max_norm_under_every_layout():
-    rows = [c for c in workload_matrix.for_workload("mlp", clip=0.5) if c.path == "unscale_clip"]
-    assert {c.clip for c in rows} == {0.5} and len(rows) == 12 * 2
+    rows = [
+        c
+        for c in workload_matrix.for_workload("mlp", declared=Declared(clip=0.5))
+        if c.loop.path == "unscale_clip"
+    ]
+    assert {c.loop.clip for c in rows} == {0.5} and len(rows) == 12 * 2
 
 
 def test_the_optimizer_receives_gradients_clipped_to_the_configured_max_norm(clipped):

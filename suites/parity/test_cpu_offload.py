@@ -2,7 +2,7 @@
 ``CPUOffload(offload_params=True)`` on the GPU tier (it needs pinned memory), each with and without
 an inf on rank 1 at step 2, in every precision, with SGD-momentum and fused Adam."""
 
-from harness.parity.plan import matrix
+from harness.parity.plan.matrices import default as matrix
 from suites.parity.support import describe
 
 CONFIGS = matrix.cpu_offload(world_size=2) + matrix.cpu_offload(world_size=1, backend="nccl")

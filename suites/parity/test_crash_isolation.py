@@ -6,19 +6,25 @@ the rank is an ``error`` row, naming the rank, the signal and where each rank wa
 import pytest
 
 from harness.parity.doors import runner
-from harness.parity.plan.config import Fault, ParityConfig
+from harness.parity.plan.config import Fault, Layout, ParityConfig
 from suites.parity.support import ranks_executor
 
 # A rank killed mid-batch and the batch run again on fresh ranks (half a minute on two cores): `make e2e`.
 pytestmark = pytest.mark.e2e
 
 WORKLOAD = "fixtures.user_workloads:aborts_under_fsdp2"
-KILLER = ParityConfig(engine="fsdp2", reshard_after_forward=True, workload=WORKLOAD)
+KILLER = ParityConfig(engine="fsdp2", workload=WORKLOAD, layout=Layout(reshard_after_forward=True))
 CONFIGS = [
-    ParityConfig(engine="fsdp1", sharding="full_shard", use_orig_params=True, workload=WORKLOAD),
-    ParityConfig(engine="fsdp1", sharding="shard_grad_op", use_orig_params=False, workload=WORKLOAD),
+    ParityConfig(
+        engine="fsdp1", workload=WORKLOAD, layout=Layout(sharding="full_shard", use_orig_params=True)
+    ),
+    ParityConfig(
+        engine="fsdp1", workload=WORKLOAD, layout=Layout(sharding="shard_grad_op", use_orig_params=False)
+    ),
     KILLER,
-    ParityConfig(engine="fsdp1", sharding="no_shard", use_orig_params=False, workload=WORKLOAD),
+    ParityConfig(
+        engine="fsdp1", workload=WORKLOAD, layout=Layout(sharding="no_shard", use_orig_params=False)
+    ),
     ParityConfig(engine="ddp", workload=WORKLOAD, suite="forced_inf", faults=(Fault(step=2, rank=1),)),
 ]
 

@@ -15,7 +15,7 @@ from torch.distributed.algorithms._comm_hooks.default_hooks import DefaultState
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import _get_gradient_divide_factors
 
 from harness.parity.doors import runner
-from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.config import Layout, ParityConfig, Precision
 from harness.parity.ranks.sides import twin
 from suites.parity.support import describe, ranks_executor
 
@@ -23,14 +23,17 @@ WORKLOAD = "fixtures.user_workloads:five_classes"
 CONFIGS = [
     ParityConfig(
         engine="fsdp1",
-        sharding="full_shard",
-        use_orig_params=False,
-        precision="fp16",
         workload=WORKLOAD,
         world_size=4,
+        layout=Layout(sharding="full_shard", use_orig_params=False),
+        precision=Precision(dtype="fp16"),
     ),
     ParityConfig(
-        engine="fsdp2", reshard_after_forward=True, precision="fp16", workload=WORKLOAD, world_size=4
+        engine="fsdp2",
+        workload=WORKLOAD,
+        world_size=4,
+        layout=Layout(reshard_after_forward=True),
+        precision=Precision(dtype="fp16"),
     ),
 ]
 

@@ -5,16 +5,22 @@ import pytest
 
 import harness
 from fixtures import candidate_steps
-from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.config import Layout, ParityConfig
 
 CANDIDATES = [
-    ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam"),
-    ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="sgd"),
+    ParityConfig(engine="fsdp2", optimizer="adam", layout=Layout(reshard_after_forward=True)),
+    ParityConfig(engine="fsdp2", optimizer="sgd", layout=Layout(reshard_after_forward=True)),
     # rows that do not divide by the world size: the zeros standing in for rank 1's missing state
     # must state the global shape (gather.zeros_like_shards), or the gather's sizes differ
-    ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam", workload="uneven"),
-    ParityConfig(engine="fsdp1", sharding="full_shard", use_orig_params=True, optimizer="adam"),
-    ParityConfig(engine="fsdp1", sharding="full_shard", use_orig_params=False, optimizer="sgd"),
+    ParityConfig(
+        engine="fsdp2", optimizer="adam", workload="uneven", layout=Layout(reshard_after_forward=True)
+    ),
+    ParityConfig(
+        engine="fsdp1", optimizer="adam", layout=Layout(sharding="full_shard", use_orig_params=True)
+    ),
+    ParityConfig(
+        engine="fsdp1", optimizer="sgd", layout=Layout(sharding="full_shard", use_orig_params=False)
+    ),
 ]
 
 

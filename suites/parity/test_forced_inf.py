@@ -7,7 +7,7 @@ path, with a fused optimizer, with ``unscale_`` then ``clip_grad_norm_``, and wi
 import pytest
 import torch
 
-from harness.parity.plan import matrix
+from harness.parity.plan.matrices import default as matrix
 from suites.parity.support import describe
 
 KEEP_TENSORS = True  # the tests read every step's parameters and gradients
@@ -26,7 +26,7 @@ def test_every_rank_skips_the_poisoned_optimizer_step(parity_config, outcome):
 
 
 def test_a_second_optimizer_with_clean_gradients_still_steps(parity_config, outcome):
-    if parity_config.path != "two_optimizers":
+    if parity_config.loop.path != "two_optimizers":
         pytest.skip("one optimizer")
     for step in _poisoned(parity_config):
         record = outcome.candidate.steps[step]
@@ -37,7 +37,9 @@ def test_parameters_and_optimizer_state_stay_bitwise_unchanged(parity_config, ou
     steps = outcome.candidate.steps
     for step in _poisoned(parity_config):
         before, after = steps[step - 1], steps[step]
-        names = [n for n in after.params if parity_config.path != "two_optimizers" or n.startswith("inp.")]
+        names = [
+            n for n in after.params if parity_config.loop.path != "two_optimizers" or n.startswith("inp.")
+        ]
         for name in names:
             assert torch.equal(before.params[name], after.params[name]), f"step {step}: {name} changed"
             for key, value in after.optim_state.get(name, {}).items():
@@ -62,9 +64,9 @@ def test_growth_resumes_after_growth_interval_clean_steps(parity_config, outcome
 
 
 def test_counters_agree_on_every_rank(parity_config, outcome):
-    if parity_config.scaler != "ours":
+    if parity_config.scale.scaler != "ours":
         pytest.skip("torch's ShardedGradScaler keeps no counters")
-    optimizers = 2 if parity_config.path == "two_optimizers" else 1
+    optimizers = 2 if parity_config.loop.path == "two_optimizers" else 1
     poisoned = len(_poisoned(parity_config))
     expected = {
         "steps": parity_config.steps * optimizers,

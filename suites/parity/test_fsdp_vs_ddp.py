@@ -6,11 +6,11 @@ fp32 at world size 2 is held bit-exact (``exact``); fused optimizers and world s
 (HYBRID_SHARD as a 2x2 mesh) hold the documented profiles (``harness.parity.plan.profiles``).
 """
 
-from harness.parity.plan import matrix
+from harness.parity.plan.matrices import default as matrix
 from suites.parity.support import describe
 
-CONFIGS = [c for c in matrix.fsdp_vs_ddp(world_size=2) if c.sharding != "hybrid_shard"] + [
-    c for c in matrix.fsdp_vs_ddp(world_size=4) if c.sharding == "hybrid_shard"
+CONFIGS = [c for c in matrix.fsdp_vs_ddp(world_size=2) if c.layout.sharding != "hybrid_shard"] + [
+    c for c in matrix.fsdp_vs_ddp(world_size=4) if c.layout.sharding == "hybrid_shard"
 ]
 
 
@@ -29,7 +29,7 @@ def test_mixed_precision_rows_show_the_references_own_gap_to_fp32(parity_config,
     """The candidate is measured against the reference in its precision; the reference's own
     distance from a float32 run of the same workload is the gap the precision is expected to cost."""
     gap = outcome.result.expected_gap
-    if parity_config.precision == "fp32":
+    if parity_config.precision.dtype == "fp32":
         assert gap is None
     else:
         assert gap is not None and gap.loss_max_rel > 0 and gap.param_max_rel > 0, gap

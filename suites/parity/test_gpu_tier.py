@@ -2,8 +2,8 @@
 2 and 1. With fewer GPUs than ranks a configuration is skipped at collection, starting no process;
 at world size 1 the faults planted on rank 1 cannot happen and those configurations are skipped."""
 
-from harness.parity.plan import matrix
 from harness.parity.plan.config import unique
+from harness.parity.plan.matrices import default as matrix
 from suites.parity.support import describe
 
 CONFIGS = unique(

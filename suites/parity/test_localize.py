@@ -8,55 +8,56 @@ import pytest
 
 from fixtures.parity_plants import Plant, planted_executor
 from harness.parity.doors import runner
-from harness.parity.plan.config import Fault, ParityConfig
+from harness.parity.plan.config import Fault, Layout, ParityConfig, Precision, Scale
 from harness.parity.report import render
 
 _FSDP2 = {"engine": "fsdp2", "reshard_after_forward": True, "optimizer": "sgd", "steps": 3}
 CASES = {
     "block_fp32": (
-        ParityConfig(workload="transformer", **_FSDP2),
+        ParityConfig.from_flat(workload="transformer", **_FSDP2),
         Plant(kind="output_scale", module="blocks.1", amount=1e-2),
     ),
     "block_bf16": (
-        ParityConfig(workload="transformer", precision="bf16", **_FSDP2),
+        ParityConfig.from_flat(workload="transformer", **_FSDP2, precision="bf16"),
         Plant(kind="output_scale", module="blocks.1", amount=1e-2),
     ),
     "block_fsdp1_fp16": (
         ParityConfig(
             engine="fsdp1",
-            sharding="full_shard",
-            use_orig_params=False,
             workload="transformer",
-            precision="fp16",
             optimizer="sgd",
             steps=3,
+            layout=Layout(sharding="full_shard", use_orig_params=False),
+            precision=Precision(dtype="fp16"),
         ),
         Plant(kind="output_scale", module="blocks.1", amount=1e-2),
     ),
-    "one_ulp": (ParityConfig(**_FSDP2), Plant(kind="output_ulp", module="inner.1.linear", amount=1)),
+    "one_ulp": (
+        ParityConfig.from_flat(**_FSDP2),
+        Plant(kind="output_ulp", module="inner.1.linear", amount=1),
+    ),
     "one_ulp_bf16": (
-        ParityConfig(precision="bf16", **_FSDP2),
+        ParityConfig.from_flat(**_FSDP2, precision="bf16"),
         Plant(kind="output_ulp", module="inner.1.linear", amount=1),
     ),
     "op_in_float64": (
-        ParityConfig(**_FSDP2),
+        ParityConfig.from_flat(**_FSDP2),
         Plant(kind="linear_in_float64", module="inner.0.linear"),
     ),
     "no_agreement": (
         ParityConfig(
             suite="forced_inf",
             engine="fsdp1",
-            sharding="full_shard",
-            use_orig_params=False,
             faults=(Fault(step=2, rank=1),),
             steps=4,
-            init_scale=1024.0,
+            layout=Layout(sharding="full_shard", use_orig_params=False),
+            scale=Scale(init_scale=1024.0),
         ),
         Plant(kind="no_agreement"),
     ),
-    "divide_factor": (ParityConfig(**_FSDP2), Plant(kind="grad_factor", amount=2.0)),
+    "divide_factor": (ParityConfig.from_flat(**_FSDP2), Plant(kind="grad_factor", amount=2.0)),
     "buffer_cast_by_hand": (
-        ParityConfig(workload="fixtures.policy_workload:policy_net", precision="bf16", **_FSDP2),
+        ParityConfig.from_flat(workload="fixtures.policy_workload:policy_net", **_FSDP2, precision="bf16"),
         Plant(kind="cast_buffer", module="rotary.freq"),
     ),
 }

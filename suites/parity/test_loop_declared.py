@@ -4,7 +4,8 @@ a declaration that cannot run is refused naming the fix."""
 
 import pytest
 
-from harness.parity.plan import workload_matrix
+from harness.parity.plan.matrices import workload as workload_matrix
+from harness.parity.plan.matrices.workload import Declared
 from harness.parity.report import render
 from harness.parity.workload.spec import WorkloadError
 from suites.parity.support import cli_in_process
@@ -13,30 +14,39 @@ _DECLARED = "fixtures.loop_workloads:resmlp_loop"
 
 
 def test_a_declared_max_norm_is_clipped_at_under_every_layout():
-    rows = [c for c in workload_matrix.for_workload(_DECLARED) if c.path == "unscale_clip"]
-    assert {c.clip for c in rows} == {0.5} and len(
-        {(c.engine, c.sharding, c.use_orig_params, c.reshard_after_forward, c.offload) for c in rows}
+    rows = [c for c in workload_matrix.for_workload(_DECLARED) if c.loop.path == "unscale_clip"]
+    assert {c.loop.clip for c in rows} == {0.5} and len(
+        {
+            (
+                c.engine,
+                c.layout.sharding,
+                c.layout.use_orig_params,
+                c.layout.reshard_after_forward,
+                c.layout.offload,
+            )
+            for c in rows
+        }
     ) == 12
 
 
 def test_a_declared_accumulation_runs_its_microbatches_and_sync_mode_only():
-    rows = [c for c in workload_matrix.for_workload(_DECLARED) if c.accumulate > 1]
-    assert {(c.accumulate, c.sync) for c in rows} == {(4, "last")}
+    rows = [c for c in workload_matrix.for_workload(_DECLARED) if c.loop.accumulate > 1]
+    assert {(c.loop.accumulate, c.loop.sync) for c in rows} == {(4, "last")}
 
 
 def test_a_declared_checkpoint_runs_under_every_layout():
-    rows = [c for c in workload_matrix.for_workload(_DECLARED) if c.checkpoint]
-    assert {c.checkpoint for c in rows} == {"replay"} and any(c.offload for c in rows)
+    rows = [c for c in workload_matrix.for_workload(_DECLARED) if c.loop.checkpoint]
+    assert {c.loop.checkpoint for c in rows} == {"replay"} and any(c.layout.offload for c in rows)
 
 
 def test_the_callers_loop_replaces_the_workloads_own():
     rows = [
         c
-        for c in workload_matrix.for_workload(_DECLARED, clip=2.0, accumulate=2)
-        if c.clip != 1.0 or c.accumulate > 1
+        for c in workload_matrix.for_workload(_DECLARED, declared=Declared(clip=2.0, accumulate=2))
+        if c.loop.clip != 1.0 or c.loop.accumulate > 1
     ]
-    assert {c.clip for c in rows if c.path == "unscale_clip"} == {2.0}
-    assert {c.accumulate for c in rows if c.accumulate > 1} == {2}
+    assert {c.loop.clip for c in rows if c.loop.path == "unscale_clip"} == {2.0}
+    assert {c.loop.accumulate for c in rows if c.loop.accumulate > 1} == {2}
 
 
 def test_one_microbatch_declared_is_refused_naming_the_fix():
@@ -63,10 +73,10 @@ def test_the_reports_header_says_the_declared_loop():
 def _layout(config):
     return (
         config.engine,
-        config.sharding,
-        config.use_orig_params,
-        config.reshard_after_forward,
-        config.offload,
+        config.layout.sharding,
+        config.layout.use_orig_params,
+        config.layout.reshard_after_forward,
+        config.layout.offload,
     )
 
 
@@ -74,12 +84,16 @@ def test_a_declared_loop_of_several_features_also_runs_them_together_under_every
     together = [
         c
         for c in workload_matrix.for_workload(_DECLARED)
-        if c.path == "unscale_clip" and c.accumulate > 1 and c.checkpoint
+        if c.loop.path == "unscale_clip" and c.loop.accumulate > 1 and c.loop.checkpoint
     ]
-    assert {(c.clip, c.accumulate, c.sync, c.checkpoint) for c in together} == {(0.5, 4, "last", "replay")}
+    assert {(c.loop.clip, c.loop.accumulate, c.loop.sync, c.loop.checkpoint) for c in together} == {
+        (0.5, 4, "last", "replay")
+    }
     assert len({_layout(c) for c in together}) == 12
 
 
 def test_a_single_loop_feature_gets_no_combined_rows():
-    rows = workload_matrix.for_workload("fixtures.user_workloads:resmlp", clip=0.5)
-    assert not [c for c in rows if c.path == "unscale_clip" and (c.accumulate > 1 or c.checkpoint)]
+    rows = workload_matrix.for_workload("fixtures.user_workloads:resmlp", declared=Declared(clip=0.5))
+    assert not [
+        c for c in rows if c.loop.path == "unscale_clip" and (c.loop.accumulate > 1 or c.loop.checkpoint)
+    ]

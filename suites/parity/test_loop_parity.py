@@ -3,7 +3,7 @@ at a norm that bites, accumulating microbatches in both sync modes, checkpointin
 units under dropout. As parity configurations of the suite, the gate compares their curves with
 their baselines."""
 
-from harness.parity.plan import loop_matrix
+from harness.parity.plan.matrices import loop as loop_matrix
 from suites.parity.support import describe
 
 CONFIGS = loop_matrix.default_rows(world_size=2)
@@ -15,5 +15,5 @@ def test_each_loop_row_trains_like_its_reference(parity_config, outcome):
 
 def test_a_checkpointed_row_says_so_on_both_sides(parity_config, outcome):
     said = outcome.result.candidate
-    if parity_config.checkpoint:
+    if parity_config.loop.checkpoint:
         assert "units checkpointed" in said and "units checkpointed" in outcome.result.reference

@@ -1,8 +1,8 @@
 """A user declares the recipe they train with through ``parity_test``: the workload's own
-(``Workload(recipe=...)``) or the decorator's ``recipe=``, which replaces it; each runs under engine
+(``Workload(recipe=...)``) or the decorator's ``declared=Declared(recipe=...)``, which replaces it; each runs under engine
 layouts that only a declared recipe gets (NO_SHARD, CPU offload)."""
 
-from harness.parity import parity_test
+from harness.parity import Declared, parity_test
 
 
 @parity_test(
@@ -16,7 +16,7 @@ def test_the_workloads_own_recipe_trains_like_its_twin(parity):
 
 @parity_test(
     "fixtures.recipe_workloads:resmlp_bf16_reduce32",
-    recipe="autocast-fp16",
+    declared=Declared(recipe="autocast-fp16"),
     k="autocast and fsdp2 and offload and sgd and keep",
 )
 def test_the_decorators_recipe_replaces_the_workloads_own(parity):

@@ -10,17 +10,20 @@ import pytest
 
 from fixtures.parity_plants import Plant, planted_executor
 from harness.parity.doors import runner
-from harness.parity.plan import matrix
 from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.matrices import default as matrix
 from suites.parity.support import describe
 
 CONFIGS = matrix.recipes(world_size=2)
 
 _FSDP2 = {"engine": "fsdp2", "reshard_after_forward": True, "optimizer": "sgd", "steps": 3}
 FORGOTTEN = {
-    "autocast_fp16_mlp": ParityConfig(recipe="autocast", precision="fp16", **_FSDP2),
-    "mixed_fp16_raw_logits": ParityConfig(
-        recipe="mixed", precision="fp16", workload="fixtures.recipe_workloads:resmlp_raw_logits", **_FSDP2
+    "autocast_fp16_mlp": ParityConfig.from_flat(**_FSDP2, recipe="autocast", precision="fp16"),
+    "mixed_fp16_raw_logits": ParityConfig.from_flat(
+        workload="fixtures.recipe_workloads:resmlp_raw_logits",
+        **_FSDP2,
+        recipe="mixed",
+        precision="fp16",
     ),
 }
 
@@ -32,7 +35,7 @@ def test_each_recipe_trains_like_its_twin_bitwise(parity_config, outcome):
 
 
 def test_each_recipe_row_names_its_recipe_in_what_ran(parity_config, outcome):
-    if parity_config.autocast is not None:
+    if parity_config.precision.autocast is not None:
         assert "torch.autocast" in outcome.result.reference and "torch.autocast" in outcome.result.candidate
 
 

@@ -4,8 +4,11 @@ reference of its own; declared by a user's workload, the CLI or ``parity_test`` 
 import pytest
 
 from harness.parity.doors import pytest_plugin
-from harness.parity.plan import matrix, recipe, workload_matrix
-from harness.parity.plan.config import ParityConfig
+from harness.parity.plan import recipe
+from harness.parity.plan.config import ParityConfig, Precision
+from harness.parity.plan.matrices import default as matrix
+from harness.parity.plan.matrices import workload as workload_matrix
+from harness.parity.plan.matrices.workload import Declared
 from harness.parity.plan.precision import PrecisionPolicy
 from harness.parity.plan.select import select
 from harness.parity.workload.spec import WorkloadError
@@ -18,7 +21,7 @@ DECLARED = "fixtures.recipe_workloads:resmlp_bf16_reduce32"
 
 def _of(name, **fields):
     kind, precision = recipe.parse(name)
-    return ParityConfig(recipe=kind, precision=precision, **{**FSDP2, **fields})
+    return ParityConfig.from_flat(**{**FSDP2, **fields}, recipe=kind, precision=precision)
 
 
 def test_every_recipe_name_parses_back_to_itself():
@@ -41,7 +44,11 @@ def test_an_unknown_recipe_is_refused_listing_the_names():
 
 
 def test_the_pure_rows_keep_the_ids_they_had():
-    assert _of("pure-bf16").id == ParityConfig(precision="bf16", **FSDP2).id == "fsdp2-reshard-bf16-sgd-w2"
+    assert (
+        _of("pure-bf16").id
+        == ParityConfig.from_flat(**FSDP2, precision="bf16").id
+        == "fsdp2-reshard-bf16-sgd-w2"
+    )
 
 
 @pytest.mark.parametrize(
@@ -58,13 +65,19 @@ def test_a_recipe_beyond_pure_is_named_in_the_id(name, expected):
 
 def test_a_float32_configuration_has_no_recipe_so_its_fp32_twin_is_plain_fp32():
     twin = _of("mixed-fp16").with_(precision="fp32")
-    assert twin.recipe == "pure" and twin.autocast is None and twin == ParityConfig(**FSDP2)
+    assert (
+        twin.precision.recipe == "pure"
+        and twin.precision.autocast is None
+        and twin == ParityConfig.from_flat(**FSDP2)
+    )
 
 
 def test_autocast_keeps_float32_parameters_and_mixed_adds_fsdps_policy():
-    assert _of("autocast-fp16").policy is None and _of("autocast-fp16").autocast == "fp16"
-    assert _of("mixed-bf16").policy == _of("pure-bf16").policy and _of("mixed-bf16").autocast == "bf16"
-    assert _of("pure-bf16").autocast is None
+    assert _of("autocast-fp16").policy is None and _of("autocast-fp16").precision.autocast == "fp16"
+    assert (
+        _of("mixed-bf16").policy == _of("pure-bf16").policy and _of("mixed-bf16").precision.autocast == "bf16"
+    )
+    assert _of("pure-bf16").precision.autocast is None
 
 
 def test_reduce32_reduces_in_fp32_and_keeps_the_engines_other_defaults():
@@ -102,18 +115,20 @@ def test_every_recipe_has_a_reference_of_its_own():
 )
 def test_a_recipe_the_configuration_cannot_run_is_refused_naming_why(fields, complaint):
     with pytest.raises(ValueError) as error:
-        ParityConfig(**FSDP2, **fields)
+        ParityConfig.from_flat(**FSDP2, **fields)
     assert complaint in str(error.value)
 
 
 def test_a_ddp_candidate_runs_the_pure_recipe_only():
     with pytest.raises(ValueError, match="a DDP candidate runs 'pure' only"):
-        ParityConfig(engine="ddp", recipe="autocast", precision="fp16")
+        ParityConfig(engine="ddp", precision=Precision(recipe="autocast", dtype="fp16"))
 
 
 def test_the_default_matrix_runs_every_recipe_in_a_few_rows():
     configs = matrix.default_matrix()
-    beyond_pure = [c for c in configs if c.recipe != "pure" and c.accumulate == 1]  # not the loop rows
+    beyond_pure = [
+        c for c in configs if c.precision.recipe != "pure" and c.loop.accumulate == 1
+    ]  # not the loop rows
     assert {c.recipe_name for c in configs} == {"fp32", *recipe.RECIPES}
     assert len(beyond_pure) == 16
     assert {c.engine for c in beyond_pure} == {"fsdp1", "fsdp2"}
@@ -131,31 +146,38 @@ def test_k_selects_a_recipe_by_name():
 
 
 def test_a_workload_without_a_recipe_runs_every_recipe_under_four_layouts():
-    configs = [c for c in workload_matrix.for_workload("mlp") if c.recipe != "pure"]
+    configs = [c for c in workload_matrix.for_workload("mlp") if c.precision.recipe != "pure"]
     assert {c.recipe_name for c in configs} == set(recipe.RECIPES) - {"pure-fp16", "pure-bf16"}
     per_recipe = {
-        (c.engine, c.sharding, c.use_orig_params, c.reshard_after_forward, c.offload) for c in configs
+        (
+            c.engine,
+            c.layout.sharding,
+            c.layout.use_orig_params,
+            c.layout.reshard_after_forward,
+            c.layout.offload,
+        )
+        for c in configs
     }
     assert len(per_recipe) == 4 and len(configs) == 6 * 4 * 2  # recipes x layouts x optimizers
 
 
 def test_a_declared_recipe_runs_under_every_engine_layout_and_no_other_recipe():
-    configs = [c for c in workload_matrix.for_workload(DECLARED) if c.recipe != "pure"]
+    configs = [c for c in workload_matrix.for_workload(DECLARED) if c.precision.recipe != "pure"]
     assert {c.recipe_name for c in configs} == {"bf16-reduce32"}
-    assert {c.sharding for c in configs if c.engine == "fsdp1"} == {
+    assert {c.layout.sharding for c in configs if c.engine == "fsdp1"} == {
         "full_shard",
         "shard_grad_op",
         "no_shard",
         "hybrid_shard",
     }
-    assert {(c.reshard_after_forward, c.offload) for c in configs if c.engine == "fsdp2"} == {
+    assert {(c.layout.reshard_after_forward, c.layout.offload) for c in configs if c.engine == "fsdp2"} == {
         (r, o) for r in (True, False) for o in (False, True)
     }
 
 
 def test_the_callers_recipe_replaces_the_workloads_own():
-    configs = workload_matrix.for_workload(DECLARED, recipe="autocast-fp16")
-    assert {c.recipe_name for c in configs if c.recipe != "pure"} == {"autocast-fp16"}
+    configs = workload_matrix.for_workload(DECLARED, declared=Declared(recipe="autocast-fp16"))
+    assert {c.recipe_name for c in configs if c.precision.recipe != "pure"} == {"autocast-fp16"}
 
 
 def test_an_unknown_declared_recipe_is_a_workload_error_listing_the_names():
@@ -165,7 +187,11 @@ def test_an_unknown_declared_recipe_is_a_workload_error_listing_the_names():
 
 def test_parity_test_passes_its_recipe_to_the_workloads_matrix():
     configs = pytest_plugin._configs(
-        "mlp", {"recipe": "mixed-bf16", "k": "mixed and not (unscale_clip or ckpt) and accumulate=1"}
+        "mlp",
+        {
+            "declared": Declared(recipe="mixed-bf16"),
+            "k": "mixed and not (unscale_clip or ckpt) and accumulate=1",
+        },
     )
     assert {c.recipe_name for c in configs} == {"mixed-bf16"} and len(configs) == 12 * 2
 

@@ -34,7 +34,7 @@ def _names(model: nn.Module, layout: reduce_layout.Layout) -> list[list[str]]:
 
 
 def _layout(model: nn.Module, dtype: torch.dtype = torch.float32, **config: object) -> reduce_layout.Layout:
-    return reduce_layout.of(ParityConfig(**config), model, [model.a, model.b], dtype)
+    return reduce_layout.of(ParityConfig.from_flat(**config), model, [model.a, model.b], dtype)
 
 
 def test_each_unit_is_a_bucket_of_its_own_parameters_and_the_root_holds_the_rest():

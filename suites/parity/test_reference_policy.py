@@ -26,25 +26,26 @@ FSDP1 = {"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": True, *
 
 CASES = {
     # case: (configuration, the field the reference gets wrong, the value it uses instead)
-    "param": (ParityConfig(**FSDP2), "param", "fp16"),
+    "param": (ParityConfig.from_flat(**FSDP2), "param", "fp16"),
     "reduce": (
-        ParityConfig(**FSDP2, mixed=PrecisionPolicy(param="bf16", reduce="fp32", inputs="units")),
+        ParityConfig.from_flat(**FSDP2, mixed=PrecisionPolicy(param="bf16", reduce="fp32", inputs="units")),
         "reduce",
         None,
     ),
-    "buffers_kept": (ParityConfig(**FSDP2), "buffers", "bf16"),
-    "buffers_cast": (ParityConfig(**FSDP1), "buffers", None),
-    "inputs_every_unit": (ParityConfig(**FSDP2), "inputs", "root"),
-    "inputs_root_only": (ParityConfig(**FSDP1), "inputs", "units"),
+    "buffers_kept": (ParityConfig.from_flat(**FSDP2), "buffers", "bf16"),
+    "buffers_cast": (ParityConfig.from_flat(**FSDP1), "buffers", None),
+    "inputs_every_unit": (ParityConfig.from_flat(**FSDP2), "inputs", "root"),
+    "inputs_root_only": (ParityConfig.from_flat(**FSDP1), "inputs", "units"),
     "output": (
-        ParityConfig(
-            **FSDP2, mixed=PrecisionPolicy(param="bf16", reduce="bf16", inputs="units", output="fp32")
+        ParityConfig.from_flat(
+            **FSDP2,
+            mixed=PrecisionPolicy(param="bf16", reduce="bf16", inputs="units", output="fp32"),
         ),
         "output",
         None,
     ),
     "keep_low_precision_grads": (
-        ParityConfig(
+        ParityConfig.from_flat(
             **FSDP1,
             mixed=PrecisionPolicy(param="bf16", reduce="bf16", buffers="bf16", keep_low_precision_grads=True),
         ),
@@ -124,7 +125,9 @@ def test_a_reference_that_upcasts_grads_fsdp1_keeps_in_low_precision_fails(ignor
     assert _broken(ignoring["keep_low_precision_grads"])
 
 
-_SHARED = ParityConfig(**{**FSDP2, "precision": "fp32", "workload": "fixtures.policy_workload:shared_net"})
+_SHARED = ParityConfig.from_flat(
+    **{**FSDP2, "precision": "fp32", "workload": "fixtures.policy_workload:shared_net"}
+)
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +151,7 @@ def test_a_reference_without_fsdp2s_autograd_node_on_unit_inputs_fails(shared):
 
 def test_fsdp2_refuses_a_policy_field_it_cannot_express():
     with pytest.raises(ValueError, match="FSDP2 never casts buffers"):
-        ParityConfig(**FSDP2, mixed=PrecisionPolicy(param="bf16", buffers="bf16", inputs="units"))
+        ParityConfig.from_flat(**FSDP2, mixed=PrecisionPolicy(param="bf16", buffers="bf16", inputs="units"))
 
 
 def test_a_policy_other_than_the_engines_default_is_named_in_the_id():

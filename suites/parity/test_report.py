@@ -11,7 +11,7 @@ import expecttest
 
 from fixtures.parity_records import replace_step, step
 from harness.parity.judge.result import judge, skipped
-from harness.parity.plan.config import Fault, ParityConfig
+from harness.parity.plan.config import Fault, Layout, Loop, ParityConfig, Precision, Scale
 from harness.parity.report import render
 
 RUN = {"backend": "gloo", "world_size": 2, "scaler": "ours", "filter": "", "torch": "2.13.0+cpu"}
@@ -48,18 +48,23 @@ def _part(rank, reference_steps, candidate_steps, error=None):
 
 
 def _results():
-    ok = ParityConfig(engine="fsdp1", sharding="full_shard", use_orig_params=False)
-    diverged = ParityConfig(engine="fsdp2", reshard_after_forward=True, precision="bf16", optimizer="adam")
+    ok = ParityConfig(engine="fsdp1", layout=Layout(sharding="full_shard", use_orig_params=False))
+    diverged = ParityConfig(
+        engine="fsdp2",
+        optimizer="adam",
+        layout=Layout(reshard_after_forward=True),
+        precision=Precision(dtype="bf16"),
+    )
     crashed = ParityConfig(
         suite="forced_inf",
         engine="fsdp2",
-        reshard_after_forward=True,
         optimizer="adam_fused",
-        path="unscale_clip",
         faults=(Fault(step=1, rank=1),),
-        scaler="torch",
+        layout=Layout(reshard_after_forward=True),
+        loop=Loop(path="unscale_clip"),
+        scale=Scale(scaler="torch"),
     )
-    hybrid = ParityConfig(engine="fsdp1", sharding="hybrid_shard", use_orig_params=True)
+    hybrid = ParityConfig(engine="fsdp1", layout=Layout(sharding="hybrid_shard", use_orig_params=True))
     steps = [step(0), step(1, skipped=True, scale=2.0, tracker=0)]
     drift = [
         step(0),

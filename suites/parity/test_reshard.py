@@ -13,27 +13,27 @@ import torch
 
 from fixtures.resume_plants import planted_executor
 from harness.parity.doors import runner
-from harness.parity.plan import matrix, resume_spec
-from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.config import ParityConfig, resume
+from harness.parity.plan.matrices import default as matrix
 from harness.parity.ranks.restart import reshard
 from suites.parity.support import cli_in_process, describe, ranks_executor
 
 _AT = 3
 _FSDP2 = {"engine": "fsdp2", "reshard_after_forward": True}
 _FSDP1 = {"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": False}
-_SOPT_4TO2 = ParityConfig(
+_SOPT_4TO2 = ParityConfig.from_flat(
     optimizer="adam",
+    world_size=4,
+    **_FSDP2,
     resume_at=_AT,
     resume_method="sharded_optimizer",
-    world_size=4,
     resume_world_size=2,
-    **_FSDP2,
 )
 
 
 def _dcp(world_size: int, resumed: int, **layout: object) -> ParityConfig:
-    return ParityConfig(
-        resume_at=_AT, resume_method="dcp", world_size=world_size, resume_world_size=resumed, **layout
+    return ParityConfig.from_flat(
+        world_size=world_size, **layout, resume_at=_AT, resume_method="dcp", resume_world_size=resumed
     )  # type: ignore[arg-type]
 
 
@@ -43,8 +43,8 @@ def test_a_resharded_row_names_both_world_sizes_in_its_id_and_keywords():
 
 
 def test_its_second_half_runs_as_the_same_row_at_the_world_size_it_resumes_at():
-    landed = resume_spec.landing(_SOPT_4TO2)
-    assert (landed.world_size, landed.resume_world_size, landed.resume_at) == (2, None, _AT)
+    landed = resume.landing(_SOPT_4TO2)
+    assert (landed.world_size, landed.resume.world_size, landed.resume.at) == (2, None, _AT)
     assert landed.reference_key() != _SOPT_4TO2.reference_key()
 
 
@@ -65,14 +65,14 @@ def test_a_reshard_the_engine_cannot_check_is_refused_naming_the_field(changes, 
 
 def test_the_reshard_matrix_covers_both_directions_engines_methods_and_recipes():
     rows = matrix.reshard()
-    assert {(c.world_size, c.resume_world_size) for c in rows} == {(4, 2), (2, 4)}
-    assert {(c.engine, c.resume_method) for c in rows} == {
+    assert {(c.world_size, c.resume.world_size) for c in rows} == {(4, 2), (2, 4)}
+    assert {(c.engine, c.resume.method) for c in rows} == {
         ("fsdp1", "dcp"),
         ("fsdp2", "dcp"),
         ("fsdp2", "sharded_optimizer"),
     }
-    assert {(c.precision, c.optimizer) for c in rows} == {("fp32", "adam"), ("fp16", "sgd")}
-    assert not [c for c in matrix.default_matrix() if c.resume_world_size is not None]
+    assert {(c.precision.dtype, c.optimizer) for c in rows} == {("fp32", "adam"), ("fp16", "sgd")}
+    assert not [c for c in matrix.default_matrix() if c.resume.world_size is not None]
 
 
 def test_the_cli_lists_the_resharded_rows():
@@ -153,7 +153,7 @@ def test_a_shard_loaded_into_the_next_ranks_place_fails_and_is_named(planted, na
     assert named, describe(outcome)
     config = _PLANTED[name]
     sizes = (
-        f"at world size {config.resume_world_size} from a checkpoint saved at world size {config.world_size}"
+        f"at world size {config.resume.world_size} from a checkpoint saved at world size {config.world_size}"
     )
     assert sizes in named[0].evidence
 
@@ -171,9 +171,9 @@ def test_every_resharded_row_is_bitwise_on_gloo(tier, config):
     outcome = tier[config.id]
     assert outcome.passed, describe(outcome)
     assert (outcome.result.profile, outcome.result.closeness) == ("exact", "bitwise")
-    assert [audit["restored"] for audit in outcome.candidate.steps[config.resume_at].resume] == [
+    assert [audit["restored"] for audit in outcome.candidate.steps[config.resume.at].resume] == [
         {}
-    ] * config.resume_world_size  # type: ignore[operator]
+    ] * config.resume.world_size  # type: ignore[operator]
 
 
 @pytest.mark.world_sizes
@@ -181,5 +181,5 @@ def test_every_resharded_row_is_bitwise_on_gloo(tier, config):
 def test_the_fp16_rows_skip_steps_through_the_scaler_on_both_sides_of_the_resume(tier):
     """The restored scale matters: fp16 starting at 2**20 skips its first steps before the save
     and, at another world size, steps after the load too; the reference skips the same ones."""
-    skipped = {c.id: tier[c.id].result.skipped_steps for c in matrix.reshard() if c.precision == "fp16"}
+    skipped = {c.id: tier[c.id].result.skipped_steps for c in matrix.reshard() if c.precision.dtype == "fp16"}
     assert all(steps for steps in skipped.values()), skipped

@@ -3,46 +3,57 @@
 import pytest
 
 from harness.parity.judge.result import expected_failure, failed_batch
-from harness.parity.plan.config import Fault, ParityConfig
+from harness.parity.plan.config import Fault, Layout, Loop, ParityConfig, Scale
 
 
 @pytest.mark.parametrize(
     ("config", "expected"),
     [
         (
-            ParityConfig(engine="ddp", optimizer="adam_fused", faults=(Fault(step=1),), scaler="torch"),
+            ParityConfig(
+                engine="ddp", optimizer="adam_fused", faults=(Fault(step=1),), scale=Scale(scaler="torch")
+            ),
             "never agrees",
         ),
         (
             ParityConfig(
-                engine="ddp", optimizer="adam_fused", faults=(Fault(step=1, rank=None),), scaler="torch"
+                engine="ddp",
+                optimizer="adam_fused",
+                faults=(Fault(step=1, rank=None),),
+                scale=Scale(scaler="torch"),
             ),
             "",
         ),
-        (ParityConfig(engine="ddp", optimizer="sgd", faults=(Fault(step=1),), scaler="torch"), ""),
+        (
+            ParityConfig(engine="ddp", optimizer="sgd", faults=(Fault(step=1),), scale=Scale(scaler="torch")),
+            "",
+        ),
         (
             ParityConfig(
                 engine="fsdp2",
-                reshard_after_forward=True,
                 optimizer="adam_fused",
                 faults=(Fault(step=1),),
-                scaler="torch",
+                layout=Layout(reshard_after_forward=True),
+                scale=Scale(scaler="torch"),
             ),
             "",
         ),
         (
             ParityConfig(
                 engine="fsdp2",
-                reshard_after_forward=True,
                 optimizer="adam_fused",
-                path="unscale_clip",
-                scaler="torch",
+                layout=Layout(reshard_after_forward=True),
+                loop=Loop(path="unscale_clip"),
+                scale=Scale(scaler="torch"),
             ),
             "crashes",
         ),
         (
             ParityConfig(
-                engine="fsdp2", reshard_after_forward=True, optimizer="adam_fused", path="unscale_clip"
+                engine="fsdp2",
+                optimizer="adam_fused",
+                layout=Layout(reshard_after_forward=True),
+                loop=Loop(path="unscale_clip"),
             ),
             "",
         ),

@@ -6,8 +6,11 @@ train bitwise like the run straight through."""
 import pytest
 
 from harness.parity.doors import runner
-from harness.parity.plan import matrix, resume_matrix, workload_matrix
-from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.config import Layout, ParityConfig, Precision, Resume, Scale
+from harness.parity.plan.matrices import default as matrix
+from harness.parity.plan.matrices import resume as resume_matrix
+from harness.parity.plan.matrices import workload as workload_matrix
+from harness.parity.plan.matrices.workload import Declared
 from harness.parity.ranks.restart import resume
 from harness.parity.workload.spec import WorkloadError
 from suites.parity.support import cli_in_process, describe, ranks_executor
@@ -16,71 +19,64 @@ _FSDP2 = {"engine": "fsdp2", "reshard_after_forward": True}
 _ROWS = {
     "fsdp1_dcp_adam": ParityConfig(
         engine="fsdp1",
-        sharding="full_shard",
-        use_orig_params=False,
         optimizer="adam",
-        resume_at=3,
-        resume_method="dcp",
+        layout=Layout(sharding="full_shard", use_orig_params=False),
+        resume=Resume(at=3, method="dcp"),
     ),
-    "fsdp2_sopt_fp16": ParityConfig(
-        precision="fp16", init_scale=2.0**20, resume_at=3, resume_method="sharded_optimizer", **_FSDP2
-    ),
-    "fsdp1_sopt_fp16": ParityConfig(
-        engine="fsdp1",
-        sharding="full_shard",
-        use_orig_params=False,
+    "fsdp2_sopt_fp16": ParityConfig.from_flat(
+        **_FSDP2,
         precision="fp16",
         init_scale=2.0**20,
         resume_at=3,
         resume_method="sharded_optimizer",
     ),
-    "fsdp2_sopt_adam": ParityConfig(
-        optimizer="adam", resume_at=3, resume_method="sharded_optimizer", **_FSDP2
+    "fsdp1_sopt_fp16": ParityConfig(
+        engine="fsdp1",
+        layout=Layout(sharding="full_shard", use_orig_params=False),
+        precision=Precision(dtype="fp16"),
+        scale=Scale(init_scale=2.0**20),
+        resume=Resume(at=3, method="sharded_optimizer"),
     ),
-    "convnet_dropout": ParityConfig(workload="convnet", resume_at=3, resume_method="dcp", **_FSDP2),
+    "fsdp2_sopt_adam": ParityConfig.from_flat(
+        optimizer="adam", **_FSDP2, resume_at=3, resume_method="sharded_optimizer"
+    ),
+    "convnet_dropout": ParityConfig.from_flat(workload="convnet", **_FSDP2, resume_at=3, resume_method="dcp"),
     "fsdp1_into_fsdp2": ParityConfig(
         engine="fsdp1",
-        sharding="full_shard",
-        use_orig_params=False,
         optimizer="adam",
-        resume_at=3,
-        resume_method="dcp",
-        resume_layout="fully_shard",
+        layout=Layout(sharding="full_shard", use_orig_params=False),
+        resume=Resume(at=3, method="dcp", layout="fully_shard"),
     ),
-    "user_pair": ParityConfig(
+    "user_pair": ParityConfig.from_flat(
         workload="fixtures.resume_workloads:careful",
         optimizer="adam",
+        **_FSDP2,
         resume_at=2,
         resume_method="user",
-        **_FSDP2,
     ),
-    "scheduled": ParityConfig(
-        workload="fixtures.resume_workloads:scheduled", resume_at=3, resume_method="dcp", **_FSDP2
+    "scheduled": ParityConfig.from_flat(
+        workload="fixtures.resume_workloads:scheduled", **_FSDP2, resume_at=3, resume_method="dcp"
     ),
-    "saves_nothing": ParityConfig(
-        workload="fixtures.resume_workloads:saves_nothing", resume_at=2, resume_method="user", **_FSDP2
+    "saves_nothing": ParityConfig.from_flat(
+        workload="fixtures.resume_workloads:saves_nothing", **_FSDP2, resume_at=2, resume_method="user"
     ),
     # A head of one row: rank 1 holds none of it in FSDP1's sharded state dict, which torch's DCP
     # load planner took for a checkpoint of torch <= 2.3 (resume_store.CurrentFormatLoadPlanner).
     "narrow_head_dcp_fp16": ParityConfig(
         engine="fsdp1",
-        sharding="full_shard",
-        use_orig_params=False,
-        precision="fp16",
         workload="fixtures.resume_workloads:narrow_head",
-        resume_at=3,
-        resume_method="dcp",
+        layout=Layout(sharding="full_shard", use_orig_params=False),
+        precision=Precision(dtype="fp16"),
+        resume=Resume(at=3, method="dcp"),
     ),
     "narrow_head_sopt": ParityConfig(
         engine="fsdp1",
-        sharding="full_shard",
-        use_orig_params=False,
         workload="fixtures.resume_workloads:narrow_head",
-        resume_at=3,
-        resume_method="sharded_optimizer",
+        layout=Layout(sharding="full_shard", use_orig_params=False),
+        resume=Resume(at=3, method="sharded_optimizer"),
     ),
-    "load_raises": ParityConfig(
-        workload="fixtures.resume_workloads:load_raises", resume_at=2, resume_method="user", **_FSDP2
+    "load_raises": ParityConfig.from_flat(
+        workload="fixtures.resume_workloads:load_raises", **_FSDP2, resume_at=2, resume_method="user"
     ),
 }
 _PASSING = [
@@ -114,7 +110,7 @@ def test_a_resume_row_has_a_reference_of_its_own_whose_rng_runs_on():
 @pytest.mark.parametrize("at", [0, 6, 9])
 def test_a_resume_step_outside_the_run_is_refused_naming_the_range(at):
     with pytest.raises(ValueError, match="resume_at must be a step between 1 and 5"):
-        ParityConfig(engine="ddp", resume_at=at, resume_method="dcp")
+        ParityConfig(engine="ddp", resume=Resume(at=at, method="dcp"))
 
 
 def test_a_row_resumed_in_another_layout_names_it_in_its_id():
@@ -137,7 +133,7 @@ def test_a_layout_change_the_engine_cannot_check_is_refused_naming_why(changes, 
 
 def test_the_user_method_needs_a_workload_with_save_and_load():
     with pytest.raises(ValueError, match="needs a workload with save and load"):
-        ParityConfig(engine="ddp", resume_at=2, resume_method="user")
+        ParityConfig(engine="ddp", resume=Resume(at=2, method="user"))
 
 
 def test_a_workload_declaring_save_without_load_is_refused():
@@ -148,12 +144,12 @@ def test_a_workload_declaring_save_without_load_is_refused():
 
 
 def test_the_default_matrix_resumes_under_both_methods_engines_and_precisions():
-    rows = [c for c in matrix.default_matrix() if c.resume_at is not None]
-    assert {c.resume_method for c in rows} == set(resume_matrix.METHODS)
-    assert {c.engine for c in rows if c.resume_layout is None} == {"fsdp1", "fsdp2"}
-    assert {c.precision for c in rows} == {"fp32", "fp16"}
+    rows = [c for c in matrix.default_matrix() if c.resume.at is not None]
+    assert {c.resume.method for c in rows} == set(resume_matrix.METHODS)
+    assert {c.engine for c in rows if c.resume.layout is None} == {"fsdp1", "fsdp2"}
+    assert {c.precision.dtype for c in rows} == {"fp32", "fp16"}
     assert "convnet" in {c.workload for c in rows}
-    assert {(c.engine, c.resume_layout) for c in rows if c.resume_layout} == {
+    assert {(c.engine, c.resume.layout) for c in rows if c.resume.layout} == {
         ("fsdp1", "fully_shard"),
         ("fsdp2", "fully_shard_keep"),
         ("ddp", "fully_shard"),
@@ -162,14 +158,18 @@ def test_the_default_matrix_resumes_under_both_methods_engines_and_precisions():
 
 def test_a_workload_declaring_save_and_load_gets_resume_rows_of_its_own_method_halfway():
     rows = workload_matrix.for_workload("fixtures.resume_workloads:careful")
-    resumed = [c for c in rows if c.resume_at is not None]
-    assert {c.resume_method for c in resumed} == {"dcp", "sharded_optimizer", "user"}
-    assert {c.resume_at for c in resumed} == {3}
+    resumed = [c for c in rows if c.resume.at is not None]
+    assert {c.resume.method for c in resumed} == {"dcp", "sharded_optimizer", "user"}
+    assert {c.resume.at for c in resumed} == {3}
 
 
 def test_a_workload_without_save_gets_resume_rows_only_when_asked():
-    assert not [c for c in workload_matrix.for_workload("mlp") if c.resume_at is not None]
-    assert {c.resume_at for c in workload_matrix.for_workload("mlp", resume_at=2) if c.resume_at} == {2}
+    assert not [c for c in workload_matrix.for_workload("mlp") if c.resume.at is not None]
+    assert {
+        c.resume.at
+        for c in workload_matrix.for_workload("mlp", declared=Declared(resume_at=2))
+        if c.resume.at
+    } == {2}
 
 
 def test_the_cli_resume_at_adds_resume_rows_to_a_workloads_matrix():
@@ -228,5 +228,5 @@ def test_a_load_that_raises_is_an_error_naming_the_rank_and_function(resumed):
 def test_parity_test_resume_at_expands_into_resume_rows_at_that_step():
     from harness.parity.doors import pytest_plugin
 
-    configs = pytest_plugin._configs("mlp", {"resume_at": 2, "k": "resume and fsdp2"})
-    assert configs and {c.resume_at for c in configs} == {2}
+    configs = pytest_plugin._configs("mlp", {"declared": Declared(resume_at=2), "k": "resume and fsdp2"})
+    assert configs and {c.resume.at for c in configs} == {2}

@@ -20,19 +20,25 @@ _FSDP1 = {
 }
 
 _PLANTED = {
-    "optimizer_not_restored": (ParityConfig(optimizer="sgd", **_FSDP1), "resume_optimizer_not_restored"),
-    "step_counter_reset": (ParityConfig(optimizer="adam", **_FSDP2), "resume_step_counter_reset"),
+    "optimizer_not_restored": (
+        ParityConfig.from_flat(optimizer="sgd", **_FSDP1),
+        "resume_optimizer_not_restored",
+    ),
+    "step_counter_reset": (ParityConfig.from_flat(optimizer="adam", **_FSDP2), "resume_step_counter_reset"),
     "scaler_not_restored": (
-        ParityConfig(precision="fp16", init_scale=2.0**20, **_FSDP2),
+        ParityConfig.from_flat(**_FSDP2, precision="fp16", init_scale=2.0**20),
         "resume_scaler_not_restored",
     ),
-    "rng_not_restored": (ParityConfig(workload="convnet", **_FSDP2), "resume_rng_not_restored"),
-    "weights_late": (ParityConfig(**_FSDP1), "resume_weights_late"),
+    "rng_not_restored": (ParityConfig.from_flat(workload="convnet", **_FSDP2), "resume_rng_not_restored"),
+    "weights_late": (ParityConfig.from_flat(**_FSDP1), "resume_weights_late"),
     "scheduler_not_restored": (
-        ParityConfig(workload="fixtures.resume_workloads:scheduled", **_FSDP2),
+        ParityConfig.from_flat(workload="fixtures.resume_workloads:scheduled", **_FSDP2),
         "resume_scheduler_not_restored",
     ),
-    "shards_swapped": (ParityConfig(resume_layout="fully_shard", **_FSDP1), "resume_shard_misplaced"),
+    "shards_swapped": (
+        ParityConfig.from_flat(**_FSDP1, resume_layout="fully_shard"),
+        "resume_shard_misplaced",
+    ),
 }
 
 
@@ -74,10 +80,10 @@ def test_the_cause_says_where_the_run_resumed_and_what_it_lost(planted):
 
 
 def test_a_users_pair_that_forgets_the_scaler_fails_named_scaler_not_restored(module_ranks):
-    config = ParityConfig(
+    config = ParityConfig.from_flat(
         workload="fixtures.resume_workloads:forgets_scaler",
-        precision="fp16",
         **{**_FSDP2, "resume_method": "user"},
+        precision="fp16",
     )
     (outcome,) = runner.run([config], ranks_executor(module_ranks), localize=False)
     assert outcome.result.status == "fail", describe(outcome) + outcome.result.detail

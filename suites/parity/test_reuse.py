@@ -5,6 +5,7 @@ import pickle
 
 import torch
 
+from harness.parity.plan.config import Layout
 from harness.parity.ranks.measure.record import rank_run, rank_step
 from harness.parity.ranks.sides.reuse import share_equal_tensors
 
@@ -88,7 +89,7 @@ def _passing_fsdp2_result(keep_all: bool) -> dict:
     from harness.parity.plan.config import ParityConfig
     from harness.parity.ranks import entry
 
-    config = ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam")
+    config = ParityConfig(engine="fsdp2", optimizer="adam", layout=Layout(reshard_after_forward=True))
     return entry.run_one(config, keep_all=keep_all)
 
 

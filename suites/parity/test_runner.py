@@ -3,7 +3,7 @@
 import pytest
 
 from harness.parity.doors import runner
-from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.config import Layout, ParityConfig
 
 
 def _never_called(batch, backend, world_size):
@@ -11,7 +11,7 @@ def _never_called(batch, backend, world_size):
 
 
 def test_configurations_that_cannot_run_here_are_skipped_without_starting_ranks():
-    hybrid = ParityConfig(engine="fsdp1", sharding="hybrid_shard", use_orig_params=False)
+    hybrid = ParityConfig(engine="fsdp1", layout=Layout(sharding="hybrid_shard", use_orig_params=False))
     (outcome,) = runner.run([hybrid], _never_called)
     assert outcome.result.status == "skip" and "world size >= 4" in outcome.result.reason
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.parity.plan import matrix
+from harness.parity.plan.matrices import default as matrix
 from harness.parity.plan.select import ExpressionError, select
 
 CONFIGS = matrix.default_matrix()
@@ -26,7 +26,9 @@ def test_a_word_matches_a_field_keyword():
 
 def test_and_or_not_and_parentheses_combine_as_in_pytest():
     got = ids("fsdp2 and (fp16 or bf16) and not offload")
-    want = {c.id for c in CONFIGS if c.engine == "fsdp2" and c.precision != "fp32" and not c.offload}
+    want = {
+        c.id for c in CONFIGS if c.engine == "fsdp2" and c.precision.dtype != "fp32" and not c.layout.offload
+    }
     assert got == want and got
 
 

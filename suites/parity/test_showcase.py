@@ -3,7 +3,7 @@
 GroupNorm and dropout, whose masks are drawn inside forward (the engine seeds torch's RNG per
 ``(seed, rank, step)`` before each forward, so DDP and FSDP drop the same units)."""
 
-from harness.parity.plan import workload_matrix
+from harness.parity.plan.matrices import workload as workload_matrix
 from suites.parity.support import describe
 
 CONFIGS = workload_matrix.showcase(world_size=2)

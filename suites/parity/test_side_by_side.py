@@ -7,38 +7,44 @@ found_inf inside DTensor dispatch.
 
 import pytest
 
-from harness.parity.plan.config import SCALERS, Fault, ParityConfig
+from harness.parity.plan.config import SCALERS, Fault, Layout, Loop, ParityConfig, Scale
 from suites.parity.support import describe, unaffected_by_expected_failures
 
 SCALER_PINNED = True
 _SHOWCASE = [
-    ParityConfig(engine="fsdp1", sharding="full_shard", use_orig_params=False, optimizer="sgd"),
-    ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam"),
+    ParityConfig(
+        engine="fsdp1", optimizer="sgd", layout=Layout(sharding="full_shard", use_orig_params=False)
+    ),
+    ParityConfig(engine="fsdp2", optimizer="adam", layout=Layout(reshard_after_forward=True)),
     ParityConfig(
         suite="forced_inf",
         engine="fsdp1",
-        sharding="full_shard",
-        use_orig_params=False,
         optimizer="adam_fused",
         faults=(Fault(step=2, rank=1),),
-        init_scale=1024.0,
+        layout=Layout(sharding="full_shard", use_orig_params=False),
+        scale=Scale(init_scale=1024.0),
     ),
     ParityConfig(
         suite="forced_inf",
         engine="fsdp2",
-        reshard_after_forward=True,
         optimizer="adam_fused",
         faults=(Fault(step=2, rank=1),),
-        init_scale=1024.0,
+        layout=Layout(reshard_after_forward=True),
+        scale=Scale(init_scale=1024.0),
     ),
     ParityConfig(
         suite="forced_inf",
         engine="ddp",
         optimizer="adam_fused",
         faults=(Fault(step=2, rank=1),),
-        init_scale=1024.0,
+        scale=Scale(init_scale=1024.0),
     ),
-    ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam_fused", path="unscale_clip"),
+    ParityConfig(
+        engine="fsdp2",
+        optimizer="adam_fused",
+        layout=Layout(reshard_after_forward=True),
+        loop=Loop(path="unscale_clip"),
+    ),
 ]
 CONFIGS = [config.with_(scaler=scaler) for config in _SHOWCASE for scaler in SCALERS]
 
@@ -50,7 +56,7 @@ def test_the_scaler_trains_like_the_reference(parity_config, outcome):
 @unaffected_by_expected_failures
 def test_torchs_rows_fail_exactly_where_it_is_known_to_be_wrong(parity_config, outcome):
     result = outcome.result
-    if parity_config.scaler == "ours":
+    if parity_config.scale.scaler == "ours":
         pytest.skip("torch's rows only")
     assert result.broken == bool(result.expected_failure), describe(outcome)
     if "crashes" in result.expected_failure:

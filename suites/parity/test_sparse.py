@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import harness
-from harness.parity.plan import matrix
+from harness.parity.plan.matrices import default as matrix
 from harness.parity.ranks import train
 from harness.parity.workload import registry
 from harness.parity.workload.builtin.toys import SparseEmbedding
@@ -57,7 +57,7 @@ def _single_process_run(config):
     return [step["skipped"] for step in run["steps"]]
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.precision)
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.precision.dtype)
 def test_one_process_with_uncoalesced_duplicates_detects_the_overflow(ranks, config):
     """The single-process path alone (no DDP: gloo cannot all-reduce fp16 sparse gradients), so
     every dtype, fp16 included, is checked on the CPU."""

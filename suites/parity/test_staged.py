@@ -30,11 +30,11 @@ def _run(module_ranks, config: ParityConfig, plant: Plant):
 @pytest.mark.parametrize(
     "config",
     [
-        ParityConfig(optimizer="sgd", **_FSDP2),
-        ParityConfig(precision="bf16", optimizer="adam", **_FSDP2),
-        ParityConfig(precision="fp16", optimizer="adam_fused", **_FSDP2),
-        ParityConfig(optimizer="sgd", accumulate=2, sync="last", **_FSDP2),
-        ParityConfig(optimizer="sgd", accumulate=2, sync="every", **_FSDP2),
+        ParityConfig.from_flat(optimizer="sgd", **_FSDP2),
+        ParityConfig.from_flat(optimizer="adam", **_FSDP2, precision="bf16"),
+        ParityConfig.from_flat(optimizer="adam_fused", **_FSDP2, precision="fp16"),
+        ParityConfig.from_flat(optimizer="sgd", **_FSDP2, accumulate=2, sync="last"),
+        ParityConfig.from_flat(optimizer="sgd", **_FSDP2, accumulate=2, sync="every"),
     ],
     ids=["fp32-sgd", "bf16-adam", "fp16-fused-adam", "accumulated-sync-last", "accumulated-sync-every"],
 )
@@ -50,12 +50,12 @@ def test_a_reduction_summed_in_another_order_passes_the_staged_check(module_rank
 
 
 def test_a_bitwise_row_is_not_sent_to_the_staged_check(module_ranks):
-    result = _run(module_ranks, ParityConfig(optimizer="sgd", **_FSDP2), Plant(kind="none"))
+    result = _run(module_ranks, ParityConfig.from_flat(optimizer="sgd", **_FSDP2), Plant(kind="none"))
     assert result.closeness == "bitwise" and result.staged is None
 
 
 def test_the_report_says_which_rows_the_staged_check_decided_and_what_it_measured(module_ranks):
-    result = _run(module_ranks, ParityConfig(optimizer="sgd", **_FSDP2), _REORDERED)
+    result = _run(module_ranks, ParityConfig.from_flat(optimizer="sgd", **_FSDP2), _REORDERED)
     text = render.render_markdown([result], {"backend": "gloo", "world_size": 4})
     assert "## Decided by the staged check" in text
     assert f"- `{result.config.id}`: staged check passed over 3 steps" in text
@@ -84,7 +84,7 @@ def test_a_last_bit_each_update_stays_one_steps_ulp_because_the_reference_is_re_
     starts from the candidate's state, so the next step's local gradients (captured where each
     engine hands them to its reduction) stay bitwise and the update stage sees one step's ulp
     (held to the fused fallback)."""
-    config = ParityConfig(optimizer="adam_fused", **engine)
+    config = ParityConfig.from_flat(optimizer="adam_fused", **engine)
     result = _run(module_ranks, config, Plant(kind="update_ulp"))
     assert result.status == "pass", (result.reason, result.staged)
     assert result.staged is not None and result.staged.passed
@@ -93,7 +93,7 @@ def test_a_last_bit_each_update_stays_one_steps_ulp_because_the_reference_is_re_
 
 
 def test_on_request_a_staged_row_shows_the_drift_a_reordering_alone_produces(module_ranks):
-    config = ParityConfig(optimizer="sgd", **_FSDP2)
+    config = ParityConfig.from_flat(optimizer="sgd", **_FSDP2)
     (outcome,) = runner.run([config], planted_executor(module_ranks, _REORDERED), drift=True)
     result = outcome.result
     drift = result.staged.reordering_drift
@@ -115,7 +115,7 @@ def test_on_a_gpu_both_sides_run_deterministic_kernels_and_the_switch_is_restore
 
 
 def test_a_running_statistic_that_moves_otherwise_fails_the_buffer_stage(module_ranks):
-    config = ParityConfig(workload="fixtures.edge_workload:edges", optimizer="sgd", **_FSDP2)
+    config = ParityConfig.from_flat(workload="fixtures.edge_workload:edges", optimizer="sgd", **_FSDP2)
     result = _run(module_ranks, config, Plant(kind="buffer_ulp"))  # its buffer: a gain
     assert result.status == "fail", result.reason
     assert result.staged is not None and result.staged.findings[0].stage == "buffer", result.staged
@@ -125,7 +125,7 @@ def test_a_one_ulp_forward_change_a_fallback_tolerance_let_through_fails_and_is_
     """Under fused Adam the straight comparison falls back to the ``fp32`` profile, which a layer
     whose output moves by one ulp under FSDP2 passes; the staged check's local stage does not, and
     the failed row is then located to that layer."""
-    config = ParityConfig(optimizer="adam_fused", **_FSDP2)
+    config = ParityConfig.from_flat(optimizer="adam_fused", **_FSDP2)
     result = _run(module_ranks, config, Plant(kind="output_ulp", module="inner.1.linear", amount=1))
     assert result.status == "fail", result.reason
     assert result.staged.findings[0].stage in ("loss", "local"), result.staged.findings

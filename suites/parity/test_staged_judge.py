@@ -11,9 +11,11 @@ from __future__ import annotations
 import pytest
 
 from harness.parity.judge import staged
-from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.config import Layout, Loop, ParityConfig
 
-_FSDP2 = ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="sgd", world_size=4, steps=1)
+_FSDP2 = ParityConfig(
+    engine="fsdp2", optimizer="sgd", world_size=4, steps=1, layout=Layout(reshard_after_forward=True)
+)
 
 
 def _step(**changes: object) -> dict[str, object]:
@@ -66,7 +68,11 @@ def test_a_stage_that_does_not_hold_fails_the_row_and_is_named(changes, stage):
 
 def test_a_fused_optimizers_update_is_held_to_the_fp32_fallback_not_bitwise():
     fused = ParityConfig(
-        engine="fsdp2", reshard_after_forward=True, optimizer="adam_fused", world_size=4, steps=1
+        engine="fsdp2",
+        optimizer="adam_fused",
+        world_size=4,
+        steps=1,
+        layout=Layout(reshard_after_forward=True),
     )
     within = staged.judge(fused, _parts(_step(update={"param:w": [8.0, 2.0, 3.0, 0.0]})))
     assert within.passed and within.update_fallback == "fp32" and within.update_max_ulp == 3.0
@@ -100,11 +106,10 @@ def test_a_rank_that_raised_leaves_the_check_unrun_with_its_error():
         (
             ParityConfig(
                 engine="fsdp2",
-                reshard_after_forward=True,
                 optimizer="sgd",
-                accumulate=2,
-                sync="every",
                 world_size=4,
+                layout=Layout(reshard_after_forward=True),
+                loop=Loop(accumulate=2, sync="every"),
             ),
             "fail",
             9.0,
@@ -113,11 +118,10 @@ def test_a_rank_that_raised_leaves_the_check_unrun_with_its_error():
         (
             ParityConfig(
                 engine="fsdp2",
-                reshard_after_forward=True,
                 optimizer="sgd",
-                accumulate=2,
-                sync="last",
                 world_size=4,
+                layout=Layout(reshard_after_forward=True),
+                loop=Loop(accumulate=2, sync="last"),
             ),
             "fail",
             9.0,

@@ -13,19 +13,27 @@ import torch
 
 from fixtures import candidate_steps
 from harness.parity.judge import result as results
-from harness.parity.plan.config import Fault, ParityConfig
+from harness.parity.plan.config import Fault, Layout, ParityConfig, Precision
 from harness.parity.ranks import entry
 from harness.parity.ranks.measure import local, stepcheck
 
 ENGINES = [
-    ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam", workload="uneven"),
     ParityConfig(
-        engine="fsdp1", sharding="full_shard", use_orig_params=False, optimizer="adam", workload="uneven"
+        engine="fsdp2", optimizer="adam", workload="uneven", layout=Layout(reshard_after_forward=True)
     ),
     ParityConfig(
-        engine="fsdp1", sharding="full_shard", use_orig_params=True, optimizer="sgd", workload="uneven"
+        engine="fsdp1",
+        optimizer="adam",
+        workload="uneven",
+        layout=Layout(sharding="full_shard", use_orig_params=False),
     ),
-    ParityConfig(engine="fsdp1", sharding="no_shard", use_orig_params=False, optimizer="sgd"),
+    ParityConfig(
+        engine="fsdp1",
+        optimizer="sgd",
+        workload="uneven",
+        layout=Layout(sharding="full_shard", use_orig_params=True),
+    ),
+    ParityConfig(engine="fsdp1", optimizer="sgd", layout=Layout(sharding="no_shard", use_orig_params=False)),
     ParityConfig(engine="ddp", optimizer="adam"),
 ]
 
@@ -76,17 +84,24 @@ def test_each_element_of_every_tensor_is_compared_by_exactly_one_rank(ranks, con
 
 
 CONFIGS = [
-    ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam"),
-    ParityConfig(
-        engine="fsdp1", sharding="full_shard", use_orig_params=True, precision="bf16", optimizer="sgd"
-    ),
-    ParityConfig(engine="fsdp2", reshard_after_forward=False, precision="fp16", optimizer="sgd"),
+    ParityConfig(engine="fsdp2", optimizer="adam", layout=Layout(reshard_after_forward=True)),
     ParityConfig(
         engine="fsdp1",
-        sharding="shard_grad_op",
-        use_orig_params=False,
+        optimizer="sgd",
+        layout=Layout(sharding="full_shard", use_orig_params=True),
+        precision=Precision(dtype="bf16"),
+    ),
+    ParityConfig(
+        engine="fsdp2",
+        optimizer="sgd",
+        layout=Layout(reshard_after_forward=False),
+        precision=Precision(dtype="fp16"),
+    ),
+    ParityConfig(
+        engine="fsdp1",
         suite="forced_inf",
         faults=(Fault(step=2),),
+        layout=Layout(sharding="shard_grad_op", use_orig_params=False),
     ),
 ]
 
@@ -210,7 +225,8 @@ def test_full_tensors_travel_for_the_origin_and_the_first_failing_step_only(monk
     )
     reference = stepcheck.ReferenceSteps([_reference_step(1.0) for _ in wanted])
     check = stepcheck.Check(
-        ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="adam_fused"), reference
+        ParityConfig(engine="fsdp2", optimizer="adam_fused", layout=Layout(reshard_after_forward=True)),
+        reference,
     )
     sent = []
     for step, (grad_off, param_off) in enumerate(wanted):

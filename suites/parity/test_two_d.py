@@ -17,13 +17,16 @@ import pytest
 
 from fixtures.two_d_plants import TwoDPlant, planted_executor
 from harness.parity.doors import runner
-from harness.parity.plan import two_d_matrix
 from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.matrices import two_d as two_d_matrix
 
 _COMMON = {"engine": "fsdp2", "reshard_after_forward": True, "workload": "llama", "world_size": 4, "steps": 3}
-SMOKE = ParityConfig(tp=2, precision="bf16", recipe="reduce32", optimizer="adamw", **_COMMON)
-SEQUENCE_SMOKE = ParityConfig(
-    **{**_COMMON, "workload": "fixtures.two_d_workloads:llama_sp"}, tp=2, precision="bf16", optimizer="sgd"
+SMOKE = ParityConfig.from_flat(optimizer="adamw", **_COMMON, tp=2, precision="bf16", recipe="reduce32")
+SEQUENCE_SMOKE = ParityConfig.from_flat(
+    **{**_COMMON, "workload": "fixtures.two_d_workloads:llama_sp"},
+    optimizer="sgd",
+    tp=2,
+    precision="bf16",
 )
 """The two correct 2-D rows ``make test`` runs, a few seconds (the rest are the ``two_d`` tier's):
 Megatron's plan, and torchtitan's sequence-parallel one (each rank's partial gradients summed
@@ -31,41 +34,41 @@ before the ranks', ``tensor_parallel._FanOut``)."""
 CORRECT = [
     SMOKE,
     SEQUENCE_SMOKE,
-    ParityConfig(hsdp=2, precision="bf16", optimizer="adamw", **_COMMON),
-    ParityConfig(hsdp=4, precision="fp32", optimizer="sgd", **_COMMON),
+    ParityConfig.from_flat(optimizer="adamw", **_COMMON, hsdp=2, precision="bf16"),
+    ParityConfig.from_flat(optimizer="sgd", **_COMMON, hsdp=4, precision="fp32"),
 ]
 PLANTS = {
     "hsdp2x2_divides_by_the_shard_group": (
-        ParityConfig(hsdp=2, optimizer="sgd", **_COMMON),
+        ParityConfig.from_flat(optimizer="sgd", **_COMMON, hsdp=2),
         TwoDPlant(kind="hsdp_shard_divide_factor"),
         "divide_factor",
     ),
     "hsdp4x1_divides_by_the_shard_group": (
-        ParityConfig(hsdp=4, precision="bf16", optimizer="sgd", **_COMMON),
+        ParityConfig.from_flat(optimizer="sgd", **_COMMON, hsdp=4, precision="bf16"),
         TwoDPlant(kind="hsdp_shard_divide_factor"),
         "divide_factor",
     ),
     "tp_partial_not_reduced": (
-        ParityConfig(tp=2, optimizer="sgd", **_COMMON),
+        ParityConfig.from_flat(optimizer="sgd", **_COMMON, tp=2),
         TwoDPlant(kind="tp_partial_not_reduced"),
         "tp_partial_not_reduced",
     ),
     "tp_module_left_out": (
-        ParityConfig(tp=2, precision="bf16", optimizer="sgd", **_COMMON),
+        ParityConfig.from_flat(optimizer="sgd", **_COMMON, tp=2, precision="bf16"),
         TwoDPlant(kind="tp_module_left_out", module="layers.*.ffn.up"),
         "tp_plan_incomplete",
     ),
     "sp_norm_left_out": (
-        ParityConfig(
+        ParityConfig.from_flat(
             **{**_COMMON, "workload": "fixtures.two_d_workloads:llama_sp_norm_left_out"},
-            tp=2,
             optimizer="sgd",
+            tp=2,
         ),
         TwoDPlant(kind="none"),
         "tp_grad_not_reduced",
     ),
     "reference_without_tp_split": (
-        ParityConfig(tp=2, optimizer="sgd", **_COMMON),
+        ParityConfig.from_flat(optimizer="sgd", **_COMMON, tp=2),
         TwoDPlant(kind="reference_without_tp_split"),
         None,
     ),
@@ -101,15 +104,15 @@ def test_a_planted_2d_bug_fails_its_row_and_is_named(module_ranks, case):
             [c.name for c in result.causes],
             result.reason,
         )
-    if config.hsdp is not None:  # said in HSDP's terms: the replicas summed, not averaged
+    if config.mesh.hsdp is not None:  # said in HSDP's terms: the replicas summed, not averaged
         (named,) = [c for c in result.causes if c.name == "divide_factor"]
-        assert f"{config.hsdp}x the reference's were summed across the replicas" in named.explanation
+        assert f"{config.mesh.hsdp}x the reference's were summed across the replicas" in named.explanation
 
 
 def test_the_2d_matrix_has_hsdp_at_both_sharding_degrees_and_tp_in_every_recipe_and_optimizer():
     ids = [c.id for c in two_d_matrix.rows("llama", world_size=4)]
     assert {"hsdp2x2", "hsdp4x1", "tp2"} <= {part for i in ids for part in i.split("-")}
-    tp_rows = [c for c in two_d_matrix.rows("llama", world_size=4) if c.tp == 2 and not c.faults]
+    tp_rows = [c for c in two_d_matrix.rows("llama", world_size=4) if c.mesh.tp == 2 and not c.faults]
     assert {(c.recipe_name, c.optimizer) for c in tp_rows} == {
         (r, o) for r in ("fp32", "pure-bf16", "bf16-reduce32", "pure-fp16") for o in ("sgd", "adamw")
     }

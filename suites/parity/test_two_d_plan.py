@@ -10,8 +10,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from harness.parity import Workload
 from harness.parity.doors import pytest_plugin
 from harness.parity.doors.testing import parity_test
-from harness.parity.plan import two_d
-from harness.parity.plan.config import ParityConfig, unsupported_reason
+from harness.parity.plan.config import Layout, Mesh, ParityConfig, unsupported_reason
 from harness.parity.workload import registry, tp_plan
 from harness.parity.workload.builtin import llama
 from harness.parity.workload.spec import WorkloadError
@@ -21,18 +20,18 @@ _FSDP2 = {"engine": "fsdp2", "reshard_after_forward": True, "workload": "llama",
 
 
 def test_ids_name_the_mesh_and_the_references_of_different_meshes_are_kept_apart():
-    hsdp = ParityConfig(hsdp=2, **_FSDP2)
-    whole = ParityConfig(hsdp=4, **_FSDP2)
-    tp = ParityConfig(tp=2, **_FSDP2)
-    plain = ParityConfig(**_FSDP2)
+    hsdp = ParityConfig.from_flat(**_FSDP2, hsdp=2)
+    whole = ParityConfig.from_flat(**_FSDP2, hsdp=4)
+    tp = ParityConfig.from_flat(**_FSDP2, tp=2)
+    plain = ParityConfig.from_flat(**_FSDP2)
     assert [c.id for c in (hsdp, whole, tp)] == [
         "fsdp2-hsdp2x2-reshard-fp32-sgd-llama-w4",
         "fsdp2-hsdp4x1-reshard-fp32-sgd-llama-w4",
         "fsdp2-tp2-reshard-fp32-sgd-llama-w4",
     ]
     assert len({c.reference_key() for c in (hsdp, whole, tp, plain)}) == 4
-    assert two_d.data_rank(tp, 3) == 1 and two_d.data_rank(plain, 3) == 3
-    assert two_d.data_parallel_size(tp) == 2 and two_d.data_parallel_size(hsdp) == 4
+    assert tp.mesh.data_rank(3) == 1 and plain.mesh.data_rank(3) == 3
+    assert tp.mesh.data_parallel_size(4) == 2 and hsdp.mesh.data_parallel_size(4) == 4
 
 
 @pytest.mark.parametrize(
@@ -48,17 +47,22 @@ def test_ids_name_the_mesh_and_the_references_of_different_meshes_are_kept_apart
 )
 def test_a_2d_layout_the_engine_cannot_run_is_refused_naming_the_fix(fields, words):
     with pytest.raises(ValueError) as raised:
-        ParityConfig(**{**_FSDP2, **fields})
+        ParityConfig.from_flat(**{**_FSDP2, **fields})
     assert words in str(raised.value)
 
 
 def test_a_2d_layout_of_another_engine_is_refused():
     with pytest.raises(ValueError, match="engine='fsdp2', not 'fsdp1'"):
-        ParityConfig(engine="fsdp1", sharding="full_shard", use_orig_params=True, hsdp=2, world_size=4)
+        ParityConfig(
+            engine="fsdp1",
+            world_size=4,
+            layout=Layout(sharding="full_shard", use_orig_params=True),
+            mesh=Mesh(hsdp=2),
+        )
 
 
 def test_a_2d_row_below_four_ranks_is_skipped_with_the_flag_to_use():
-    reason = unsupported_reason(ParityConfig(**{**_FSDP2, "world_size": 2, "tp": 2}))
+    reason = unsupported_reason(ParityConfig.from_flat(**{**_FSDP2, "world_size": 2, "tp": 2}))
     assert reason is not None and "--world-size 4" in reason
 
 
@@ -158,11 +162,11 @@ def test_the_cli_refuses_tp_without_a_workload_or_a_2d_world(args, words):
 
 def test_parity_test_with_tp_expands_the_2d_matrix_and_refuses_a_1d_world():
     configs = pytest_plugin._configs("llama", {"tp": 2, "world_size": 4, "k": "tp2"})
-    assert {c.tp for c in configs} == {2} and len(configs) == 9
+    assert {c.mesh.tp for c in configs} == {2} and len(configs) == 9
     with pytest.raises(
-        ValueError, match=r"world_size=4 or more.*parity_test\(workload, tp=2, world_size=4\)"
+        ValueError, match=r"world_size=4 or more.*parity_test\(workload, mesh=Mesh\(tp=2\), world_size=4\)"
     ):
-        parity_test("llama", tp=2)
+        parity_test("llama", mesh=Mesh(tp=2))
 
 
 def test_the_built_in_decoder_declares_megatrons_plan():

@@ -14,7 +14,7 @@ import importlib.util
 import pytest
 
 from harness.parity.doors import runner
-from harness.parity.plan import two_d_matrix
+from harness.parity.plan.matrices import two_d as two_d_matrix
 from suites.parity.support import ranks_executor
 
 pytestmark = pytest.mark.two_d
@@ -24,7 +24,9 @@ WORKLOADS = ["llama"] + ([HF_LLAMA] if importlib.util.find_spec("transformers") 
 SEQUENCE_PARALLEL = "fixtures.two_d_workloads:llama_sp"
 """The decoder under torchtitan's sequence-parallel plan (its TP rows; its HSDP rows are llama's)."""
 ROWS = [config for workload in WORKLOADS for config in two_d_matrix.rows(workload, world_size=4)]
-ROWS += [config for config in two_d_matrix.rows(SEQUENCE_PARALLEL, world_size=4) if config.tp is not None]
+ROWS += [
+    config for config in two_d_matrix.rows(SEQUENCE_PARALLEL, world_size=4) if config.mesh.tp is not None
+]
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +54,7 @@ WS8_ROWS = [
     config
     for workload in ("llama", SEQUENCE_PARALLEL)
     for config in two_d_matrix.rows(workload, world_size=8)
-    if config.optimizer == "sgd" and not config.faults and (config.tp is not None or workload == "llama")
+    if config.optimizer == "sgd" and not config.faults and (config.mesh.tp is not None or workload == "llama")
 ]
 """At world size 8 (the ``world_sizes`` tier): HSDP 2 x 4 and 8 x 1, and FSDP2 + TP dp 4 x tp 2,
 where four ranks sum each element of the data-parallel reduction in the ring's order: the TP

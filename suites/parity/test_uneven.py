@@ -13,29 +13,29 @@ under each engine.
 """
 
 from harness.parity.doors import runner
-from harness.parity.plan import workload_matrix
 from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.matrices import workload as workload_matrix
 from suites.parity.support import describe, ranks_executor
 
 
 def _fast_row(config: ParityConfig) -> bool:
-    if config.optimizer != "sgd" or config.recipe != "pure":  # recipes: test_recipe_parity.py
+    if config.optimizer != "sgd" or config.precision.recipe != "pure":  # recipes: test_recipe_parity.py
         return False
     if config.suite == "forced_inf":
         return all(f.rank == 1 and f.value == "inf" for f in config.faults)
     if config.engine == "fsdp1":
-        if config.sharding == "hybrid_shard":  # a 2 x 2 mesh: world size 4 only
-            return config.world_size == 4 and bool(config.use_orig_params)
-        return (config.sharding, config.use_orig_params) in {
+        if config.layout.sharding == "hybrid_shard":  # a 2 x 2 mesh: world size 4 only
+            return config.world_size == 4 and bool(config.layout.use_orig_params)
+        return (config.layout.sharding, config.layout.use_orig_params) in {
             ("full_shard", False),
             ("full_shard", True),
             ("shard_grad_op", False),
         }
-    return config.reshard_after_forward == (not config.offload)
+    return config.layout.reshard_after_forward == (not config.layout.offload)
 
 
 def _low_precision_on_four(config: ParityConfig) -> bool:
-    return config.world_size == 4 and config.precision != "fp32"
+    return config.world_size == 4 and config.precision.dtype != "fp32"
 
 
 _FAST = [
@@ -61,7 +61,7 @@ def test_uneven_shards_train_like_ddp(parity_config, outcome):
 def test_fp16_rows_skip_their_first_step(parity_config, outcome):
     """The workload really reaches the placeholder path: at the initial scale, fp16 overflows at
     step 0, so the optimizer has no state when step 0's records are gathered."""
-    if parity_config.precision != "fp16":
+    if parity_config.precision.dtype != "fp16":
         return
     assert 0 in outcome.result.skipped_steps, outcome.result.skipped_steps
     assert 0 in outcome.result.reference_skipped_steps, outcome.result.reference_skipped_steps
@@ -84,6 +84,8 @@ def test_uneven_shards_in_low_precision_on_four_ranks_are_judged(module_ranks):
     }
     assert not unexplained, unexplained
     skipped = {
-        o.result.config.id: o.result.skipped_steps for o in outcomes if o.result.config.precision == "fp16"
+        o.result.config.id: o.result.skipped_steps
+        for o in outcomes
+        if o.result.config.precision.dtype == "fp16"
     }
     assert all(0 in steps for steps in skipped.values()), skipped

@@ -8,7 +8,8 @@ import torch
 
 from fixtures import user_workloads
 from harness.parity import ParityConfig, Workload, WorkloadError
-from harness.parity.plan import workload_matrix
+from harness.parity.plan.config import Layout
+from harness.parity.plan.matrices import workload as workload_matrix
 from harness.parity.workload import registry, units
 from harness.parity.workload.checks import check
 
@@ -40,7 +41,7 @@ def test_a_closure_cannot_be_a_factory_because_ranks_import_by_name():
 
 
 def test_the_configuration_id_carries_the_workload_name_and_pickles_as_the_spec():
-    config = ParityConfig(engine="fsdp2", reshard_after_forward=True, workload=SPEC)
+    config = ParityConfig(engine="fsdp2", workload=SPEC, layout=Layout(reshard_after_forward=True))
     assert config.id == "fsdp2-reshard-fp32-sgd-resmlp-w2"
     assert config.workload == SPEC
 
@@ -72,13 +73,13 @@ def test_a_workloads_own_optimizer_replaces_the_matrix_optimizers_and_a_fused_on
 def test_the_workload_matrix_covers_both_fsdp_engines_three_precisions_and_planted_faults():
     configs = workload_matrix.for_workload(SPEC)
     assert {c.engine for c in configs} == {"ddp", "fsdp1", "fsdp2"}
-    assert {c.sharding for c in configs if c.engine == "fsdp1"} == {
+    assert {c.layout.sharding for c in configs if c.engine == "fsdp1"} == {
         "full_shard",
         "shard_grad_op",
         "no_shard",
         "hybrid_shard",
     }
-    assert {(c.precision, c.offload) for c in configs if c.engine == "fsdp2"} == {
+    assert {(c.precision.dtype, c.layout.offload) for c in configs if c.engine == "fsdp2"} == {
         (p, o) for p in ("fp32", "fp16", "bf16") for o in (False, True)
     }
     faults = {(f.rank, f.value) for c in configs for f in c.faults}

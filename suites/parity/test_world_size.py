@@ -15,8 +15,8 @@ import pytest
 
 from fixtures.parity_plants import Plant, planted_executor
 from harness.parity.doors import runner
-from harness.parity.plan import resume_matrix
 from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.matrices import resume as resume_matrix
 from suites.parity.support import ranks_executor
 
 _FSDP2 = {"engine": "fsdp2", "reshard_after_forward": True, "steps": 3}
@@ -26,28 +26,34 @@ def _cases(world: int) -> dict[str, tuple[ParityConfig, Plant | None]]:
     fsdp2 = {**_FSDP2, "world_size": world}
     return {
         "correct": (
-            ParityConfig(workload="transformer", precision="bf16", optimizer="adam_fused", **fsdp2),
+            ParityConfig.from_flat(workload="transformer", optimizer="adam_fused", **fsdp2, precision="bf16"),
             None,
         ),
         "block_scaled": (
-            ParityConfig(workload="transformer", precision="bf16", optimizer="adam_fused", **fsdp2),
+            ParityConfig.from_flat(workload="transformer", optimizer="adam_fused", **fsdp2, precision="bf16"),
             Plant(kind="output_scale", module="blocks.1", amount=5e-3),
         ),
         "one_ulp": (
-            ParityConfig(precision="bf16", optimizer="sgd", **fsdp2),
+            ParityConfig.from_flat(optimizer="sgd", **fsdp2, precision="bf16"),
             Plant(kind="output_ulp", module="inner.1.linear", amount=1),
         ),
         "divide_off_by_one_rank": (
-            ParityConfig(optimizer="sgd", **fsdp2),
+            ParityConfig.from_flat(optimizer="sgd", **fsdp2),
             Plant(kind="grad_factor", amount=world / (world - 1)),
         ),
-        "rank_left_out": (ParityConfig(optimizer="sgd", **fsdp2), Plant(kind="rank_left_out")),
+        "rank_left_out": (ParityConfig.from_flat(optimizer="sgd", **fsdp2), Plant(kind="rank_left_out")),
         "reduced_in_bf16": (
-            ParityConfig(precision="bf16", recipe="reduce32", optimizer="sgd", **fsdp2),
+            ParityConfig.from_flat(optimizer="sgd", **fsdp2, precision="bf16", recipe="reduce32"),
             Plant(kind="reduce_in_bf16"),
         ),
         "unscaled_twice": (
-            ParityConfig(precision="fp16", optimizer="sgd", path="unscale_clip", clip=0.05, **fsdp2),
+            ParityConfig.from_flat(
+                optimizer="sgd",
+                **fsdp2,
+                precision="fp16",
+                path="unscale_clip",
+                clip=0.05,
+            ),
             Plant(kind="clip_unscaled_twice"),
         ),
     }
@@ -75,8 +81,13 @@ def at_8(module_ranks):
 
 
 def _fsdp1(sharding: str, orig: bool, precision: str, **more: object) -> ParityConfig:
-    return ParityConfig(
-        engine="fsdp1", sharding=sharding, use_orig_params=orig, precision=precision, world_size=4, **more
+    return ParityConfig.from_flat(
+        engine="fsdp1",
+        world_size=4,
+        **more,
+        sharding=sharding,
+        use_orig_params=orig,
+        precision=precision,
     )
 
 
@@ -92,9 +103,9 @@ LAYOUTS = [
     _fsdp1("full_shard", True, "fp32", workload="transformer"),
     # FSDP2: each unit's gradients chunk-concatenated on dim 0 (uneven rows padded), averaged
     # (bf16, fp32) or summed between its two divide factors (fp16).
-    ParityConfig(workload="uneven", precision="bf16", **{**_FSDP2, "world_size": 4}),
-    ParityConfig(workload="transformer", precision="fp16", **{**_FSDP2, "world_size": 4}),
-    ParityConfig(workload="uneven", precision="fp32", **{**_FSDP2, "world_size": 4}),
+    ParityConfig.from_flat(workload="uneven", **{**_FSDP2, "world_size": 4}, precision="bf16"),
+    ParityConfig.from_flat(workload="transformer", **{**_FSDP2, "world_size": 4}, precision="fp16"),
+    ParityConfig.from_flat(workload="uneven", **{**_FSDP2, "world_size": 4}, precision="fp32"),
 ]
 
 
@@ -103,7 +114,7 @@ LAYOUTS = [
 LAYOUTS += [
     c
     for c in resume_matrix.default_rows(world_size=4, init_scale=lambda *_: 2.0**16)
-    if c.resume_layout is not None
+    if c.resume.layout is not None
 ]
 
 

@@ -17,7 +17,7 @@ from harness.parity.doors.testing import _BATCH, MARKER, gpus, junit_properties,
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{MARKER}(spec, k='', world_size=2, backend='gloo', scaler='ours', recipe=None, clip=None, accumulate=None, sync=None, checkpoint=False, resume_at=None, tp=None): one test per parity "
+        f"{MARKER}(spec, k='', world_size=2, backend='gloo', declared=Declared(), scale=Scale(), tp=None): one test per parity "
         "configuration of the workload (use harness.parity.parity_test)",
     )
 
@@ -25,7 +25,10 @@ def pytest_configure(config: pytest.Config) -> None:
 def _configs(spec: str, options: dict[str, Any]) -> list[Any]:
     """The workload's configurations the marker selects; a collection error naming the fix if the
     workload cannot be used."""
-    from harness.parity.plan import two_d_matrix, workload_matrix
+    from harness.parity.plan.config import Scale
+    from harness.parity.plan.matrices import two_d as two_d_matrix
+    from harness.parity.plan.matrices import workload as workload_matrix
+    from harness.parity.plan.matrices.workload import Declared
     from harness.parity.plan.select import ExpressionError, select
     from harness.parity.workload import checks, registry
     from harness.parity.workload.spec import WorkloadError
@@ -40,12 +43,13 @@ def _configs(spec: str, options: dict[str, Any]) -> list[Any]:
 
             workload = registry.get(spec)
             tp_plan.resolve(workload, registry.build_model(workload, 0))
+        scale = options.get("scale") or Scale()
         matrix = (
             two_d_matrix.rows(
                 spec,
                 world_size=options.get("world_size", 4),
                 backend=options.get("backend", "gloo"),
-                scaler=options.get("scaler", "ours"),
+                scale=scale,
                 tp=tp,
             )
             if tp is not None
@@ -53,13 +57,8 @@ def _configs(spec: str, options: dict[str, Any]) -> list[Any]:
                 spec,
                 world_size=options.get("world_size", 2),
                 backend=options.get("backend", "gloo"),
-                scaler=options.get("scaler", "ours"),
-                recipe=options.get("recipe"),
-                clip=options.get("clip"),
-                accumulate=options.get("accumulate"),
-                sync=options.get("sync"),
-                checkpoint=options.get("checkpoint", False),
-                resume_at=options.get("resume_at"),
+                scale=scale,
+                declared=options.get("declared") or Declared(),
             )
         )
         configs = select(matrix, k)

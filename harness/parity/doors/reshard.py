@@ -1,7 +1,7 @@
 """Resharded resume rows, run in two halves (controller side): save at one world size, load at another.
 
 Why two rank calls: the warm rank pool runs one world size at a time, so a row saved at W and
-loaded at W' (``ParityConfig.resume_world_size``) cannot run in one. For each batch of rows that
+loaded at W' (``Resume.world_size``) cannot run in one. For each batch of rows that
 share ``(backend, W, W')`` this makes one folder per row (under ``SHARDSCALE_RESUME_DIR``, or the
 system's temporary folder: every rank of both calls sees it), sends the first halves to W ranks
 (``ranks/phases.py``: reference and candidate train to the resume step, the candidate saves, the
@@ -33,8 +33,8 @@ def groups(configs: list[ParityConfig]) -> Iterator[tuple[tuple[str, int, int], 
     """Resharded rows by ``(backend, saving world size, resuming world size)``, first-seen order."""
     found: dict[tuple[str, int, int], list[ParityConfig]] = {}
     for config in configs:
-        assert config.resume_world_size is not None, "only resharded rows run here"
-        found.setdefault((config.backend, config.world_size, config.resume_world_size), []).append(config)
+        assert config.resume.world_size is not None, "only resharded rows run here"
+        found.setdefault((config.backend, config.world_size, config.resume.world_size), []).append(config)
     yield from found.items()
 
 
@@ -61,7 +61,7 @@ def judged_batch(batch: list[ParityConfig], execute: Any, failed_batch: type[Exc
     """The verdicts of ``batch`` (rows of one :func:`groups` key), in order. ``failed_batch``:
     the executor's exception for a rank call that did not come back (every row of that half is
     then an ``error`` with its report)."""
-    backend, saved, resumed = batch[0].backend, batch[0].world_size, batch[0].resume_world_size
+    backend, saved, resumed = batch[0].backend, batch[0].world_size, batch[0].resume.world_size
     folders = {config.id: _folder(config) for config in batch}
     try:
         try:

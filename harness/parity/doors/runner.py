@@ -167,11 +167,11 @@ def run(
             else:
                 finish(Outcome(result=verdict))
 
-    plain = [config for config in runnable if config.resume_world_size is None]
+    plain = [config for config in runnable if config.resume.world_size is None]
     for (backend, world_size), group in by_world(plain):
         for batch in _chunks(group, batch_size):
             finish_all(_judged_batch(batch, execute, backend, world_size, localize, keep_tensors, drift))
-    resharded = [config for config in runnable if config.resume_world_size is not None]
+    resharded = [config for config in runnable if config.resume.world_size is not None]
     for _, group in reshard.groups(resharded):  # two halves, at two world sizes (reshard.py)
         for batch in _chunks(group, batch_size):
             finish_all(reshard.judged_batch(batch, execute, BatchFailed))

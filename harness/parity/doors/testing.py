@@ -5,7 +5,7 @@ Usage (any test file of the user's; the plugin is loaded with the project)::
     from harness.parity import parity_test
     from my_workloads import resmlp
 
-    @parity_test(resmlp, k="not hybrid_shard", recipe="bf16-reduce32")  # the workload's matrix
+    @parity_test(resmlp, k="not hybrid_shard", declared=Declared(recipe="bf16-reduce32"))
     def test_resmlp_trains_like_ddp(parity):
         assert parity.passed, parity.explanation     # parity: runner.Outcome (result, records)
 
@@ -35,35 +35,39 @@ def parity_test(
     k: str = "",
     world_size: int = 2,
     backend: str = "gloo",
-    scaler: str = "ours",
-    recipe: str | None = None,
-    clip: float | None = None,
-    accumulate: int | None = None,
-    sync: str | None = None,
-    checkpoint: bool = False,
-    resume_at: int | None = None,
-    tp: int | None = None,
+    declared: Any = None,
+    scale: Any = None,
+    mesh: Any = None,
 ) -> Callable[[Any], Any]:
     """Expand the decorated test (which takes the ``parity`` fixture) over ``workload``'s matrix.
 
     ``workload``: a module-level factory, a ``module:function`` spec or a registered name; ``k``
-    narrows the configurations (``-k`` grammar); ``recipe``: the precision recipe the user trains
-    with (``harness.parity.plan.recipe.RECIPES``; the workload's own when ``None``), run under
-    every engine; ``clip``: the max norm the user clips at after ``unscale_`` (the CLI's ``--clip``);
-    ``accumulate``/``sync``: the microbatches per step and the sync mode (``every``, ``last``) the
-    user trains with (the CLI's ``--accumulate``, ``--sync``); ``checkpoint``: the user checkpoints
-    the units' activations (``--checkpoint``); ``resume_at``: resume rows saving after that step
-    (``--resume-at``; a workload that declares ``save``/``load`` has them halfway without it);
-    ``tp``: the workload's 2-D matrix instead (``--tp``: FSDP2 + TP of that degree over its
-    ``tp_plan``, and HSDP), which needs ``world_size=4`` or more; the other arguments are the CLI's."""
+    narrows the configurations (``-k`` grammar); ``declared``: what the user trains with beyond the
+    workload's own declaration, a ``Declared`` (``harness.parity.plan.matrices.workload``: the
+    precision recipe, the clip, accumulation and sync mode, checkpointing, the resume step; the
+    CLI's ``--recipe``, ``--clip``, ``--accumulate``, ``--sync``, ``--checkpoint``,
+    ``--resume-at``); ``scale``: the candidate's ``Scale`` (``--scaler``); ``mesh``: a ``Mesh`` with
+    ``tp`` for the workload's 2-D matrix instead (``--tp``: FSDP2 + TP of that degree over its
+    ``tp_plan``, and HSDP), which needs ``world_size=4`` or more."""
     import pytest
 
+    from harness.parity.plan.config import Mesh, Scale
+    from harness.parity.plan.matrices.workload import Declared
     from harness.parity.workload import registry
 
-    if tp is not None and (tp < 1 or world_size < 4 or world_size % tp):
+    for name, value, kind in (
+        ("declared", declared, Declared),
+        ("scale", scale, Scale),
+        ("mesh", mesh, Mesh),
+    ):
+        if value is not None and not isinstance(value, kind):
+            raise TypeError(f"parity_test({name}=...) takes a {kind.__name__}, got {value!r}")
+    tp = mesh.tp if mesh is not None else None
+    if mesh is not None and (tp is None or tp < 1 or world_size < 4 or world_size % tp):
         raise ValueError(
-            f"parity_test(tp={tp}) runs a 2-D mesh: it needs world_size=4 or more that tp divides, got "
-            f"world_size={world_size}; e.g. parity_test(workload, tp=2, world_size=4)"
+            f"parity_test(mesh=Mesh(tp={tp})) runs a 2-D mesh: it needs a TP degree and world_size=4 or "
+            f"more that it divides, got world_size={world_size}; e.g. parity_test(workload, "
+            "mesh=Mesh(tp=2), world_size=4)"
         )
 
     spec = registry.spec_of(workload)
@@ -72,13 +76,8 @@ def parity_test(
         k=k,
         world_size=world_size,
         backend=backend,
-        scaler=scaler,
-        recipe=recipe,
-        clip=clip,
-        accumulate=accumulate,
-        sync=sync,
-        checkpoint=checkpoint,
-        resume_at=resume_at,
+        declared=declared or Declared(),
+        scale=scale or Scale(),
         tp=tp,
     )
     return mark

@@ -148,14 +148,14 @@ def expected_failure(config: ParityConfig) -> str:
     dispatch, but ``unscale_`` followed by a fused step crashes there. And it coalesces only fp16
     sparse gradients before its check.
     """
-    if config.checkpoint == "no_replay":
+    if config.loop.checkpoint == "no_replay":
         return (
             "checkpointing without RNG replay: under dropout the recompute draws other masks "
             "(the checkpoint_rng cause)"
         )
-    if config.scaler != "torch":
+    if config.scale.scaler != "torch":
         return ""
-    if registry.get(config.workload).sparse and config.precision != "fp16":
+    if registry.get(config.workload).sparse and config.precision.dtype != "fp16":
         return (
             "torch's scaler coalesces only fp16 sparse gradients: fp32/bf16 duplicates that overflow "
             "only once summed go unnoticed"
@@ -163,15 +163,15 @@ def expected_failure(config: ParityConfig) -> str:
     if not config.fused:
         return ""
     if config.engine == "fsdp2":
-        if config.path == "unscale_clip":
+        if config.loop.path == "unscale_clip":
             return "torch's scaler crashes: unscale_ then a fused step on DTensor grads (found_inf shape [1] vs [])"
         return ""
     if any(f.rank is not None for f in config.faults):
         return "torch's scaler never agrees found_inf on the fused path: ranks without the inf step anyway"
     if (
-        config.precision == "fp16"
-        and config.init_scale >= 2.0**20
-        and config.sharding not in (None, "no_shard")
+        config.precision.dtype == "fp16"
+        and config.scale.init_scale >= 2.0**20
+        and config.layout.sharding not in (None, "no_shard")
     ):
         return (
             "torch's scaler never agrees found_inf on the fused path: early fp16 overflows land in "
@@ -253,8 +253,8 @@ def judge_halves(
     half failed and the second never ran), judged as one run of each side."""
     reference, candidate = _merged(first)
     if second is not None and candidate is not None:
-        assert config.resume_at is not None and config.resume_world_size is not None
-        later_reference, later_candidate = _merged(second, first_step=config.resume_at)
+        assert config.resume.at is not None and config.resume.world_size is not None
+        later_reference, later_candidate = _merged(second, first_step=config.resume.at)
         sizes = f"at world size {config.world_size}, then {later_reference.description}"
         reference = joined(reference, later_reference, f"{reference.description} {sizes}")
         if later_candidate is None:  # the second half's reference failed: the row is an error

@@ -110,13 +110,13 @@ def unjudged(config: ParityConfig) -> str | None:
     split, so its straight comparison stays the verdict (``causes/two_d.py``); a DDP candidate's
     reducer runs in C++, where its local gradients cannot be captured; a resume row restarts its
     candidate mid-run; a sparse workload's reference runs every rank's batch at once."""
-    if config.tp is not None:
+    if config.mesh.tp is not None:
         return "the staged check does not judge tensor-parallel rows (their reference mirrors the split)"
     if config.engine not in ("fsdp1", "fsdp2") or config.reference != "ddp":
         return (
             "the staged check judges FSDP candidates against their DDP twin only (DDP's reducer runs in C++)"
         )
-    if config.resume_at is not None:
+    if config.resume.at is not None:
         return "the staged check does not judge resume rows (the candidate restarts mid-run)"
     try:
         sparse = registry.get(config.workload).sparse

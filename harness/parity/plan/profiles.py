@@ -89,9 +89,9 @@ def profile_for(config: ParityConfig) -> ToleranceProfile:
     if _exact_sums(config.workload):
         return EXACT  # the canary: every sum exact in any order, on any backend
     if config.backend == "gloo":
-        clip_order = config.path == "unscale_clip" and config.engine != "ddp"
+        clip_order = config.loop.path == "unscale_clip" and config.engine != "ddp"
         return FP32 if config.fused or clip_order else EXACT
-    return {"fp32": FP32, "bf16": BF16, "fp16": FP16}[config.precision]
+    return {"fp32": FP32, "bf16": BF16, "fp16": FP16}[config.precision.dtype]
 
 
 def _exact_sums(workload: str) -> bool:

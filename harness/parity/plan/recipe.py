@@ -29,7 +29,7 @@ from harness.parity.plan import precision as mixed_precision
 from harness.parity.plan.precision import PrecisionPolicy
 
 KINDS = ("pure", "reduce32", "autocast", "mixed")
-"""``ParityConfig.recipe``: how the low dtype is applied (the recipe's name without its dtype)."""
+"""``Precision.recipe``: how the low dtype is applied (the recipe's name without its dtype)."""
 LOW = ("fp16", "bf16")
 RECIPES = tuple(f"{d}-reduce32" if kind == "reduce32" else f"{kind}-{d}" for kind in KINDS for d in LOW)
 """Every recipe name: ``pure-fp16``, ``pure-bf16``, ``fp16-reduce32``, ... ``mixed-bf16``."""

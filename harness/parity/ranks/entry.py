@@ -170,7 +170,7 @@ def run_one(config: ParityConfig, index: int = 0, *, keep_all: bool = False) -> 
     running = reference.training is not None
     reference_ok = running or everywhere(f"parity{index}/reference", reference.error is None)
     twin = None
-    if config.precision != "fp32" and config.reference == "ddp" and reference_ok:
+    if config.precision.dtype != "fp32" and config.reference == "ddp" and reference_ok:
         # The expected mixed-precision gap: the same workload, optimizer and data in float32
         # (kept like any reference: the fp32 configurations of the matrix share it), measured
         # step by step as the candidate trains, so that only numbers travel.

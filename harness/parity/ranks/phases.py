@@ -16,8 +16,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from harness.parity.plan import resume_spec
-from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.config import ParityConfig, resume
 from harness.parity.ranks import entry, train
 from harness.parity.ranks.measure import stepcheck
 from harness.parity.ranks.restart.reshard import Half
@@ -31,7 +30,7 @@ Request = tuple[ParityConfig, int, str]
 def run_half(config: ParityConfig, part: int, folder: str, index: int = 0) -> dict[str, Any]:
     """One half of a resharded row on this rank: ``entry.run_one``'s dict (never raises)."""
     ctx = context.current()
-    here = config if part == 1 else resume_spec.landing(config)
+    here = config if part == 1 else resume.landing(config)
     if here.world_size != ctx.world_size or here.backend != ctx.backend:
         raise ValueError(
             f"half {part} of {config.id} needs {here.backend} world size {here.world_size}, but this "

@@ -63,7 +63,7 @@ class _Side:
     def __init__(self, config: ParityConfig, role: str, device: torch.device) -> None:
         self.engine = roles.build(config, role, device)
         checkpoint.install(self.engine, config, role)
-        self.groups = self.engine.param_groups(2 if config.path == "two_optimizers" else 1)
+        self.groups = self.engine.param_groups(2 if config.loop.path == "two_optimizers" else 1)
         self.optimizers = [self.engine.make_optimizer(group) for group in self.groups]
         self.scaler = train.make_scaler(config, role, device)
         self.loop = resume.Loop(config, role, device)
@@ -73,7 +73,7 @@ class _Side:
         self.unreduced: dict[str, list[torch.Tensor]] = {}
         """The reference's local gradients as its hand accumulation reduces them: each microbatch's
         (``sync="every"``), or their unreduced sum once (``sync="last"``)."""
-        if config.accumulate > 1 and role == "reference":
+        if config.loop.accumulate > 1 and role == "reference":
             self.hand = accumulate.HandAccumulation(config, self.engine)
             self._watch(self.hand)
 
@@ -98,7 +98,7 @@ class _Side:
         """Forward and scaled backward (every microbatch, accumulated as the row says), then the
         candidate's reduction; the reference's stays for the caller (:func:`_step`)."""
         self.unreduced = {}
-        if self.config.accumulate > 1:
+        if self.config.loop.accumulate > 1:
             return accumulate.forward_backward(
                 self.engine, self.role, self.config, step, self.scaler, self.hand
             )
@@ -109,7 +109,7 @@ class _Side:
     def unscale_and_prepare(self, config: ParityConfig) -> bool:
         """``unscale_`` where the loop unscales first (path ``unscale_clip``, or the engine asks);
         whether it did."""
-        unscaled = config.path == "unscale_clip" or self.engine.unscales_first
+        unscaled = config.loop.path == "unscale_clip" or self.engine.unscales_first
         if unscaled:
             for opt in self.optimizers:
                 self.scaler.unscale_(opt)
@@ -200,7 +200,7 @@ def _step(config: ParityConfig, step: int, cand: _Side, ref: _Side, poisoned: bo
         "poisoned": poisoned,
     }
     names = sorted(reduced)
-    reductions = config.accumulate if config.accumulate > 1 and config.sync == "every" else 1
+    reductions = config.loop.accumulate if config.loop.accumulate > 1 and config.loop.sync == "every" else 1
     means = [  # collectives: every rank, the same number of them
         bound.exact_means({n: v[k] for n, v in ref_local.items() if len(v) > k}, names, cand.engine.device)
         for k in range(reductions)
@@ -225,10 +225,10 @@ def _step(config: ParityConfig, step: int, cand: _Side, ref: _Side, poisoned: bo
     del reduced, mirrored, means, ref_local, cand_local
     cand_unscaled = cand.unscale_and_prepare(config)
     ref.unscale_and_prepare(config)
-    if config.path == "unscale_clip" and cand_unscaled:
+    if config.loop.path == "unscale_clip" and cand_unscaled:
         own = anchor.total_norm(ref.engine)  # the reference's measure of the same gradients
-        cand_norm = cand.engine.clip_grad_norm_(config.clip)  # collective
-        anchor.clip_with_norm(ref.engine, config.clip, cand_norm)
+        cand_norm = cand.engine.clip_grad_norm_(config.loop.clip)  # collective
+        anchor.clip_with_norm(ref.engine, config.loop.clip, cand_norm)
         found["clip"] = [cand_norm, own]
     cand.step()
     ref.step()

@@ -5,7 +5,7 @@ Each step::
     zero_grad -> loss -> scaler.scale(loss).backward() -> engine.after_backward()
                      (``accumulate > 1``: every microbatch's, ``accumulate.py``)
     -> planned faults -> [unscale_ each optimizer, engine.before_step(), clip_grad_norm_]
-                                          (path "unscale_clip" at ``config.clip``, its total norm
+                                          (path "unscale_clip" at ``config.loop.clip``, its total norm
                                           recorded; the first two for some engines)
     -> the unscaled gradients (a reference records them whole; a candidate's check measures
        them where they live) -> scaler.step(each optimizer) -> scaler.update()
@@ -13,11 +13,11 @@ Each step::
        (recorded whole, or measured: ``stepcheck.Check``)
 
 A resume row's candidate saves, drops everything and loads into a fresh engine before step
-``config.resume_at``; LR schedulers step after every update (``resume.Loop``). A resharded row
+``config.resume.at``; LR schedulers step after every update (``resume.Loop``). A resharded row
 runs as two halves (``half``: one rank call at each world size, ``reshard.py``): the first trains
 up to ``resume_at`` and saves, the second builds afresh, loads and trains on.
 
-The units' activations are checkpointed on both sides when ``config.checkpoint`` says so
+The units' activations are checkpointed on both sides when ``config.loop.checkpoint`` says so
 (``checkpoint.install``, once the engine is built).
 
 A run never raises: a failure is recorded as the run's ``error`` (prefixed ``[rank N]``) with the
@@ -45,11 +45,11 @@ from harness.rank.execute import prefix_lines
 
 
 def make_scaler(config: ParityConfig, role: str, device: torch.device) -> Any:
-    """The candidate's scaler (``config.scaler``); a DDP reference's is ``torch.amp.GradScaler``."""
-    kwargs = {"init_scale": config.init_scale, "growth_interval": config.growth_interval}
+    """The candidate's scaler (``config.scale.scaler``); a DDP reference's is ``torch.amp.GradScaler``."""
+    kwargs = {"init_scale": config.scale.init_scale, "growth_interval": config.scale.growth_interval}
     if role == "reference" and config.reference == "ddp":
         return torch.amp.GradScaler(device.type, **kwargs)
-    if config.scaler == "torch":
+    if config.scale.scaler == "torch":
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchShardedGradScaler
 
         # Its default ``process_group=dist.group.WORLD`` is evaluated when torch imports the module:
@@ -129,9 +129,9 @@ class Run:
         self.first = 0
         self.last = config.steps if last_step is None else min(config.steps, last_step + 1)
         if half is not None:  # a resharded row's half: up to the resume step, or from it on
-            assert config.resume_at is not None, "checked by ParityConfig"
+            assert config.resume.at is not None, "checked by ParityConfig"
             self.first, self.last = (
-                (0, config.resume_at) if half.part == 1 else (config.resume_at, config.steps)
+                (0, config.resume.at) if half.part == 1 else (config.resume.at, config.steps)
             )
         self.steps: list[dict[str, Any]] = []
         self.error: str | None = None
@@ -162,13 +162,13 @@ class Run:
                 engine = roles.build(self.config, self.role, self.device)
                 checkpoint.install(engine, self.config, self.role)
                 self.description = engine.description
-                groups = engine.param_groups(2 if self.config.path == "two_optimizers" else 1)
+                groups = engine.param_groups(2 if self.config.loop.path == "two_optimizers" else 1)
                 optimizers = [engine.make_optimizer(group) for group in groups]
                 scaler = self._new_scaler()
                 self.loop.start(engine, optimizers)
             self.engine, self.optimizers, self.scaler = engine, optimizers, scaler
             hand = None
-            if self.config.accumulate > 1 and self.role == "reference":
+            if self.config.loop.accumulate > 1 and self.role == "reference":
                 hand = accumulate.HandAccumulation(self.config, engine)
             for step in range(self.first, self.last):
                 if self.loop.restarts_at(step):
@@ -216,7 +216,7 @@ class Run:
             opt.zero_grad(set_to_none=True)
         scale = scaler.get_scale()
         with self.observe(engine, step) if self.observe is not None else contextlib.nullcontext():
-            if config.accumulate > 1:
+            if config.loop.accumulate > 1:
                 recorded_loss = accumulate.forward_backward(engine, self.role, config, step, scaler, hand)
             else:
                 loss, recorded_loss = engine.losses(step, scale)
@@ -225,14 +225,14 @@ class Run:
             engine.after_backward()
         for fault in faults_now(config, self.role, step, rank):
             poison(engine, groups[fault.optimizer], fault)
-        unscaled = config.path == "unscale_clip" or engine.unscales_first
+        unscaled = config.loop.path == "unscale_clip" or engine.unscales_first
         clip_norm = None
         if unscaled:
             for opt in optimizers:
                 scaler.unscale_(opt)
             engine.before_step()
-            if config.path == "unscale_clip":
-                clip_norm = engine.clip_grad_norm_(config.clip)
+            if config.loop.path == "unscale_clip":
+                clip_norm = engine.clip_grad_norm_(config.loop.clip)
         grads = None
         if check is not None:
             check.grads(step, engine, None if unscaled else scale)

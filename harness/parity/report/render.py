@@ -13,7 +13,7 @@
       "summary": {"total", "pass", "fail", "crash", "error", "skip", "expected_failures",
                   "closeness": {"bitwise" | "≤ N ulp" | "staged" | "toleranced": count}},
       "configs": [{
-        "id", "suite", "config": {every ParityConfig field; faults as ids; "policy": the
+        "id", "suite", "config": {every ParityConfig field by its flat name (ParityConfig.flat); faults as ids; "policy": the
                                   candidate's mixed precision, every field, or null;
                                   "recipe_name": "fp32", "pure-bf16", "autocast-fp16", ...},
         "status": "pass" | "fail" | "crash" | "error" | "skip",
@@ -93,12 +93,12 @@ def _loop_words(config: ParityConfig) -> str:
     """The loop a row ran beyond the plain step, beside its optimizer: `` (unscale_clip 0.05, acc2
     synclast, ckpt)``; empty for a plain row."""
     words = []
-    if config.path != "plain":
-        words.append(config.path + ("" if config.clip == 1.0 else f" {config.clip:g}"))
-    if config.accumulate > 1:
-        words.append(f"acc{config.accumulate}" + (" synclast" if config.sync == "last" else ""))
-    if config.checkpoint is not None:
-        words.append("ckpt" if config.checkpoint == "replay" else "ckpt without RNG replay")
+    if config.loop.path != "plain":
+        words.append(config.loop.path + ("" if config.loop.clip == 1.0 else f" {config.loop.clip:g}"))
+    if config.loop.accumulate > 1:
+        words.append(f"acc{config.loop.accumulate}" + (" synclast" if config.loop.sync == "last" else ""))
+    if config.loop.checkpoint is not None:
+        words.append("ckpt" if config.loop.checkpoint == "replay" else "ckpt without RNG replay")
     return f" ({', '.join(words)})" if words else ""
 
 
@@ -183,11 +183,7 @@ def _staged_json(result: ParityResult) -> dict[str, Any] | None:
 
 
 def result_to_json(result: ParityResult) -> dict[str, Any]:
-    config = {
-        field.name: getattr(result.config, field.name)
-        for field in dataclasses.fields(result.config)
-        if field.name not in ("faults", "mixed")
-    }
+    config = {name: value for name, value in result.config.flat().items() if name not in ("faults", "mixed")}
     config["faults"] = [fault.id for fault in result.config.faults]
     policy = result.config.policy
     config["policy"] = dataclasses.asdict(policy) if policy is not None else None
@@ -278,11 +274,11 @@ def _first_cell(result: ParityResult) -> str:
 
 def _row(result: ParityResult) -> str:
     c = result.config
-    sharding = c.sharding or (
-        "reshard" if c.reshard_after_forward else "keep" if c.engine == "fsdp2" else "-"
+    sharding = c.layout.sharding or (
+        "reshard" if c.layout.reshard_after_forward else "keep" if c.engine == "fsdp2" else "-"
     )
     if c.engine == "fsdp1":
-        sharding += " orig" if c.use_orig_params else " flat"
+        sharding += " orig" if c.layout.use_orig_params else " flat"
     worst = "-"
     if result.worst is not None:
         w = result.worst
@@ -297,7 +293,7 @@ def _row(result: ParityResult) -> str:
         sharding,
         c.recipe_name,
         c.optimizer + _loop_words(c),
-        "cpu" if c.offload else "-",
+        "cpu" if c.layout.offload else "-",
         label(result),
         _measured_cell(result),
         result.profile,

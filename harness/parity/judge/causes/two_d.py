@@ -59,7 +59,7 @@ def partial_not_reduced(e: Evidence) -> Cause | None:
     first = localization.first if localization is not None else None
     if (
         config is None
-        or config.tp is None
+        or config.mesh.tp is None
         or localization is None
         or first is None
         or first.phase != "forward"
@@ -90,7 +90,7 @@ def partial_not_reduced(e: Evidence) -> Cause | None:
 
 def plan_incomplete(config: ParityConfig, candidate_error: str | None) -> Cause | None:
     """The ``tp_plan_incomplete`` cause when a TP candidate raised on a shape mismatch."""
-    if config.tp is None or not candidate_error:
+    if config.mesh.tp is None or not candidate_error:
         return None
     found = _SHAPES.search(candidate_error)
     if found is None:
@@ -113,12 +113,12 @@ def plan_incomplete(config: ParityConfig, candidate_error: str | None) -> Cause 
 
 def hsdp_factor(config: ParityConfig, found: tuple[Cause, ...]) -> tuple[Cause, ...]:
     """``found`` with a ``divide_factor`` cause of an HSDP row explained in HSDP's terms."""
-    if config.hsdp is None:
+    if config.mesh.hsdp is None:
         return found
-    shard = config.world_size // config.hsdp
+    shard = config.world_size // config.mesh.hsdp
     note = (
-        f". Under HSDP ({config.hsdp} replicas x {shard} shards) FSDP2 averages within the shard group "
-        f"(reduce-scatter) and again across the replicas (all-reduce): gradients {config.hsdp}x the "
+        f". Under HSDP ({config.mesh.hsdp} replicas x {shard} shards) FSDP2 averages within the shard group "
+        f"(reduce-scatter) and again across the replicas (all-reduce): gradients {config.mesh.hsdp}x the "
         "reference's were summed across the replicas, as FSDP's divide factor (the shard group's size) "
         "used for HSDP does (pytorch/pytorch#155903), or as a factor lost at a sharding degree of 1 "
         "does (pytorch/pytorch#167178)"
@@ -135,7 +135,7 @@ def grad_not_reduced(e: Evidence) -> Cause | None:
     """The ``tp_grad_not_reduced`` pattern: a TP row whose first divergence is at step 0, with
     every rank's loss bitwise equal, on gradients of parameters of modules the plan leaves whole."""
     config = e.config
-    if config is None or config.tp is None or e.candidate.step != 0:
+    if config is None or config.mesh.tp is None or e.candidate.step != 0:
         return None
     if list(e.reference.losses) != list(e.candidate.losses):
         return None

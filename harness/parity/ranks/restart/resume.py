@@ -1,10 +1,10 @@
 """A run that stops, saves, comes back and trains on (rank side): the resume row's candidate.
 
 Why: resume bugs show up as a loss spike hours after a restart, and a plain unit test has none of
-what it takes (a save, a fresh model, a load into sharded state). At step ``config.resume_at`` the
+what it takes (a save, a fresh model, a load into sharded state). At step ``config.resume.at`` the
 candidate saves a checkpoint (``resume_store.py``: the row's method), every rank drops its engine,
 optimizer, scaler and scheduler, builds a fresh engine whose weights are new random values (so a
-load that does nothing shows; in another layout when ``config.resume_layout`` says so), loads,
+load that does nothing shows; in another layout when ``config.resume.layout`` says so), loads,
 and trains the remaining steps. The reference trains
 straight through, and the two are compared step by step as any row.
 
@@ -35,8 +35,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.parity.plan import resume_spec
 from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.config import resume as resume_part
 from harness.parity.ranks.restart import reshard, resume_store
 from harness.parity.ranks.restart.resume_state import CarriedRng, audit, scramble, snapshot
 from harness.parity.ranks.restart.resume_state import moved as moved_weights
@@ -84,7 +84,7 @@ class Loop:
         ``seed`` (default: the configuration's; a restart's fresh process: another)."""
         if self.workload.scheduler is not None:
             self.schedulers = [self.workload.scheduler(opt) for opt in optimizers]
-        if self.config.resume_at is not None:
+        if self.config.resume.at is not None:
             self.rng = CarriedRng(self.config.seed if seed is None else seed, engine.rank, self.device)
             engine.forward_rng = self.rng.around  # type: ignore[method-assign]
 
@@ -96,7 +96,7 @@ class Loop:
     def restarts_at(self, step: int) -> bool:
         """Whether the candidate saves and restarts before ``step`` (the same on every rank; a
         resharded row's halves save and load in :meth:`depart` and :meth:`arrive` instead)."""
-        return self.half is None and self.role == "candidate" and step == self.config.resume_at
+        return self.half is None and self.role == "candidate" and step == self.config.resume.at
 
     def arrives(self) -> bool:
         """Whether this run is a resharded row's second half: it begins with :meth:`arrive`."""
@@ -164,7 +164,7 @@ class Loop:
         return engine, groups, optimizers, scaler
 
     def _store(self) -> Any:
-        return resume_store.method(self.config.resume_method or "dcp", self.config.workload)
+        return resume_store.method(self.config.resume.method or "dcp", self.config.workload)
 
     def _save(
         self,
@@ -180,7 +180,7 @@ class Loop:
         (optimizer,) = optimizers
         saving = resume_store.function(store, "save")
         self._saved = snapshot(engine, optimizer, scaler, self)
-        if self.config.resume_layout is not None:  # the shards move: compare whole tensors (collective)
+        if self.config.resume.layout is not None:  # the shards move: compare whole tensors (collective)
             self._saved["full_weights"] = engine.full_after_step([optimizer])[0]
         if self.half is not None:  # another world size: the second half audits whole tensors
             saved = self._saved
@@ -197,7 +197,7 @@ class Loop:
         folder = os.path.join(base, "checkpoint")
         self.schedulers = []
         gc.collect()
-        layout = self.config.with_(**resume_spec.into(self.config), resume_layout=None)
+        layout = resume_part.into(self.config)
         engine = roles.build(layout, self.role, self.device)
         checkpoint.install(engine, layout, self.role)
         scramble(engine, self.config.seed + _FRESH_SEED)
@@ -230,7 +230,7 @@ class Loop:
         if self.half is not None:  # another world size: whole tensors, saved by the first half
             self._saved, now, moved = self._whole_audit(base, engine, optimizer, now)
         assert self._saved is not None
-        if self.config.resume_layout is not None:  # other shards, other names: whole tensors instead
+        if self.config.resume.layout is not None:  # other shards, other names: whole tensors instead
             for group in ("weights", "optimizer"):
                 self._saved[group], now[group] = {}, {}
             moved = moved_weights(self._saved.pop("full_weights"), engine.full_after_step([optimizer])[0])
@@ -260,14 +260,14 @@ class Loop:
 
     def before_step(self, step: int, engine: engines.Engine) -> None:
         """At the resumed step: whether the weights the forward starts from are the saved ones."""
-        if self._saved is not None and step == self.config.resume_at and self._saved["weights"]:
+        if self._saved is not None and step == self.config.resume.at and self._saved["weights"]:
             now = {n: engine.local(p) for n, p in engine.named_trainable()}
             self._at_forward = all(torch.equal(v, now[n]) for n, v in self._saved["weights"].items())
 
     def after_step(self, step: int, found: dict[str, Any]) -> None:
         """From the resumed step on: record both audits into ``found`` (a divergence that shows
         later still finds them); at the resumed step, finish pending work first."""
-        if self._saved is not None and step == self.config.resume_at:
+        if self._saved is not None and step == self.config.resume.at:
             for work in self.pending:
                 work()
             self.pending = []

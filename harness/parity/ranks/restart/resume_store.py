@@ -204,7 +204,7 @@ def function(store: Any, phase: str) -> str:
 
 
 def method(config_method: str, workload: str) -> Any:
-    """The store of ``config_method`` (``resume_spec.METHODS``)."""
+    """The store of ``config_method`` (``plan/config/resume.METHODS``)."""
     if config_method == "dcp":
         return DistributedCheckpoint()
     if config_method == "sharded_optimizer":

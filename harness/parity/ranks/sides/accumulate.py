@@ -1,8 +1,8 @@
-"""Gradient accumulation over ``config.accumulate`` microbatches (rank side), on both sides.
+"""Gradient accumulation over ``config.loop.accumulate`` microbatches (rank side), on both sides.
 
 Each step runs ``K`` forwards and backwards before the scaler unscales and steps, microbatch ``i``
 of step ``s`` on the workload's batch ``s * K + i`` (a distinct batch each), its loss divided by
-``K`` as users average microbatches. Two sync modes (``config.sync``):
+``K`` as users average microbatches. Two sync modes (``config.loop.sync``):
 
 * ``every``: every microbatch's gradients are reduced at once and summed, reduced, in the
   parameters' float32 (FSDP1 adds each reduce-scattered shard, cast to the parameter dtype, into
@@ -35,7 +35,7 @@ def accumulated_in(config: ParityConfig, hand: HandAccumulation | None) -> str |
     """What a step records of its accumulation: the dtype its unreduced microbatch gradients were
     summed in (the reference's hand accumulation's, the candidate's :func:`unsynced_dtype`), or
     ``None`` where nothing was summed unreduced."""
-    if config.accumulate == 1 or config.sync != "last":
+    if config.loop.accumulate == 1 or config.loop.sync != "last":
         return None
     dtype = hand.unsynced if hand is not None else unsynced_dtype(config)
     return str(dtype).removeprefix("torch.")
@@ -85,7 +85,7 @@ class HandAccumulation:
     """
 
     def __init__(self, config: ParityConfig, engine: engines.Engine) -> None:
-        self.sync = config.sync
+        self.sync = config.loop.sync
         policy = config.policy
         if isinstance(engine, references.LowPrecisionDDP):
             self.lows = list(engine.working.parameters())
@@ -152,12 +152,12 @@ def forward_backward(
 ) -> float:
     """Every microbatch of ``step``, forward and scaled backward; the mean of the microbatches'
     losses as recorded. ``hand``: the reference's :class:`HandAccumulation`."""
-    count = config.accumulate
+    count = config.loop.accumulate
     scale = scaler.get_scale()
     recorded = []
     for index in range(count):
         last = index == count - 1
-        with microbatch_sync(engine, role, config.sync == "every" or last):
+        with microbatch_sync(engine, role, config.loop.sync == "every" or last):
             loss, value = engine.losses(step * count + index, scale)
             scaler.scale(loss / count).backward()
         if hand is not None:

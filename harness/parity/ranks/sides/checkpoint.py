@@ -9,7 +9,7 @@ the gradients are those of an uncheckpointed run, bitwise. Without it the recomp
 wherever the RNG stands at backward, other masks, and the gradients belong to no forward at all.
 
 The reference always replays (it is the truth the candidate must match); the candidate replays or
-not as ``config.checkpoint`` says (``replay``, ``no_replay``). The units are patched in place,
+not as ``config.loop.checkpoint`` says (``replay``, ``no_replay``). The units are patched in place,
 forward only, so every parameter keeps its name.
 """
 
@@ -26,9 +26,9 @@ from harness.parity.ranks.sides import engines
 
 def replays(config: ParityConfig, role: str) -> bool | None:
     """Whether ``role``'s run checkpoints with RNG replay (``None``: it does not checkpoint)."""
-    if config.checkpoint is None:
+    if config.loop.checkpoint is None:
         return None
-    return role == "reference" or config.checkpoint == "replay"
+    return role == "reference" or config.loop.checkpoint == "replay"
 
 
 def recorded(config: ParityConfig, role: str) -> str | None:

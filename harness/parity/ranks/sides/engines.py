@@ -18,7 +18,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from harness.parity.plan import two_d
 from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks.sides import flat, gather, reduce_layout, twin
 from harness.parity.ranks.sides.optimizers import make_optimizer
@@ -57,11 +56,11 @@ class Engine:
         self.workload = registry.get(config.workload)
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
-        self.data_rank = two_d.data_rank(config, self.rank)
-        """Whose batch this rank trains (under TP, its data-parallel group's; ``two_d.py``)."""
+        self.data_rank = config.mesh.data_rank(self.rank)
+        """Whose batch this rank trains (under TP, its data-parallel group's; ``plan/config/mesh.py``)."""
         model = registry.build_model(self.workload, config.seed)
         if self.workload.sparse:  # sparse workloads train in their precision throughout
-            model = model.to(DTYPES[config.precision])
+            model = model.to(DTYPES[config.precision.dtype])
         self.module = model.to(device)
         self.units = units.resolve(self.workload, model)
         """The FSDP unit classes (the workload's, or resolved from ``_no_split_modules``)."""
@@ -122,14 +121,14 @@ class Engine:
         """The recipe's ``torch.autocast`` around the forward (``autocast``/``mixed`` recipes), on
         the reference as on the candidate; a no-op otherwise. The backward needs none: autograd
         runs each op's backward in the dtypes its forward chose."""
-        if self.config.autocast is None:
+        if self.config.precision.autocast is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=DTYPES[self.config.autocast])
+        return torch.autocast(self.device.type, dtype=DTYPES[self.config.precision.autocast])
 
     def finish(self, batch: Any, scale: float) -> Any:
         if self.workload.finish_batch is None:
             return batch
-        return self.workload.finish_batch(batch, DTYPES[self.config.precision], scale)
+        return self.workload.finish_batch(batch, DTYPES[self.config.precision.dtype], scale)
 
     def losses(self, step: int, scale: float) -> tuple[torch.Tensor, float]:
         """``(loss to back-propagate, this rank's loss as recorded)``."""
@@ -205,8 +204,8 @@ class FSDP1(Engine):
     def __init__(self, config: ParityConfig, device: torch.device) -> None:
         super().__init__(config, device)
         self.description = (
-            f"FSDP1 {config.sharding}, use_orig_params={config.use_orig_params}, {config.recipe_name}"
-            + (", CPUOffload" if config.offload else "")
+            f"FSDP1 {config.layout.sharding}, use_orig_params={config.layout.use_orig_params}, {config.recipe_name}"
+            + (", CPUOffload" if config.layout.offload else "")
         )
 
     def wrap(self, module: nn.Module) -> nn.Module:
@@ -217,16 +216,16 @@ class FSDP1(Engine):
         config = self.config
         kwargs: dict[str, Any] = {
             "device_id": self.device,
-            "sharding_strategy": ShardingStrategy[config.sharding.upper()],  # type: ignore[union-attr]
-            "use_orig_params": config.use_orig_params,
+            "sharding_strategy": ShardingStrategy[config.layout.sharding.upper()],  # type: ignore[union-attr]
+            "use_orig_params": config.layout.use_orig_params,
         }
         if self.units:
             kwargs["auto_wrap_policy"] = ModuleWrapPolicy(set(self.units))
         if config.policy is not None:
             kwargs["mixed_precision"] = twin.fsdp1_mixed_precision(config.policy)
-        if config.offload:
+        if config.layout.offload:
             kwargs["cpu_offload"] = CPUOffload(offload_params=True)
-        if config.sharding == "hybrid_shard":
+        if config.layout.sharding == "hybrid_shard":
             kwargs["device_mesh"] = gather.mesh(
                 self.device.type, (self.world_size // 2, 2), ("replicate", "shard")
             )
@@ -254,25 +253,29 @@ class FSDP2(Engine):
     def __init__(self, config: ParityConfig, device: torch.device) -> None:
         super().__init__(config, device)
         self.description = (
-            f"FSDP2 fully_shard, reshard_after_forward={config.reshard_after_forward}, {config.recipe_name}"
-            + (", CPUOffloadPolicy" if config.offload else "")
-            + (f", HSDP mesh {' x '.join(two_d.id_parts(config))}" if config.hsdp is not None else "")
+            f"FSDP2 fully_shard, reshard_after_forward={config.layout.reshard_after_forward}, {config.recipe_name}"
+            + (", CPUOffloadPolicy" if config.layout.offload else "")
+            + (
+                f", HSDP mesh {' x '.join(config.mesh.id_parts(config.world_size))}"
+                if config.mesh.hsdp is not None
+                else ""
+            )
         )
 
     def wrap(self, module: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
         config = self.config
-        shape = two_d.mesh_shape(config)  # HSDP: (replicate, shard); else one dimension
+        shape = config.mesh.shape(config.world_size)  # HSDP: (replicate, shard); else one dimension
         kwargs: dict[str, Any] = {
             "mesh": gather.mesh(self.device.type, *shape)
             if shape is not None
             else gather.mesh(self.device.type, (self.world_size,), None),
-            "reshard_after_forward": config.reshard_after_forward,
+            "reshard_after_forward": config.layout.reshard_after_forward,
         }
         if config.policy is not None:
             kwargs["mp_policy"] = twin.fsdp2_mixed_precision(config.policy)
-        if config.offload:
+        if config.layout.offload:
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
         for unit in reversed(unit_modules(module, self.units)):  # innermost first
             fully_shard(unit, **kwargs)

@@ -46,7 +46,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from harness.parity.plan import two_d
 from harness.parity.plan.config import ParityConfig
 
 
@@ -72,7 +71,7 @@ class Layout:
     hybrid: bool = False
     """FSDP1 ``HYBRID_SHARD``: shard groups of 2 ranks, then an all-reduce across them."""
     mesh: tuple[tuple[int, int], tuple[str, str]] | None = None
-    """FSDP2 on a 2-D mesh (``plan/two_d.py``): ``((rows, columns), names)``; HSDP's names are
+    """FSDP2 on a 2-D mesh (``plan/config/mesh.py``): ``((rows, columns), names)``; HSDP's names are
     ``("replicate", "shard")``, tensor parallelism's ``("dp", "tp")`` (reduced over ``dp`` only)."""
     tp_dims: tuple[int | None, ...] = ()
     """Tensor parallelism: per parameter (``parameters()`` order), the dim the TP group shards it on
@@ -120,23 +119,26 @@ def of(config: ParityConfig, model: nn.Module, units: list[nn.Module], param_dty
     # The order of the buckets does not change any value (each is its own collective); module
     # order, the root's last, keeps it readable.
     keys = sorted(groups, key=lambda k: (k == -1, k))
-    align = 16 // torch.empty((), dtype=param_dtype).element_size() if config.use_orig_params else 0
+    align = 16 // torch.empty((), dtype=param_dtype).element_size() if config.layout.use_orig_params else 0
     buckets = tuple(Bucket(tuple(groups[k]), align if config.engine == "fsdp1" else 0) for k in keys)
     if config.engine == "fsdp2":
         return Layout(
-            engine="fsdp2", buckets=buckets, mesh=two_d.mesh_shape(config), tp_dims=_tp_dims(config, model)
+            engine="fsdp2",
+            buckets=buckets,
+            mesh=config.mesh.shape(config.world_size),
+            tp_dims=_tp_dims(config, model),
         )
     return Layout(
         engine="fsdp1",
         buckets=buckets,
-        sharded=config.sharding != "no_shard",
-        hybrid=config.sharding == "hybrid_shard",
+        sharded=config.layout.sharding != "no_shard",
+        hybrid=config.layout.sharding == "hybrid_shard",
     )
 
 
 def _tp_dims(config: ParityConfig, model: nn.Module) -> tuple[int | None, ...]:
     """Per parameter of ``model``, the dim the TP plan shards it on (``()`` without TP)."""
-    if config.tp is None:
+    if config.mesh.tp is None:
         return ()
     from harness.parity.workload import registry, tp_plan
 
@@ -243,7 +245,7 @@ def _all_reduced(buffer: torch.Tensor, factors: tuple[float | None, float | None
 def _groups(layout: Layout, device: torch.device) -> tuple[Any, Any]:
     """``(shard group, replicate group or None)``: HYBRID_SHARD's mesh as the candidate builds it
     (``engines.FSDP1.wrap``: replicate x shard, shard groups of 2 ranks), FSDP2's 2-D meshes as
-    ``plan/two_d.py`` shapes them (HSDP: shard, then replicate; TP: ``dp`` only)."""
+    ``Mesh.shape`` gives them (HSDP: shard, then replicate; TP: ``dp`` only)."""
     from harness.parity.ranks.sides import gather
 
     if layout.mesh is not None:

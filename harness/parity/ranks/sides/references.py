@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harness.parity.plan import resume_spec, two_d
-from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.config import ParityConfig, resume
 from harness.parity.plan.precision import PrecisionPolicy
 from harness.parity.ranks.sides import reduce_layout, twin
 from harness.parity.ranks.sides.engines import Engine, to_device, unit_modules
@@ -37,7 +36,9 @@ class LowPrecisionDDP(Engine):
         self.policy = policy
         self.dtype = twin.DTYPES[policy.param]
         super().__init__(config, device)
-        self.description = f"DDP, {config.precision} working copy with float32 master weights ({policy})"
+        self.description = (
+            f"DDP, {config.precision.dtype} working copy with float32 master weights ({policy})"
+        )
 
     @staticmethod
     def candidate_policy(config: ParityConfig) -> PrecisionPolicy | None:
@@ -64,7 +65,9 @@ class LowPrecisionDDP(Engine):
 
     def after_backward(self) -> None:
         factors = twin.divide_factors(
-            self.config.engine, twin.DTYPES[self.policy.reduce_dtype], two_d.data_parallel_size(self.config)
+            self.config.engine,
+            twin.DTYPES[self.policy.reduce_dtype],
+            self.config.mesh.data_parallel_size(self.config.world_size),
         )
         twin.reduce_grads(
             list(self.working.parameters()), list(self.module.parameters()), self.policy, factors, self.layout
@@ -79,7 +82,7 @@ class MirroredDDP(Engine):
     Why not DDP's own reducer: its buckets put each element at another offset of another buffer
     than FSDP's, and from 3 ranks on the ring then sums it in another order (2 ranks: any order
     gives the same bits, and this gives DDP's). A resume row whose candidate comes back in another
-    layout (``ParityConfig.resume_layout``) is mirrored in each: its own layout before
+    layout (``Resume.layout``) is mirrored in each: its own layout before
     ``resume_at``, the one it resumes in from there (a DDP phase reduces through DDP's own
     reducer, as its candidate does)."""
 
@@ -87,9 +90,9 @@ class MirroredDDP(Engine):
         super().__init__(config, device)
         self.phases = [(0, config.engine, self._layout_of(config))]
         """``(first step, engine, layout or None: DDP's own reducer)`` in step order."""
-        if config.resume_layout is not None:
-            resumed = config.with_(**resume_spec.into(config), resume_layout=None)
-            self.phases.append((config.resume_at, resumed.engine, self._layout_of(resumed)))
+        if config.resume.layout is not None:
+            resumed = resume.into(config)
+            self.phases.append((config.resume.at, resumed.engine, self._layout_of(resumed)))
         engines = " then ".join(engine.upper() for _, engine, _ in self.phases)
         self.description = f"DDP, gradients reduced as {engines} reduces them"
         self.layout = self.phases[0][2]
@@ -116,7 +119,9 @@ class MirroredDDP(Engine):
         grads = [p.grad for p in params]
         if all(g is None for g in grads):
             return
-        factors = twin.divide_factors(engine, torch.float32, two_d.data_parallel_size(self.config))
+        factors = twin.divide_factors(
+            engine, torch.float32, self.config.mesh.data_parallel_size(self.config.world_size)
+        )
         reduced = reduce_layout.reduce(layout, params, grads, torch.float32, factors)
         for param, grad in zip(params, reduced, strict=True):
             param.grad = None if grad is None else grad.to(param.dtype)

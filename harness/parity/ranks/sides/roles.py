@@ -21,29 +21,29 @@ def build(config: ParityConfig, role: str, device: torch.device) -> Engine:
     """The engine of ``role`` (``reference`` or ``candidate``) for ``config``."""
     if role == "candidate":
         cls = {"ddp": Engine, "fsdp1": FSDP1, "fsdp2": FSDP2}[config.engine]
-        if config.tp is not None:
+        if config.mesh.tp is not None:
             cls = tensor_parallel.FSDP2TP
     elif config.reference == "single":
         cls = SingleProcess
     elif config.policy is not None and not registry.get(config.workload).sparse:
         cls = LowPrecisionDDP
-    elif (config.engine in ("fsdp1", "fsdp2") or config.resume_layout is not None) and not registry.get(
+    elif (config.engine in ("fsdp1", "fsdp2") or config.resume.layout is not None) and not registry.get(
         config.workload
     ).sparse:
         cls = MirroredDDP
     else:
         cls = Engine
     engine = cls(config, device)
-    if config.autocast is not None:
-        engine.description += f", forward under torch.autocast({config.autocast})"
+    if config.precision.autocast is not None:
+        engine.description += f", forward under torch.autocast({config.precision.autocast})"
     if role == "reference" and config.engine == "fsdp2" and cls is not SingleProcess:
         # The twin of FSDP2's autograd graph too: its units' inputs pass one identity node each.
         model = engine.trained_module()
         twin.mirror_fsdp2_inputs(model, unit_modules(model, engine.units))
-    if role == "reference" and config.tp is not None:
+    if role == "reference" and config.mesh.tp is not None:
         # The twin of TP's arithmetic: each TP'd linear as partial products, summed.
         model = engine.trained_module()
-        split = tensor_parallel.mirror(model, tp_plan.resolve(engine.workload, model), config.tp)
+        split = tensor_parallel.mirror(model, tp_plan.resolve(engine.workload, model), config.mesh.tp)
         engine.description += "; TP'd linears split as the candidate's plan: " + ", ".join(
             f"{name} ({kind})" for name, kind in split
         )

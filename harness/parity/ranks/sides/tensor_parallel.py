@@ -7,7 +7,7 @@ gradient of its input is again a sum of ``T`` partial products. One unsplit matm
 products in another order, so an unsharded reference drifts from a correct candidate by rounding
 from the first step. The twin therefore computes each TP'd linear as the plan splits it: the
 partial products on the same shapes (contiguous, as the candidate's local shards are), summed.
-With ``T = 2`` (``plan/two_d.TP_DEGREES``) the all-reduce adds two addends, which sum the same in
+With ``T = 2`` (``plan/config/mesh.TP_DEGREES``) the all-reduce adds two addends, which sum the same in
 any order, so the verdict stays bitwise (measured: the built-in decoder, under Megatron's and under
 torchtitan's sequence-parallel plan, and Hugging Face Llama, in fp32, bf16 and fp16, at world size
 4, the decoder at 8 too: every value equal). Everything else of the twin is the unsharded model.
@@ -31,7 +31,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from harness.parity.plan import two_d
 from harness.parity.ranks.sides import gather
 from harness.parity.ranks.sides.engines import FSDP2, unit_modules
 from harness.parity.workload import tp_plan
@@ -44,8 +43,8 @@ class FSDP2TP(FSDP2):
     def __init__(self, config: Any, device: torch.device) -> None:
         super().__init__(config, device)
         self.description = (
-            f"FSDP2 + TP (mesh dp {self.world_size // config.tp} x tp {config.tp}), "
-            f"reshard_after_forward={config.reshard_after_forward}, {config.recipe_name}; "
+            f"FSDP2 + TP (mesh dp {self.world_size // config.mesh.tp} x tp {config.mesh.tp}), "
+            f"reshard_after_forward={config.layout.reshard_after_forward}, {config.recipe_name}; "
             f"plan: {self.plan_text}"
         )
 
@@ -54,7 +53,7 @@ class FSDP2TP(FSDP2):
         from torch.distributed.tensor.parallel import parallelize_module
 
         config = self.config
-        shape, names = two_d.mesh_shape(config)  # type: ignore[misc]
+        shape, names = config.mesh.shape(config.world_size)  # type: ignore[misc]
         mesh = gather.mesh(self.device.type, shape, names)
         plan = self.plan(module)
         self.plan_text = ", ".join(f"{key} {type(style).__name__}" for key, style in plan.items())
@@ -65,7 +64,10 @@ class FSDP2TP(FSDP2):
         """The modules whose outputs (and their gradients) are a TP rank's share of the last dim."""
         self.sequence_dim = next((s.sequence_sharding[0].dim for _, s in styled if _is_sequence(s)), None)
         """Under a sequence-parallel plan, the dim along which activations between blocks are shared."""
-        kwargs: dict[str, Any] = {"mesh": mesh["dp"], "reshard_after_forward": config.reshard_after_forward}
+        kwargs: dict[str, Any] = {
+            "mesh": mesh["dp"],
+            "reshard_after_forward": config.layout.reshard_after_forward,
+        }
         if config.policy is not None:
             from harness.parity.ranks.sides import twin
 

@@ -2,7 +2,7 @@
 gradient accumulation over microbatches, syncing every microbatch or only the last, and activation
 checkpointing of the units.
 
-Why apart from the precision matrices (``matrix.py``, ``workload_matrix.py``): a loop feature is
+Why apart from the precision matrices (``default.py``, ``workload.py``): a loop feature is
 one more axis over a few engine layouts, in the default matrix (a few rows, so ``make parity``
 keeps its wall time) and in a workload's own matrix (the user's feature under every layout); both
 draw their rows from here.
@@ -10,9 +10,14 @@ draw their rows from here.
 
 from __future__ import annotations
 
+import dataclasses
+
 from harness.parity.plan import recipe as recipes
-from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.config import Layout, Loop, ParityConfig, Precision
 from harness.parity.workload import registry
+
+EngineLayout = tuple[str, Layout]
+"""An engine and its layout: what a loop row runs under."""
 
 BITING_CLIP = 0.05
 """A max norm the MLP's gradients exceed (their total norm is 0.06 to 0.14 over six steps,
@@ -34,52 +39,53 @@ def default_rows(*, world_size: int = 2, backend: str = "gloo") -> list[ParityCo
     must fail, and ``make parity`` exits 1 on any failure, expected or not (its test runs it:
     ``suites/parity/test_checkpoint.py``)."""
     common: dict[str, object] = {"world_size": world_size, "backend": backend}
-    clip = {**common, "path": "unscale_clip", "clip": BITING_CLIP}
-    last = {
-        **common,
-        "recipe": "reduce32",
-        "precision": "bf16",
-        "accumulate": DEFAULT_ACCUMULATE,
-        "sync": "last",
-    }
-    every = {**common, "precision": "fp16", "accumulate": DEFAULT_ACCUMULATE}
-    fsdp1: dict[str, object] = {"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": False}
-    fsdp2: dict[str, object] = {"engine": "fsdp2", "reshard_after_forward": True}
-    rows = [(fsdp1, {**clip, "precision": "fp16"}), (fsdp2, {**clip, "precision": "bf16"})]
-    rows += [(fsdp1, last), (fsdp2, last), ({**fsdp1, "use_orig_params": True}, every)]
-    convnet = {**common, "workload": "convnet", "checkpoint": "replay"}  # dropout in every unit
-    rows += [({**fsdp1, "use_orig_params": True}, {**convnet, "precision": "bf16"}), (fsdp2, convnet)]
-    return [ParityConfig(**layout, **fields) for layout, fields in rows]  # type: ignore[arg-type]
+    clip = Loop(path="unscale_clip", clip=BITING_CLIP)
+    last = Loop(accumulate=DEFAULT_ACCUMULATE, sync="last")
+    every = Loop(accumulate=DEFAULT_ACCUMULATE)
+    flat = ("fsdp1", Layout(sharding="full_shard", use_orig_params=False))
+    orig = ("fsdp1", Layout(sharding="full_shard", use_orig_params=True))
+    fsdp2 = ("fsdp2", Layout(reshard_after_forward=True))
+    bf16_reduce32 = Precision(dtype="bf16", recipe="reduce32")
+    rows: list[tuple[EngineLayout, Loop, Precision, str]] = [
+        (flat, clip, Precision(dtype="fp16"), "mlp"),
+        (fsdp2, clip, Precision(dtype="bf16"), "mlp"),
+        (flat, last, bf16_reduce32, "mlp"),
+        (fsdp2, last, bf16_reduce32, "mlp"),
+        (orig, every, Precision(dtype="fp16"), "mlp"),
+    ]
+    convnet = Loop(checkpoint="replay")  # dropout in every unit
+    rows += [(orig, convnet, Precision(dtype="bf16"), "convnet"), (fsdp2, convnet, Precision(), "convnet")]
+    return [
+        ParityConfig(
+            engine=engine, layout=layout, loop=loop, precision=precision, workload=workload, **common
+        )  # type: ignore[arg-type]
+        for (engine, layout), loop, precision, workload in rows
+    ]
 
 
 def _under_layouts(
     common: dict[str, object],
-    layouts: list[dict[str, object]],
+    layouts: list[EngineLayout],
     optimizers: tuple[str, ...],
     recipe: str | None,
-    loops: list[dict[str, object]],
+    loops: list[Loop],
 ) -> list[ParityConfig]:
-    """Each of ``loops`` (a loop's fields) in the user's ``recipe`` (float32 when none), for each
-    optimizer, under each of ``layouts``: every loop row of a workload's matrix."""
-    kind, precision = recipes.parse(recipe) if recipe is not None else ("pure", "fp32")
+    """Each of ``loops`` in the user's ``recipe`` (float32 when none), for each optimizer, under
+    each of ``layouts``: every loop row of a workload's matrix (``common``: the rows' core fields
+    and scale)."""
+    kind, dtype = recipes.parse(recipe) if recipe is not None else ("pure", "fp32")
+    precision = Precision(dtype=dtype, recipe=kind)
     return [
-        ParityConfig(
-            recipe=kind,
-            precision=precision,
-            optimizer=opt,
-            **loop,  # type: ignore[arg-type]
-            **layout,  # type: ignore[arg-type]
-            **common,  # type: ignore[arg-type]
-        )
+        ParityConfig(engine=engine, layout=layout, optimizer=opt, loop=loop, precision=precision, **common)  # type: ignore[arg-type]
         for loop in loops
         for opt in optimizers
-        for layout in layouts
+        for engine, layout in layouts
     ]
 
 
 def accumulation_rows(
     common: dict[str, object],
-    layouts: list[dict[str, object]],
+    layouts: list[EngineLayout],
     optimizers: tuple[str, ...],
     recipe: str | None,
     accumulate: int | None,
@@ -91,26 +97,26 @@ def accumulation_rows(
     count = DEFAULT_ACCUMULATE if accumulate is None else accumulate
     modes = (sync,) if sync is not None else SYNCS
     return _under_layouts(
-        common, layouts, optimizers, recipe, [{"accumulate": count, "sync": mode} for mode in modes]
+        common, layouts, optimizers, recipe, [Loop(accumulate=count, sync=mode) for mode in modes]
     )
 
 
 def workload_rows(
     common: dict[str, object],
-    layouts: list[dict[str, object]],
+    layouts: list[EngineLayout],
     optimizers: tuple[str, ...],
     recipe: str | None,
     clip: float | None,
 ) -> list[ParityConfig]:
     """A workload's clipping rows: clipping after ``unscale_`` at ``clip`` (1.0 when the user named
     none) in the user's ``recipe`` (float32 when none), under each of ``layouts``."""
-    loop = {"path": "unscale_clip", "clip": 1.0 if clip is None else clip}
+    loop = Loop(path="unscale_clip", clip=1.0 if clip is None else clip)
     return _under_layouts(common, layouts, optimizers, recipe, [loop])
 
 
 def checkpoint_rows(
     common: dict[str, object],
-    layouts: list[dict[str, object]],
+    layouts: list[EngineLayout],
     optimizers: tuple[str, ...],
     recipe: str | None,
 ) -> list[ParityConfig]:
@@ -119,7 +125,7 @@ def checkpoint_rows(
     nothing to checkpoint)."""
     if not registry.get(str(common["workload"])).units:
         return []
-    return _under_layouts(common, layouts, optimizers, recipe, [{"checkpoint": "replay"}])
+    return _under_layouts(common, layouts, optimizers, recipe, [Loop(checkpoint="replay")])
 
 
 def describe(clip: float | None, accumulate: int | None, sync: str | None, checkpoint: bool) -> str | None:
@@ -140,7 +146,7 @@ def describe(clip: float | None, accumulate: int | None, sync: str | None, check
 
 def combined_rows(
     common: dict[str, object],
-    layouts: list[dict[str, object]],
+    layouts: list[EngineLayout],
     optimizers: tuple[str, ...],
     recipe: str | None,
     *,
@@ -156,11 +162,12 @@ def combined_rows(
     declared = [clip is not None, accumulate is not None or sync is not None, checkpoint]
     if sum(declared) < 2:
         return []
-    loop: dict[str, object] = {}
+    loop = Loop()
     if clip is not None:
-        loop.update(path="unscale_clip", clip=clip)
+        loop = dataclasses.replace(loop, path="unscale_clip", clip=clip)
     if declared[1]:
-        loop.update(accumulate=DEFAULT_ACCUMULATE if accumulate is None else accumulate, sync=sync or "every")
+        count = DEFAULT_ACCUMULATE if accumulate is None else accumulate
+        loop = dataclasses.replace(loop, accumulate=count, sync=sync or "every")
     if checkpoint and registry.get(str(common["workload"])).units:
-        loop.update(checkpoint="replay")
+        loop = dataclasses.replace(loop, checkpoint="replay")
     return _under_layouts(common, layouts, optimizers, recipe, [loop])

@@ -2,22 +2,37 @@
 
 Why data: the CLI (``python -m harness.parity``), the pytest suites under ``suites/parity`` and the
 CI gate all expand the *same* lists below, so a configuration has one id everywhere (the pytest
-id, the report row, the ``-k`` filter). The configuration type and its axes are in ``config.py``;
-a user workload's own matrix is in ``workload_matrix.py``.
+id, the report row, the ``-k`` filter). The configuration type, its parts and its axes are in
+``plan/config/``; a user workload's own matrix is in ``workload.py`` here, a loop's, a resume's
+and a 2-D mesh's rows in ``loop.py``, ``resume.py`` and ``two_d.py``.
 """
 
 from __future__ import annotations
 
-from harness.parity.plan import loop_matrix, recipe, resume_matrix, workload_matrix
+import dataclasses
+
+from harness.parity.plan import recipe
 from harness.parity.plan.config import (
     FAULT_VALUES,
     FSDP1_SHARDING,
     MATRIX_OPTIMIZERS,
     PRECISIONS,
     Fault,
+    Layout,
+    Loop,
     ParityConfig,
+    Precision,
+    Scale,
     unique,
 )
+from harness.parity.plan.matrices import loop as loop_matrix
+from harness.parity.plan.matrices import resume as resume_matrix
+from harness.parity.plan.matrices import workload as workload_matrix
+
+FSDP1_FLAT = Layout(sharding="full_shard", use_orig_params=False)
+FSDP1_ORIG = Layout(sharding="full_shard", use_orig_params=True)
+FSDP2_RESHARD = Layout(reshard_after_forward=True)
+"""The layouts most rows of one FSDP engine run under."""
 
 
 # -- the matrices -----------------------------------------------------------------------------------
@@ -41,12 +56,11 @@ def fsdp_vs_ddp(*, world_size: int = 2, backend: str = "gloo") -> list[ParityCon
     configs = [
         ParityConfig(
             engine="fsdp1",
-            sharding=s,
-            use_orig_params=o,
-            precision=p,
             optimizer=opt,
-            init_scale=_init_scale(p, world_size, backend),
             **common,
+            layout=Layout(sharding=s, use_orig_params=o),
+            precision=Precision(dtype=p),
+            scale=Scale(init_scale=_init_scale(p, world_size, backend)),
         )
         for s in FSDP1_SHARDING
         for o in (False, True)
@@ -56,12 +70,11 @@ def fsdp_vs_ddp(*, world_size: int = 2, backend: str = "gloo") -> list[ParityCon
     configs += [
         ParityConfig(
             engine="fsdp2",
-            reshard_after_forward=r,
-            precision=p,
-            offload=off,
             optimizer=opt,
-            init_scale=_init_scale(p, world_size, backend),
             **common,
+            layout=Layout(reshard_after_forward=r, offload=off),
+            precision=Precision(dtype=p),
+            scale=Scale(init_scale=_init_scale(p, world_size, backend)),
         )
         for r in (True, False)
         for p in PRECISIONS
@@ -73,21 +86,20 @@ def fsdp_vs_ddp(*, world_size: int = 2, backend: str = "gloo") -> list[ParityCon
             configs += [
                 ParityConfig(
                     engine="fsdp1",
-                    sharding="full_shard",
-                    use_orig_params=orig,
-                    precision=precision,
                     workload=workload,
                     **common,
+                    layout=Layout(sharding="full_shard", use_orig_params=orig),
+                    precision=Precision(dtype=precision),
                 )
                 for orig in ((True,) if workload == "frozen" else (False, True))
             ]
             configs.append(
                 ParityConfig(
                     engine="fsdp2",
-                    reshard_after_forward=True,
-                    precision=precision,
                     workload=workload,
                     **common,
+                    layout=Layout(reshard_after_forward=True),
+                    precision=Precision(dtype=precision),
                 )
             )
     return configs
@@ -101,19 +113,19 @@ def recipes(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]
     common = {"world_size": world_size, "backend": backend, "optimizer": "sgd"}
     configs = []
     for name in recipe.RECIPES:
-        kind, precision = recipe.parse(name)
+        kind, dtype = recipe.parse(name)
         if kind == "pure":
             continue
-        mine = {"recipe": kind, "precision": precision}
-        mlp = {**mine, "init_scale": _init_scale(precision, world_size, backend)}  # as its pure rows
+        mine = Precision(dtype=dtype, recipe=kind)
+        scale = Scale(init_scale=_init_scale(dtype, world_size, backend))  # as its pure rows
         configs += [
-            ParityConfig(engine="fsdp1", sharding="full_shard", use_orig_params=False, **mlp, **common),
-            ParityConfig(engine="fsdp2", reshard_after_forward=True, **mlp, **common),
+            ParityConfig(engine="fsdp1", layout=FSDP1_FLAT, precision=mine, scale=scale, **common),
+            ParityConfig(engine="fsdp2", layout=FSDP2_RESHARD, precision=mine, scale=scale, **common),
         ]
         if kind in recipe.AUTOCASTING:  # the transformer starts at 2**16, as its pure rows do
             configs.append(
                 ParityConfig(
-                    engine="fsdp2", reshard_after_forward=True, workload="transformer", **mine, **common
+                    engine="fsdp2", workload="transformer", layout=FSDP2_RESHARD, precision=mine, **common
                 )
             )
     return configs
@@ -123,14 +135,10 @@ def forced_inf(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConf
     """inf and NaN on one rank only and on every rank at once, for DDP, FSDP1 and FSDP2 on every
     scaler path. Steps 2 and 6 (of 7) are poisoned; with ``growth_interval=3`` the scale backs off
     at step 2, grows back after the three clean steps 3-5 and backs off again at step 6."""
-    engines = [
-        {"engine": "ddp"},
-        {"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": False},
-        {"engine": "fsdp2", "reshard_after_forward": True},
-    ]
+    engines = [("ddp", Layout()), ("fsdp1", FSDP1_FLAT), ("fsdp2", FSDP2_RESHARD)]
     paths = [("plain", "sgd"), ("plain", "adam_fused"), ("unscale_clip", "sgd"), ("two_optimizers", "sgd")]
     configs = []
-    for engine in engines:
+    for engine, layout in engines:
         for path, optimizer in paths:
             for rank in (1, None):
                 for value in FAULT_VALUES:
@@ -138,14 +146,15 @@ def forced_inf(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConf
                     configs.append(
                         ParityConfig(
                             suite="forced_inf",
-                            path=path,
                             optimizer=optimizer,
                             faults=faults,
                             steps=7,
-                            init_scale=1024.0,
                             world_size=world_size,
                             backend=backend,
-                            **engine,  # type: ignore[arg-type]
+                            engine=engine,
+                            layout=layout,
+                            loop=Loop(path=path),
+                            scale=Scale(init_scale=1024.0),
                         )
                     )
     return configs
@@ -160,11 +169,11 @@ def sparse(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
             engine="ddp",
             reference="single",
             workload="embedding",
-            precision=precision,
-            optimizer="sgd_plain" if precision == "fp16" else "sgd",  # torch's Adam refuses sparse gradients
-            init_scale=1024.0 if precision == "fp16" else 2.0**16,
+            optimizer="sgd_plain" if precision == "fp16" else "sgd",
             world_size=world_size,
             backend=backend,
+            precision=Precision(dtype=precision),
+            scale=Scale(init_scale=1024.0 if precision == "fp16" else 2.0**16),
         )
         for precision in PRECISIONS
     ]
@@ -173,25 +182,22 @@ def sparse(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
 def cpu_offload(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
     """Parameters and gradients offloaded to the CPU: FSDP2 ``CPUOffloadPolicy`` (any backend) and
     FSDP1 ``CPUOffload`` (an accelerator is needed), with a forced inf on one rank and without."""
-    engines = [
-        {"engine": "fsdp2", "reshard_after_forward": True},
-        {"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": True},
-    ]
+    engines = [("fsdp2", FSDP2_RESHARD), ("fsdp1", FSDP1_ORIG)]
     return [
         ParityConfig(
             suite="cpu_offload",
-            offload=True,
-            precision=precision,
             optimizer=optimizer,
             faults=faults,
             world_size=world_size,
             backend=backend,
-            **engine,  # type: ignore[arg-type]
+            engine=engine,
+            layout=dataclasses.replace(layout, offload=True),
+            precision=Precision(dtype=precision),
         )
         for precision in PRECISIONS
         for faults in ((), (Fault(step=2, rank=1),))
         for optimizer in ("sgd", "adam_fused")
-        for engine in engines
+        for engine, layout in engines
     ]
 
 
@@ -203,7 +209,7 @@ def canary(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
     return [
         ParityConfig(engine="ddp", **common),
         *(
-            ParityConfig(engine="fsdp1", sharding=s, use_orig_params=o, **common)
+            ParityConfig(engine="fsdp1", **common, layout=Layout(sharding=s, use_orig_params=o))
             for s, o in (
                 ("full_shard", False),
                 ("full_shard", True),
@@ -211,7 +217,7 @@ def canary(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
                 ("hybrid_shard", True),
             )
         ),
-        ParityConfig(engine="fsdp2", reshard_after_forward=True, **common),
+        ParityConfig(engine="fsdp2", **common, layout=Layout(reshard_after_forward=True)),
     ]
 
 

@@ -10,7 +10,10 @@ one rank so the skip is agreed across a 2-D mesh. HSDP comes twice: ``2 x world/
 
 from __future__ import annotations
 
-from harness.parity.plan.config import Fault, ParityConfig, unique
+import dataclasses
+
+from harness.parity.plan.config import Fault, Layout, Mesh, ParityConfig, Precision, Scale, unique
+from harness.parity.plan.config.scale import DEFAULT_SCALE
 from harness.parity.workload import registry
 
 RECIPES = (("fp32", "pure"), ("bf16", "pure"), ("bf16", "reduce32"), ("fp16", "pure"))
@@ -36,33 +39,32 @@ def rows(
     *,
     world_size: int = 4,
     backend: str = "gloo",
-    scaler: str = "ours",
+    scale: Scale = DEFAULT_SCALE,
     tp: int | None = 2,
     steps: int | None = None,
 ) -> list[ParityConfig]:
     """``workload``'s 2-D rows at ``world_size``: HSDP at :func:`hsdp_degrees`, and FSDP2 + TP at
-    degree ``tp`` when the workload has a ``tp_plan`` (``None``: HSDP only). Empty below 4 ranks."""
+    degree ``tp`` when the workload has a ``tp_plan`` (``None``: HSDP only), through ``scale``'s
+    scaler (fp16 rows from :data:`FP16_INIT_SCALE`). Empty below 4 ranks."""
     spec = registry.get(workload)
     common = {
         "engine": "fsdp2",
-        "reshard_after_forward": True,
+        "layout": Layout(reshard_after_forward=True),
         "workload": workload,
         "world_size": world_size,
         "backend": backend,
-        "scaler": scaler,
         "steps": steps or spec.steps or 4,
     }
-    meshes: list[dict[str, int]] = [{"hsdp": degree} for degree in hsdp_degrees(world_size)]
+    meshes = [Mesh(hsdp=degree) for degree in hsdp_degrees(world_size)]
     if tp is not None and spec.tp_plan is not None and world_size >= 4 and world_size % tp == 0:
-        meshes.append({"tp": tp})
+        meshes.append(Mesh(tp=tp))
     optimizers = ("own",) if spec.optimizer is not None else OPTIMIZERS
     configs = [
         ParityConfig(
-            precision=precision,
-            recipe=recipe,
             optimizer=optimizer,
-            init_scale=FP16_INIT_SCALE if precision == "fp16" else 2.0**16,
-            **mesh,  # type: ignore[arg-type]
+            mesh=mesh,
+            precision=Precision(dtype=precision, recipe=recipe),
+            scale=dataclasses.replace(scale, init_scale=FP16_INIT_SCALE if precision == "fp16" else 2.0**16),
             **common,  # type: ignore[arg-type]
         )
         for mesh in meshes
@@ -72,10 +74,11 @@ def rows(
     configs += [
         ParityConfig(
             suite="forced_inf",
-            precision="bf16",
             optimizer=optimizers[0],
             faults=(Fault(step=1, rank=1),),
-            **mesh,  # type: ignore[arg-type]
+            mesh=mesh,
+            precision=Precision(dtype="bf16"),
+            scale=dataclasses.replace(scale, init_scale=2.0**16),
             **common,  # type: ignore[arg-type]
         )
         for mesh in meshes

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.config import Layout, ParityConfig, Precision, Resume, Scale
 from harness.parity.workload import registry
 from harness.parity.workload.spec import WorkloadError
 
-LAYOUTS: tuple[dict[str, object], ...] = (
-    {"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": False},
-    {"engine": "fsdp2", "reshard_after_forward": True},
+LAYOUTS: tuple[tuple[str, Layout], ...] = (
+    ("fsdp1", Layout(sharding="full_shard", use_orig_params=False)),
+    ("fsdp2", Layout(reshard_after_forward=True)),
 )
 """The engine layouts a resume row runs under: FSDP1's flat shards and FSDP2's DTensors."""
 
@@ -32,10 +32,10 @@ RECIPES = (("fp32", "adam"), ("fp16", "sgd"))
 """``(precision, optimizer)`` of the default rows."""
 
 
-RELAYOUTS: tuple[tuple[dict[str, object], str, str], ...] = (
-    ({"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": False}, "fully_shard", "adam"),
-    ({"engine": "fsdp2", "reshard_after_forward": True}, "fully_shard_keep", "adam"),
-    ({"engine": "ddp"}, "fully_shard", "sgd"),
+RELAYOUTS: tuple[tuple[tuple[str, Layout], str, str], ...] = (
+    (LAYOUTS[0], "fully_shard", "adam"),
+    (LAYOUTS[1], "fully_shard_keep", "adam"),
+    (("ddp", Layout()), "fully_shard", "sgd"),
 )
 """``(saved in, resumed in, optimizer)``: rows that come back in another layout at the same world
 size (FSDP1 -> FSDP2, FSDP2 reshard -> keep, DDP -> FSDP2), float32 (one reference for both)."""
@@ -54,20 +54,19 @@ def reshard_rows(
     SGD-momentum through the scaler. Their own tier: each runs two rank calls, one per world size."""
     return [
         ParityConfig(
-            precision=precision,
+            engine=engine,
+            layout=layout,
             optimizer=optimizer,
-            resume_method=method,
-            init_scale=init_scale(precision, saved, backend),
             world_size=saved,
-            resume_world_size=resumed,
             backend=backend,
-            resume_at=default_step(6),
-            **layout,  # type: ignore[arg-type]
+            precision=Precision(dtype=precision),
+            resume=Resume(at=default_step(6), method=method, world_size=resumed),
+            scale=Scale(init_scale=init_scale(precision, saved, backend)),
         )
         for saved, resumed in WORLD_SIZE_CHANGES
-        for layout in LAYOUTS
+        for engine, layout in LAYOUTS
         for method in METHODS
-        if method == "dcp" or layout["engine"] == "fsdp2"
+        if method == "dcp" or engine == "fsdp2"
         for precision, optimizer in RECIPES
     ]
 
@@ -81,60 +80,77 @@ def default_rows(
     *, world_size: int = 2, backend: str = "gloo", init_scale: Callable[[str, int, str], float]
 ) -> list[ParityConfig]:
     """The default matrix's resume rows (``init_scale``: the matrix's, per precision)."""
-    common = {"world_size": world_size, "backend": backend, "resume_at": default_step(6)}
+    at = default_step(6)
+    common = {"world_size": world_size, "backend": backend}
     configs = [
         ParityConfig(
-            precision=precision,
+            engine=engine,
+            layout=layout,
             optimizer=optimizer,
-            resume_method=method,
-            init_scale=init_scale(precision, world_size, backend),
-            **layout,  # type: ignore[arg-type]
+            precision=Precision(dtype=precision),
+            resume=Resume(at=at, method=method),
+            scale=Scale(init_scale=init_scale(precision, world_size, backend)),
             **common,  # type: ignore[arg-type]
         )
         for method in METHODS
-        for layout in LAYOUTS
+        for engine, layout in LAYOUTS
         for precision, optimizer in RECIPES
     ]
     configs.append(
         ParityConfig(
-            engine="fsdp2", reshard_after_forward=True, workload="convnet", resume_method="dcp", **common
-        )  # type: ignore[arg-type]
+            engine="fsdp2",
+            workload="convnet",
+            layout=Layout(reshard_after_forward=True),
+            resume=Resume(at=at, method="dcp"),
+            **common,  # type: ignore[arg-type]
+        )
     )
     configs += [
-        ParityConfig(resume_method="dcp", optimizer=optimizer, resume_layout=into, **layout, **common)  # type: ignore[arg-type]
-        for layout, into, optimizer in RELAYOUTS
+        ParityConfig(
+            engine=engine,
+            layout=layout,
+            optimizer=optimizer,
+            resume=Resume(at=at, method="dcp", layout=into),
+            **common,  # type: ignore[arg-type]
+        )
+        for (engine, layout), into, optimizer in RELAYOUTS
     ]
     return configs
 
 
 def workload_rows(
-    common: dict[str, object], optimizers: tuple[str, ...], resume_at: int | None
+    workload: str,
+    *,
+    steps: int,
+    common: dict[str, object],
+    optimizers: tuple[str, ...],
+    resume_at: int | None,
 ) -> list[ParityConfig]:
     """A workload's resume rows: every method (the user's own when it declares ``save``/``load``)
     under both layouts, in float32 and fp16, with each of its optimizers; none unless ``resume_at``
-    is given or the workload declares ``save``/``load`` (then at :func:`default_step`)."""
-    workload = registry.get(str(common["workload"]))
-    if resume_at is None and workload.save is None:
+    is given or the workload declares ``save``/``load`` (then at :func:`default_step`).
+    ``common``: the rows' core fields and scale (``workload``, ``world_size``, ``backend``, ...)."""
+    spec = registry.get(workload)
+    if resume_at is None and spec.save is None:
         return []
-    steps = int(common["steps"])  # type: ignore[call-overload]
     at = default_step(steps) if resume_at is None else resume_at
     if not (isinstance(at, int) and 1 <= at < steps):
         raise WorkloadError(
-            f"resume_at must be a step between 1 and {steps - 1} for workload {workload.name!r} "
+            f"resume_at must be a step between 1 and {steps - 1} for workload {spec.name!r} "
             f"({steps} steps: the candidate trains that many before it saves), got {resume_at!r}"
         )
-    methods = (*METHODS, "user") if workload.save is not None else METHODS
+    methods = (*METHODS, "user") if spec.save is not None else METHODS
     return [
         ParityConfig(
-            precision=precision,
+            engine=engine,
+            layout=layout,
             optimizer=optimizer,
-            resume_at=at,
-            resume_method=method,
-            **layout,  # type: ignore[arg-type]
+            precision=Precision(dtype=precision),
+            resume=Resume(at=at, method=method),
             **common,  # type: ignore[arg-type]
         )
         for method in methods
-        for layout in LAYOUTS
+        for engine, layout in LAYOUTS
         for precision in ("fp32", "fp16")
         for optimizer in optimizers
     ]

@@ -1,0 +1,274 @@
+"""The configurations that check one workload: what ``python -m harness.parity --workload X`` runs.
+
+Why a matrix per workload: a user asks "does *my* model train the same under FSDP as under DDP,
+and does every rank skip the same steps?". The answer is the same grid the embedded matrix runs on
+the toys, on their model: FSDP1 (every sharding strategy, flat and original parameters) and FSDP2
+(``reshard_after_forward``, ``CPUOffloadPolicy``) in fp32, fp16 and bf16 against DDP, plus inf and
+NaN planted into the user's own gradients on one rank and on every rank, for DDP, FSDP1 and FSDP2.
+The optimizer is the workload's own when it has one, else SGD with momentum and fused Adam.
+
+Recipes (``recipe.py``): the precisions above are the ``pure`` recipe. The user's own recipe (the
+workload's ``recipe``, or the CLI's ``--recipe``) runs under every engine layout of that grid;
+without one, every other recipe runs under FSDP1 FULL_SHARD (flat and original parameters) and
+FSDP2 (resharding or not), so the matrix says which recipes the model survives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from harness.parity.plan import recipe as recipes
+from harness.parity.plan.config import (
+    FAULT_VALUES,
+    FSDP1_SHARDING,
+    PRECISIONS,
+    Fault,
+    Layout,
+    ParityConfig,
+    Precision,
+    Scale,
+    unique,
+)
+from harness.parity.plan.config.scale import DEFAULT_SCALE
+from harness.parity.plan.matrices import loop as loop_matrix
+from harness.parity.plan.matrices import resume as resume_matrix
+from harness.parity.workload import registry
+from harness.parity.workload.spec import WorkloadError
+
+DEFAULT_STEPS = 6
+
+
+def optimizers_of(workload: str) -> tuple[str, ...]:
+    """``("own",)`` for a workload with its own optimizer, else SGD-momentum and fused Adam."""
+    return ("own",) if registry.get(workload).optimizer is not None else ("sgd", "adam_fused")
+
+
+def fault_steps(steps: int) -> tuple[int, ...]:
+    """Where faults go in a run of ``steps``: step 2 (after the scale settled) and the last step,
+    as far as the run is long enough (the scale then backs off twice)."""
+    first = min(2, steps - 1)
+    return (first,) if steps - 1 <= first + 1 else (first, steps - 1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Declared:
+    """What a user trains with beyond the model: the precision recipe, the loop's features and the
+    step a resume row saves at. A workload declares its own (``Workload.recipe``, ``clip``,
+    ``accumulate``, ``sync``, ``checkpoint``, ``save``/``load``); the CLI's flags
+    (``--recipe``, ``--clip``, ...) and ``parity_test(declared=...)`` replace any of them
+    (:meth:`over`). Not a configuration's ``Loop``: a declaration may leave a feature open
+    (accumulation without a sync mode checks both modes), where a configuration runs one loop."""
+
+    recipe: str | None = None
+    """A name of ``recipe.RECIPES`` (``bf16-reduce32``); ``None``: the workload's own, if any."""
+    clip: float | None = None
+    """The max norm the user clips at after ``unscale_`` (every layout's rows clip at it; without
+    it, four layouts clip at 1.0)."""
+    accumulate: int | None = None
+    """Microbatches per step (without it or :attr:`sync`, two, under four layouts)."""
+    sync: str | None = None
+    """``every`` or ``last`` (``None`` with :attr:`accumulate`: both modes)."""
+    checkpoint: bool = False
+    """The user checkpoints the units' activations (with RNG replay)."""
+    resume_at: int | None = None
+    """Resume rows saving after that step (a workload with ``save``/``load`` has them halfway)."""
+
+    def over(self, workload: str) -> Declared:
+        """These choices over ``workload``'s own declaration (a :class:`WorkloadError` naming the
+        recipes for an unknown one)."""
+        spec = registry.get(workload)
+        recipe = self.recipe or spec.recipe
+        if recipe is not None:
+            try:
+                recipes.parse(recipe)
+            except ValueError as error:
+                raise WorkloadError(f"workload {spec.name!r}: {error}") from None
+        return Declared(
+            recipe=recipe,
+            clip=spec.clip if self.clip is None else self.clip,
+            accumulate=spec.accumulate if self.accumulate is None else self.accumulate,
+            sync=spec.sync if self.sync is None else self.sync,
+            checkpoint=self.checkpoint or spec.checkpoint,
+            resume_at=self.resume_at,
+        )
+
+    def loop_words(self) -> str | None:
+        """The loop declared, in words (``loop_matrix.describe``); ``None`` when none is."""
+        return loop_matrix.describe(self.clip, self.accumulate, self.sync, self.checkpoint)
+
+
+def _layouts(full: bool) -> list[tuple[str, Layout]]:
+    """The engine layouts a recipe runs under: every one of the precision grid's, or a compact four."""
+    if full:
+        fsdp1 = [(s, o) for s in FSDP1_SHARDING for o in (False, True)]
+        fsdp2 = [(r, off) for r in (True, False) for off in (False, True)]
+    else:
+        fsdp1 = [("full_shard", False), ("full_shard", True)]
+        fsdp2 = [(True, False), (False, False)]
+    return [("fsdp1", Layout(sharding=s, use_orig_params=o)) for s, o in fsdp1] + [
+        ("fsdp2", Layout(reshard_after_forward=r, offload=off)) for r, off in fsdp2
+    ]
+
+
+def recipe_rows(workload: str, common: dict[str, object], recipe: str | None) -> list[ParityConfig]:
+    """The rows of the recipes beyond ``pure`` (whose rows are the precision grid's): the declared
+    ``recipe`` under every engine layout, or, with none declared, every recipe under four."""
+    names = [recipe] if recipe is not None else list(recipes.RECIPES)
+    configs = []
+    for name in names:
+        kind, dtype = recipes.parse(name)
+        if kind == "pure":
+            continue
+        configs += [
+            ParityConfig(
+                engine=engine,
+                layout=layout,
+                optimizer=opt,
+                precision=Precision(dtype=dtype, recipe=kind),
+                **common,  # type: ignore[arg-type]
+            )
+            for opt in optimizers_of(workload)
+            for engine, layout in _layouts(full=recipe is not None)
+        ]
+    return configs
+
+
+def for_workload(
+    workload: str,
+    *,
+    world_size: int = 2,
+    backend: str = "gloo",
+    scale: Scale = DEFAULT_SCALE,
+    declared: Declared | None = None,
+) -> list[ParityConfig]:
+    """Every configuration that checks ``workload`` (a registered name or ``module:function``),
+    with the candidate's ``scale`` and what the user trains with (``declared``, over the workload's
+    own: :meth:`Declared.over`): the declared recipe under every engine layout (else every recipe
+    under four); the declared clip, accumulation and checkpointing under every layout (else under
+    four, clipping at 1.0, accumulating two microbatches in both sync modes), their combination
+    when two or more are declared (``loop_matrix.py``), and resume rows at the declared step
+    (``resume_matrix.py``; a workload with ``save``/``load`` has them halfway without one)."""
+    declared = (declared or Declared()).over(workload)
+    steps = registry.get(workload).steps or DEFAULT_STEPS
+    common: dict[str, object] = {
+        "workload": workload,
+        "world_size": world_size,
+        "backend": backend,
+        "steps": steps,
+        "scale": scale,
+    }
+    optimizers = optimizers_of(workload)
+    configs = [
+        ParityConfig(
+            engine="fsdp1",
+            optimizer=opt,
+            layout=Layout(sharding=s, use_orig_params=o),
+            precision=Precision(dtype=p),
+            **common,  # type: ignore[arg-type]
+        )
+        for opt in optimizers
+        for s in FSDP1_SHARDING
+        for o in (False, True)
+        for p in PRECISIONS
+    ]
+    configs += [
+        ParityConfig(
+            engine="fsdp2",
+            optimizer=opt,
+            layout=Layout(reshard_after_forward=r, offload=off),
+            precision=Precision(dtype=p),
+            **common,  # type: ignore[arg-type]
+        )
+        for opt in optimizers
+        for r in (True, False)
+        for p in PRECISIONS
+        for off in (False, True)
+    ]
+    engines = [
+        ("ddp", Layout()),
+        ("fsdp1", Layout(sharding="full_shard", use_orig_params=True)),
+        ("fsdp2", Layout(reshard_after_forward=True)),
+    ]
+    for engine, layout in engines:
+        for opt in optimizers:
+            for rank in (1, None):
+                for value in FAULT_VALUES:
+                    faults = tuple(Fault(step=s, rank=rank, value=value) for s in fault_steps(steps))
+                    configs.append(
+                        ParityConfig(
+                            suite="forced_inf",
+                            engine=engine,
+                            layout=layout,
+                            optimizer=opt,
+                            faults=faults,
+                            **common,  # type: ignore[arg-type]
+                        )
+                    )
+    recipe, clip, accumulate, sync, checkpoint = (
+        declared.recipe,
+        declared.clip,
+        declared.accumulate,
+        declared.sync,
+        declared.checkpoint,
+    )
+    configs += recipe_rows(workload, common, recipe)
+    layouts = _layouts(full=clip is not None)
+    configs += loop_matrix.workload_rows(common, layouts, optimizers, recipe, clip)
+    layouts = _layouts(full=accumulate is not None or sync is not None)
+    configs += loop_matrix.accumulation_rows(common, layouts, optimizers, recipe, accumulate, sync)
+    configs += loop_matrix.checkpoint_rows(common, _layouts(full=checkpoint), optimizers, recipe)
+    configs += loop_matrix.combined_rows(
+        common,
+        _layouts(full=True),
+        optimizers,
+        recipe,
+        clip=clip,
+        accumulate=accumulate,
+        sync=sync,
+        checkpoint=checkpoint,
+    )
+    configs += resume_matrix.workload_rows(
+        workload, steps=steps, common=common, optimizers=optimizers, resume_at=declared.resume_at
+    )
+    return unique(configs)
+
+
+SHOWCASE = ("llama", "convnet")
+"""Built-in workloads that look like what users train; the default matrix runs a few rows of each."""
+
+
+def _showcase_row(config: ParityConfig) -> bool:
+    """The rows of a showcase workload in the default matrix (six, to keep ``make parity`` under a
+    minute): FSDP1 FULL_SHARD with original parameters in fp32 and fp16, FSDP2 with resharding in
+    fp32 and bf16; an inf on one rank under FSDP2 with SGD, and a NaN on every rank under FSDP1 with
+    fused Adam. ``--workload llama`` runs the whole grid."""
+    if (
+        config.precision.recipe != "pure"
+        or config.loop.path != "plain"
+        or config.loop.accumulate > 1
+        or config.loop.checkpoint
+    ):
+        return False
+    if config.suite == "forced_inf":
+        where = "one" if all(f.rank == 1 for f in config.faults) else "every"
+        row = (config.engine, where, config.faults[0].value, config.optimizer)
+        return row in {("fsdp2", "one", "inf", "sgd"), ("fsdp1", "every", "nan", "adam_fused")}
+    if config.optimizer != "sgd" or config.layout.offload:
+        return False
+    if config.engine == "fsdp1":
+        return (
+            config.layout.sharding == "full_shard"
+            and bool(config.layout.use_orig_params)
+            and config.precision.dtype != "bf16"
+        )
+    return bool(config.layout.reshard_after_forward) and config.precision.dtype != "fp16"
+
+
+def showcase(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
+    """The default matrix's rows of the Llama-style decoder and the conv net."""
+    return [
+        config
+        for name in SHOWCASE
+        for config in for_workload(name, world_size=world_size, backend=backend)
+        if _showcase_row(config)
+    ]
