@@ -32,7 +32,7 @@ from harness.parity.plan.config import (
     unsupported_reason,
 )
 from harness.parity.plan.matrices.default import default_matrix
-from harness.parity.plan.matrices.workload import Declared
+from harness.parity.plan.matrices.declared import Declared
 from harness.parity.plan.select import select
 from harness.parity.workload.spec import Workload, WorkloadError
 

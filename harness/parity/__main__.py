@@ -26,7 +26,7 @@ from harness.parity.plan.matrices import default as matrix
 from harness.parity.plan.matrices import resume as resume_matrix
 from harness.parity.plan.matrices import two_d as two_d_matrix
 from harness.parity.plan.matrices import workload as workload_matrix
-from harness.parity.plan.matrices.workload import Declared
+from harness.parity.plan.matrices.declared import Declared
 from harness.parity.plan.recipe import RECIPES
 from harness.parity.plan.select import ExpressionError, select
 from harness.parity.ranks import entry

@@ -15,7 +15,7 @@ from harness.parity.plan import profiles
 from harness.parity.plan.config import Layout, Loop, ParityConfig, Precision
 from harness.parity.plan.matrices import default as matrix
 from harness.parity.plan.matrices import workload as workload_matrix
-from harness.parity.plan.matrices.workload import Declared
+from harness.parity.plan.matrices.declared import Declared
 from suites.parity.support import cli_in_process, describe, ranks_executor
 
 _NORM = 0.13837067782878876

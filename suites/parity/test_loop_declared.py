@@ -5,7 +5,7 @@ a declaration that cannot run is refused naming the fix."""
 import pytest
 
 from harness.parity.plan.matrices import workload as workload_matrix
-from harness.parity.plan.matrices.workload import Declared
+from harness.parity.plan.matrices.declared import Declared
 from harness.parity.report import render
 from harness.parity.workload.spec import WorkloadError
 from suites.parity.support import cli_in_process

@@ -8,7 +8,7 @@ from harness.parity.plan import recipe
 from harness.parity.plan.config import ParityConfig, Precision
 from harness.parity.plan.matrices import default as matrix
 from harness.parity.plan.matrices import workload as workload_matrix
-from harness.parity.plan.matrices.workload import Declared
+from harness.parity.plan.matrices.declared import Declared
 from harness.parity.plan.precision import PrecisionPolicy
 from harness.parity.plan.select import select
 from harness.parity.workload.spec import WorkloadError

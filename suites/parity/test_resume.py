@@ -10,7 +10,7 @@ from harness.parity.plan.config import Layout, ParityConfig, Precision, Resume, 
 from harness.parity.plan.matrices import default as matrix
 from harness.parity.plan.matrices import resume as resume_matrix
 from harness.parity.plan.matrices import workload as workload_matrix
-from harness.parity.plan.matrices.workload import Declared
+from harness.parity.plan.matrices.declared import Declared
 from harness.parity.ranks.restart import resume
 from harness.parity.workload.spec import WorkloadError
 from suites.parity.support import cli_in_process, describe, ranks_executor

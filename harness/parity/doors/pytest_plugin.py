@@ -28,7 +28,7 @@ def _configs(spec: str, options: dict[str, Any]) -> list[Any]:
     from harness.parity.plan.config import Scale
     from harness.parity.plan.matrices import two_d as two_d_matrix
     from harness.parity.plan.matrices import workload as workload_matrix
-    from harness.parity.plan.matrices.workload import Declared
+    from harness.parity.plan.matrices.declared import Declared
     from harness.parity.plan.select import ExpressionError, select
     from harness.parity.workload import checks, registry
     from harness.parity.workload.spec import WorkloadError

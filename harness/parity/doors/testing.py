@@ -52,7 +52,7 @@ def parity_test(
     import pytest
 
     from harness.parity.plan.config import Mesh, Scale
-    from harness.parity.plan.matrices.workload import Declared
+    from harness.parity.plan.matrices.declared import Declared
     from harness.parity.workload import registry
 
     for name, value, kind in (

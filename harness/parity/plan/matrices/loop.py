@@ -14,6 +14,7 @@ import dataclasses
 
 from harness.parity.plan import recipe as recipes
 from harness.parity.plan.config import Layout, Loop, ParityConfig, Precision
+from harness.parity.plan.matrices.declared import DEFAULT_ACCUMULATE, Declared
 from harness.parity.workload import registry
 
 EngineLayout = tuple[str, Layout]
@@ -25,8 +26,6 @@ measured), so the clip scales them at every step: the default rows clip for real
 (``unscale_clip``'s default) never bites on the MLP."""
 
 
-DEFAULT_ACCUMULATE = 2
-"""Microbatches per step in the loop rows when the user names none."""
 SYNCS = ("every", "last")
 
 
@@ -84,90 +83,52 @@ def _under_layouts(
 
 
 def accumulation_rows(
-    common: dict[str, object],
-    layouts: list[EngineLayout],
-    optimizers: tuple[str, ...],
-    recipe: str | None,
-    accumulate: int | None,
-    sync: str | None,
+    common: dict[str, object], layouts: list[EngineLayout], optimizers: tuple[str, ...], declared: Declared
 ) -> list[ParityConfig]:
-    """A workload's accumulation rows: ``accumulate`` microbatches (:data:`DEFAULT_ACCUMULATE`
-    when the user named none) syncing as ``sync`` (both modes when ``None``), in the user's
-    ``recipe`` (float32 when none), under each of ``layouts``."""
-    count = DEFAULT_ACCUMULATE if accumulate is None else accumulate
-    modes = (sync,) if sync is not None else SYNCS
-    return _under_layouts(
-        common, layouts, optimizers, recipe, [Loop(accumulate=count, sync=mode) for mode in modes]
-    )
+    """A workload's accumulation rows: the declared microbatches (:data:`DEFAULT_ACCUMULATE` when
+    none are) syncing as declared (both modes when no mode is), in the declared recipe (float32
+    when none), under each of ``layouts``."""
+    count = DEFAULT_ACCUMULATE if declared.accumulate is None else declared.accumulate
+    modes = (declared.sync,) if declared.sync is not None else SYNCS
+    loops = [Loop(accumulate=count, sync=mode) for mode in modes]
+    return _under_layouts(common, layouts, optimizers, declared.recipe, loops)
 
 
 def workload_rows(
-    common: dict[str, object],
-    layouts: list[EngineLayout],
-    optimizers: tuple[str, ...],
-    recipe: str | None,
-    clip: float | None,
+    common: dict[str, object], layouts: list[EngineLayout], optimizers: tuple[str, ...], declared: Declared
 ) -> list[ParityConfig]:
-    """A workload's clipping rows: clipping after ``unscale_`` at ``clip`` (1.0 when the user named
-    none) in the user's ``recipe`` (float32 when none), under each of ``layouts``."""
-    loop = Loop(path="unscale_clip", clip=1.0 if clip is None else clip)
-    return _under_layouts(common, layouts, optimizers, recipe, [loop])
+    """A workload's clipping rows: clipping after ``unscale_`` at the declared max norm (1.0 when
+    none is) in the declared recipe (float32 when none), under each of ``layouts``."""
+    loop = Loop(path="unscale_clip", clip=1.0 if declared.clip is None else declared.clip)
+    return _under_layouts(common, layouts, optimizers, declared.recipe, [loop])
 
 
 def checkpoint_rows(
-    common: dict[str, object],
-    layouts: list[EngineLayout],
-    optimizers: tuple[str, ...],
-    recipe: str | None,
+    common: dict[str, object], layouts: list[EngineLayout], optimizers: tuple[str, ...], declared: Declared
 ) -> list[ParityConfig]:
-    """A workload's checkpointing rows: its units checkpointed with RNG replay in the user's
-    ``recipe`` (float32 when none), under each of ``layouts`` (none for a workload without units:
+    """A workload's checkpointing rows: its units checkpointed with RNG replay in the declared
+    recipe (float32 when none), under each of ``layouts`` (none for a workload without units:
     nothing to checkpoint)."""
     if not registry.get(str(common["workload"])).units:
         return []
-    return _under_layouts(common, layouts, optimizers, recipe, [Loop(checkpoint="replay")])
-
-
-def describe(clip: float | None, accumulate: int | None, sync: str | None, checkpoint: bool) -> str | None:
-    """The loop a user declared, in words (``None``: none): what ``--list`` and the report say."""
-    words = []
-    if clip is not None:
-        words.append(f"clip_grad_norm_ at {clip:g} after unscale_")
-    if accumulate is not None or sync is not None:
-        count = DEFAULT_ACCUMULATE if accumulate is None else accumulate
-        mode = {"last": ", syncing the last", "every": ", syncing every one"}.get(
-            sync or "", ", both sync modes"
-        )
-        words.append(f"{count} microbatches per step{mode}")
-    if checkpoint:
-        words.append("units checkpointed")
-    return "; ".join(words) or None
+    return _under_layouts(common, layouts, optimizers, declared.recipe, [Loop(checkpoint="replay")])
 
 
 def combined_rows(
-    common: dict[str, object],
-    layouts: list[EngineLayout],
-    optimizers: tuple[str, ...],
-    recipe: str | None,
-    *,
-    clip: float | None,
-    accumulate: int | None,
-    sync: str | None,
-    checkpoint: bool,
+    common: dict[str, object], layouts: list[EngineLayout], optimizers: tuple[str, ...], declared: Declared
 ) -> list[ParityConfig]:
     """The user's whole loop in one row, under each of ``layouts``, when they train with two or
     more of its features (clipping, accumulation, checkpointing): a user who clips *and*
     accumulates runs both in the same step, and the rows of one feature each would never show how
     they combine. None for a single feature (its own rows are the whole loop)."""
-    declared = [clip is not None, accumulate is not None or sync is not None, checkpoint]
-    if sum(declared) < 2:
+    if sum([declared.clip is not None, declared.accumulates, declared.checkpoint]) < 2:
         return []
     loop = Loop()
-    if clip is not None:
-        loop = dataclasses.replace(loop, path="unscale_clip", clip=clip)
-    if declared[1]:
-        count = DEFAULT_ACCUMULATE if accumulate is None else accumulate
-        loop = dataclasses.replace(loop, accumulate=count, sync=sync or "every")
-    if checkpoint and registry.get(str(common["workload"])).units:
+    if declared.clip is not None:
+        loop = dataclasses.replace(loop, path="unscale_clip", clip=declared.clip)
+    if declared.accumulates:
+        count = DEFAULT_ACCUMULATE if declared.accumulate is None else declared.accumulate
+        loop = dataclasses.replace(loop, accumulate=count, sync=declared.sync or "every")
+    if declared.checkpoint and registry.get(str(common["workload"])).units:
         loop = dataclasses.replace(loop, checkpoint="replay")
-    return _under_layouts(common, layouts, optimizers, recipe, [loop])
+    return _under_layouts(common, layouts, optimizers, declared.recipe, [loop])

@@ -15,8 +15,6 @@ FSDP2 (resharding or not), so the matrix says which recipes the model survives.
 
 from __future__ import annotations
 
-import dataclasses
-
 from harness.parity.plan import recipe as recipes
 from harness.parity.plan.config import (
     FAULT_VALUES,
@@ -32,8 +30,8 @@ from harness.parity.plan.config import (
 from harness.parity.plan.config.scale import DEFAULT_SCALE
 from harness.parity.plan.matrices import loop as loop_matrix
 from harness.parity.plan.matrices import resume as resume_matrix
+from harness.parity.plan.matrices.declared import Declared
 from harness.parity.workload import registry
-from harness.parity.workload.spec import WorkloadError
 
 DEFAULT_STEPS = 6
 
@@ -48,53 +46,6 @@ def fault_steps(steps: int) -> tuple[int, ...]:
     as far as the run is long enough (the scale then backs off twice)."""
     first = min(2, steps - 1)
     return (first,) if steps - 1 <= first + 1 else (first, steps - 1)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Declared:
-    """What a user trains with beyond the model: the precision recipe, the loop's features and the
-    step a resume row saves at. A workload declares its own (``Workload.recipe``, ``clip``,
-    ``accumulate``, ``sync``, ``checkpoint``, ``save``/``load``); the CLI's flags
-    (``--recipe``, ``--clip``, ...) and ``parity_test(declared=...)`` replace any of them
-    (:meth:`over`). Not a configuration's ``Loop``: a declaration may leave a feature open
-    (accumulation without a sync mode checks both modes), where a configuration runs one loop."""
-
-    recipe: str | None = None
-    """A name of ``recipe.RECIPES`` (``bf16-reduce32``); ``None``: the workload's own, if any."""
-    clip: float | None = None
-    """The max norm the user clips at after ``unscale_`` (every layout's rows clip at it; without
-    it, four layouts clip at 1.0)."""
-    accumulate: int | None = None
-    """Microbatches per step (without it or :attr:`sync`, two, under four layouts)."""
-    sync: str | None = None
-    """``every`` or ``last`` (``None`` with :attr:`accumulate`: both modes)."""
-    checkpoint: bool = False
-    """The user checkpoints the units' activations (with RNG replay)."""
-    resume_at: int | None = None
-    """Resume rows saving after that step (a workload with ``save``/``load`` has them halfway)."""
-
-    def over(self, workload: str) -> Declared:
-        """These choices over ``workload``'s own declaration (a :class:`WorkloadError` naming the
-        recipes for an unknown one)."""
-        spec = registry.get(workload)
-        recipe = self.recipe or spec.recipe
-        if recipe is not None:
-            try:
-                recipes.parse(recipe)
-            except ValueError as error:
-                raise WorkloadError(f"workload {spec.name!r}: {error}") from None
-        return Declared(
-            recipe=recipe,
-            clip=spec.clip if self.clip is None else self.clip,
-            accumulate=spec.accumulate if self.accumulate is None else self.accumulate,
-            sync=spec.sync if self.sync is None else self.sync,
-            checkpoint=self.checkpoint or spec.checkpoint,
-            resume_at=self.resume_at,
-        )
-
-    def loop_words(self) -> str | None:
-        """The loop declared, in words (``loop_matrix.describe``); ``None`` when none is."""
-        return loop_matrix.describe(self.clip, self.accumulate, self.sync, self.checkpoint)
 
 
 def _layouts(full: bool) -> list[tuple[str, Layout]]:
@@ -204,29 +155,13 @@ def for_workload(
                             **common,  # type: ignore[arg-type]
                         )
                     )
-    recipe, clip, accumulate, sync, checkpoint = (
-        declared.recipe,
-        declared.clip,
-        declared.accumulate,
-        declared.sync,
-        declared.checkpoint,
-    )
-    configs += recipe_rows(workload, common, recipe)
-    layouts = _layouts(full=clip is not None)
-    configs += loop_matrix.workload_rows(common, layouts, optimizers, recipe, clip)
-    layouts = _layouts(full=accumulate is not None or sync is not None)
-    configs += loop_matrix.accumulation_rows(common, layouts, optimizers, recipe, accumulate, sync)
-    configs += loop_matrix.checkpoint_rows(common, _layouts(full=checkpoint), optimizers, recipe)
-    configs += loop_matrix.combined_rows(
-        common,
-        _layouts(full=True),
-        optimizers,
-        recipe,
-        clip=clip,
-        accumulate=accumulate,
-        sync=sync,
-        checkpoint=checkpoint,
-    )
+    configs += recipe_rows(workload, common, declared.recipe)
+    layouts = _layouts(full=declared.clip is not None)
+    configs += loop_matrix.workload_rows(common, layouts, optimizers, declared)
+    layouts = _layouts(full=declared.accumulates)
+    configs += loop_matrix.accumulation_rows(common, layouts, optimizers, declared)
+    configs += loop_matrix.checkpoint_rows(common, _layouts(full=declared.checkpoint), optimizers, declared)
+    configs += loop_matrix.combined_rows(common, _layouts(full=True), optimizers, declared)
     configs += resume_matrix.workload_rows(
         workload, steps=steps, common=common, optimizers=optimizers, resume_at=declared.resume_at
     )
