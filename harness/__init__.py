@@ -1,4 +1,4 @@
-"""shardscale's multi-process test harness (docs/architecture.md, section 3; usage in the README).
+"""shardscale's multi-process test harness (docs/architecture.md, section 3; usage in docs/harness.md).
 
 Public API::
 

@@ -12,8 +12,8 @@ What must hold, configuration by configuration, across every family that ran:
   recorded on one machine must hold on another.
 
 Within that tolerance losses and gradient norms may differ (other kernels round the last bit
-differently); ``spread`` gives the largest relative difference per precision, the number behind the
-README's table of which figures are machine-independent.
+differently); ``spread`` gives the largest relative difference per precision, the number behind
+docs/ci.md's account of which figures are machine-independent ("Baselines, torch upgrades and drift").
 """
 
 from __future__ import annotations

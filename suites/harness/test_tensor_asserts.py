@@ -26,7 +26,7 @@ class Migrated(harness.DistributedTestCase):
 
 
 class MixedIn(harness.DistributedTestCase, TorchTestCase):
-    """The README's way to get torch's ``assertEqual`` for every argument."""
+    """docs/harness.md's way to get torch's ``assertEqual`` for every argument."""
 
     __test__ = False
 

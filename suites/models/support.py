@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from suites import doc_pages
+
 INSTALL_HINT = "pip install 'shardscale[models]' (make setup installs it into .venv)"
 
 FULL = os.environ.get("SHARDSCALE_MODELS") == "all"
@@ -33,22 +35,20 @@ def rows(name: str, *extra: str) -> str:
     return " or ".join(f"({row})" for row in ids)
 
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = "docs/your-model.md"
+"""The page whose worked examples the tier runs (checking your own model)."""
 
 
-def _blocks(text: str) -> list[str]:
-    """The fenced code blocks of ``text``, without their fences."""
-    parts = text.split("```")
-    return [part.split("\n", 1)[1] for part in parts[1::2]]
-
-
-def run_readme_example(module: str, workload: str, folder: Path, *extra: str) -> subprocess.CompletedProcess:
-    """The README's code block that starts with ``# {module}.py`` written into ``folder`` (outside
-    the checkout, as a user's own module), and the README's ``python -m harness.parity`` line that
-    names ``--workload {workload}`` run there (reports in ``folder/reports``, plus ``extra``)."""
-    blocks = _blocks(README.read_text())
-    (code,) = [block for block in blocks if block.startswith(f"# {module}.py")]
-    (command,) = [line for block in blocks for line in block.splitlines() if f"--workload {workload}" in line]
+def run_doc_example(module: str, workload: str, folder: Path, *extra: str) -> subprocess.CompletedProcess:
+    """The code block of ``docs/your-model.md`` that starts with ``# {module}.py`` written into
+    ``folder`` (outside the checkout, as a user's own module), and the page's ``python -m
+    harness.parity`` command that names ``--workload {workload}`` run there (reports in
+    ``folder/reports``, plus ``extra``)."""
+    code = doc_pages.block_starting(PAGE, f"# {module}.py").code
+    shell = [block for block in doc_pages.blocks(Path(PAGE)) if block.lang == "bash"]
+    (command,) = [
+        line for block in shell for line in doc_pages.commands(block) if f"--workload {workload}" in line
+    ]
     (folder / f"{module}.py").write_text(code)
     args = shlex.split(command)
     assert args[:3] == ["python", "-m", "harness.parity"], command

@@ -35,7 +35,7 @@ def described(record):
     """What torch's code reads of a record: its keys, its stage, and each device's flag value.
 
     Flag shapes are left out: torch's ShardedGradScaler makes shape-[1] flags where ours are 0-d
-    (a deliberate difference, in the README's drop-in table)."""
+    (a deliberate difference, in docs/scaler.md's table of differences)."""
     flags = {device: (flag.dtype, flag.item()) for device, flag in record["found_inf_per_device"].items()}
     return sorted(record), record["stage"], flags
 

@@ -2,8 +2,8 @@
 
 A sparse grad with duplicate indices (an embedding looked up twice) holds values that are each
 finite but may sum past the dtype's range; the optimizer applies that sum. Both scalers count it
-as an overflow in fp16, bf16 and fp32 alike (torch's do only for fp16; the README's table of
-differences says why), while the optimizer keeps seeing exactly the values torch's would give it.
+as an overflow in fp16, bf16 and fp32 alike (torch's do only for fp16; docs/scaler.md's tables of
+differences say why), while the optimizer keeps seeing exactly the values torch's would give it.
 """
 
 import pytest
@@ -71,7 +71,7 @@ def test_grad_scaler_finds_fp16_sparse_overflow_in_unscale_grads_like_torch():
 def test_torchs_scalers_let_the_optimizer_write_inf_where_ours_skip(world_of_one, kind, dtype):
     theirs = torch.amp.GradScaler if kind == "GradScaler" else TorchShardedGradScaler
     weight, _ = train_one_step(theirs("cpu", init_scale=1.0), duplicated(HALF_PAST_RANGE[dtype], dtype))
-    assert weight[1].isinf().all(), "torch's scaler now catches this: drop the README row"
+    assert weight[1].isinf().all(), "torch's scaler now catches this: drop the row of docs/scaler.md"
     weight, _ = train_one_step(SCALERS[kind](), duplicated(HALF_PAST_RANGE[dtype], dtype))
     assert torch.isfinite(weight).all()
 

@@ -1,12 +1,13 @@
-"""The README's worked FSDP2 + TP example ("Tensor parallelism and HSDP") runs as written.
+"""The worked FSDP2 + TP example of docs/your-model.md ("Tensor parallelism and HSDP") runs as
+written.
 
 Why a test: an example that no longer runs teaches the wrong thing. The module and the command are
-read out of README.md, the module written into a fresh folder outside the checkout, and the command
-run there (4 ranks, half a minute on two cores: the ``two_d`` tier)."""
+read out of the page (``doc_pages``), the module written into a fresh folder outside the checkout,
+and the command run there (4 ranks, half a minute on two cores: the ``two_d`` tier)."""
 
 import pytest
 
-from suites.models.support import INSTALL_HINT, run_readme_example
+from suites.models.support import INSTALL_HINT, run_doc_example
 
 pytestmark = pytest.mark.two_d
 
@@ -15,8 +16,8 @@ pytest.importorskip(
 )
 
 
-def test_the_readme_tensor_parallel_example_passes_bitwise_from_a_fresh_folder(tmp_path):
-    done = run_readme_example("my_tp_workloads", "my_tp_workloads:tp_llama", tmp_path)
+def test_the_tensor_parallel_example_passes_bitwise_from_a_fresh_folder(tmp_path):
+    done = run_doc_example("my_tp_workloads", "my_tp_workloads:tp_llama", tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "pass  fsdp2-tp2-reshard-bf16-sgd-tp_llama-w4" in done.stdout
     assert "pass  fsdp2-tp2-reshard-bf16-reduce32-adamw-tp_llama-w4" in done.stdout
