@@ -104,7 +104,7 @@ class Workload:
     """``optimizer -> torch.optim.lr_scheduler.LRScheduler``, stepped after every optimizer step on
     both sides, and saved and restored with the rest by a resume row."""
     tp_plan: dict[str, Any] | str | None = None
-    """Tensor parallelism (``ParityConfig.tp``): ``{module name or pattern: ParallelStyle}`` exactly
+    """Tensor parallelism (``Mesh.tp``): ``{module name or pattern: ParallelStyle}`` exactly
     as ``torch.distributed.tensor.parallel.parallelize_module`` takes it (``*`` matches one name
     part: ``{"layers.*.attention.q": ColwiseParallel(), "layers.*.attention.o": RowwiseParallel()}``),
     or ``"auto"``: a Hugging Face model's ``config.base_model_tp_plan`` (``workload/tp_plan.py``);

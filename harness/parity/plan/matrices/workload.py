@@ -97,8 +97,8 @@ def for_workload(
     own: :meth:`Declared.over`): the declared recipe under every engine layout (else every recipe
     under four); the declared clip, accumulation and checkpointing under every layout (else under
     four, clipping at 1.0, accumulating two microbatches in both sync modes), their combination
-    when two or more are declared (``loop_matrix.py``), and resume rows at the declared step
-    (``resume_matrix.py``; a workload with ``save``/``load`` has them halfway without one)."""
+    when two or more are declared (``loop.py``), and resume rows at the declared step
+    (``resume.py``; a workload with ``save``/``load`` has them halfway without one)."""
     declared = (declared or Declared()).over(workload)
     steps = registry.get(workload).steps or DEFAULT_STEPS
     common: dict[str, object] = {
