@@ -31,8 +31,8 @@ from harness.parity.plan.config import (
     Scale,
     unsupported_reason,
 )
-from harness.parity.plan.matrices.default import default_matrix
 from harness.parity.plan.matrices.declared import Declared
+from harness.parity.plan.matrices.default import default_matrix
 from harness.parity.plan.select import select
 from harness.parity.workload.spec import Workload, WorkloadError
 
