@@ -595,7 +595,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "plan/matrices/loop.py",
-                "    if sum(declared) < 2:\n        return []\n",
+                "    if sum([declared.clip is not None, declared.accumulates, declared.checkpoint]) < 2:\n        return []\n",
                 "    if True:  # planted\n        return []\n",
             ),
         ),
