@@ -26,7 +26,7 @@ import pytest
 from harness.parity.judge import result as results
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan.config import ParityConfig, unsupported_reason
-from harness.parity.report import render
+from harness.parity.report import markdown, render
 
 _FIXTURE = "parity_outcomes"
 _PARAM = "parity_config"
@@ -139,7 +139,7 @@ class ParityReportWriter:
         run = self.run_metadata(session.config, rows)
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / "parity.json").write_text(json.dumps(render.to_json(rows, run), indent=1) + "\n")
-        (self.folder / "parity.md").write_text(render.render_markdown(rows, run))
+        (self.folder / "parity.md").write_text(markdown.render_markdown(rows, run))
         if self.plot:
             try:
                 from harness.parity.report.plot import render_png

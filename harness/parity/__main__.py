@@ -12,31 +12,17 @@ that could not be started.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import sys
 import time
-from pathlib import Path
 
-from harness.parity.doors import launched, runner
+from harness.parity.doors import cli, launched, runner
 from harness.parity.judge.result import ParityResult
-from harness.parity.plan.config import BACKENDS, SCALERS, ParityConfig, Scale, unique, unsupported_reason
-from harness.parity.plan.matrices import default as matrix
-from harness.parity.plan.matrices import resume as resume_matrix
-from harness.parity.plan.matrices import two_d as two_d_matrix
-from harness.parity.plan.matrices import workload as workload_matrix
-from harness.parity.plan.matrices.declared import Declared
+from harness.parity.plan.config import BACKENDS, SCALERS, unsupported_reason
 from harness.parity.plan.recipe import RECIPES
 from harness.parity.plan.select import ExpressionError, select
 from harness.parity.ranks import entry
 from harness.parity.report import render
-from harness.parity.workload import registry, tp_plan, units
-from harness.parity.workload.spec import WorkloadError
-
-
-class BadWorkload(Exception):
-    """A ``--workload`` that cannot be used; printed as it is, exit status 2."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -210,68 +196,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if os.getcwd() not in sys.path:  # the ranks get this sys.path: the workload imports there too
         sys.path.insert(0, os.getcwd())
     try:
-        options.configs = select(_matrix(options), options.expression)
+        options.configs = select(cli.configs_for(options), options.expression)
     except ExpressionError as error:
         parser.error(str(error))
     if not options.configs:
         parser.error(f"-k {options.expression!r} selects no configuration; see --list for the ids")
     return options
-
-
-def _matrix(options: argparse.Namespace) -> list[ParityConfig]:
-    """The embedded matrix, or every ``--workload``'s (each checked first: :class:`BadWorkload`)."""
-    where = {"world_size": options.world_size, "backend": options.backend}
-    if options.reshard:
-        resharded = matrix.reshard(backend=options.backend)
-        return [c.with_(scaler=options.scaler) for c in resharded] if options.scaler != "ours" else resharded
-    if not options.workload:
-        return matrix.default_matrix(**where, scaler=options.scaler)
-    scale = Scale(scaler=options.scaler)
-    asked = Declared(
-        recipe=options.recipe,
-        clip=options.clip,
-        accumulate=options.accumulate,
-        sync=options.sync,
-        checkpoint=options.checkpoint,
-        resume_at=options.resume_at,
-    )
-    options.recipes = {}
-    options.loops = {}
-    options.tp_plans = {}
-    configs = []
-    for name in options.workload:
-        try:
-            if not options.list:
-                from harness.parity.workload.checks import check
-
-                check(registry.get(name))
-            options.units[registry.get(name).name] = units.chosen(name)
-            if options.tp is not None:
-                # Checked here: no plan, an "auto" plan the model lacks or a key that matches
-                # nothing exits 2 naming the fix.
-                workload = registry.get(name)
-                model = registry.build_model(workload, 0)
-                options.tp_plans[workload.name] = tp_plan.describe(workload, model)
-                configs += two_d_matrix.rows(name, tp=options.tp, scale=scale, **where)
-                continue
-            configs += workload_matrix.for_workload(name, scale=scale, declared=asked, **where)
-            declared = asked.over(name)
-            loop = declared.loop_words()
-            if loop is not None:
-                options.loops[registry.get(name).name] = loop
-            if declared.recipe is not None:
-                options.recipes[registry.get(name).name] = declared.recipe
-        except WorkloadError as error:
-            raise BadWorkload(str(error)) from None
-    return unique(configs)
-
-
-def list_workloads() -> list[str]:
-    """The lines ``--list`` ends with: every registered workload and where it comes from."""
-    lines = ["", "workloads (--workload NAME, or --workload module:function for your own):"]
-    for name, (spec, source) in sorted(registry.available().items()):
-        lines.append(f"  {name:<14} {spec}  ({source})")
-    return lines
 
 
 def _gpus(backend: str) -> int:
@@ -280,12 +210,6 @@ def _gpus(backend: str) -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def _world_sizes(options: argparse.Namespace) -> str:
-    if options.reshard:
-        return "world sizes " + ", ".join(f"{a} -> {b}" for a, b in resume_matrix.WORLD_SIZE_CHANGES)
-    return f"world size {options.world_size}"
 
 
 def _progress(update: runner.Progress) -> None:
@@ -303,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet = in_torchrun and int(os.environ["RANK"]) != 0  # under torchrun, global rank 0 speaks
     try:
         options = parse_args(argv)
-    except BadWorkload as error:
+    except cli.BadWorkload as error:
         if not quiet:
             print(f"parity: {error}", file=sys.stderr)
         return 2
@@ -321,13 +245,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"loop of {name}: {loop} (under every engine layout)")
             for name, plan in getattr(options, "tp_plans", {}).items():
                 print(f"tp plan of {name}: {plan}")
-            print("\n".join(list_workloads()))
+            print("\n".join(cli.list_workloads()))
         return 0
     import torch
 
     if not quiet:
         print(
-            f"parity: {len(options.configs)} configurations, {options.backend}, {_world_sizes(options)}"
+            f"parity: {len(options.configs)} configurations, {options.backend}, {cli.world_sizes(options)}"
             + (" (torchrun)" if in_torchrun else "")
             + f", scaler {options.scaler}, torch {torch.__version__}",
             flush=True,
@@ -335,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
 
     def finish(results: list[ParityResult]) -> int:
-        return _finish(
+        return cli.write_reports(
             options, results, time.monotonic() - started, launcher="torchrun" if in_torchrun else "pool"
         )
 
@@ -369,53 +293,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         pool.close()
     return finish([outcome.result for outcome in outcomes])
-
-
-def _finish(options: argparse.Namespace, results: list[ParityResult], wall: float, *, launcher: str) -> int:
-    """Write the reports, print the summary; the exit status (1 when a configuration broke)."""
-    import torch
-
-    out = Path(options.out)
-    out.mkdir(parents=True, exist_ok=True)
-    run = {
-        "backend": options.backend,
-        "world_size": _world_sizes(options).split(" ", 2)[-1] if options.reshard else options.world_size,
-        "scaler": options.scaler,
-        "filter": options.expression,
-        "workloads": options.workload,
-        "units": options.units,
-        "recipes": getattr(options, "recipes", {}),
-        "loops": getattr(options, "loops", {}),
-        "tp_plans": getattr(options, "tp_plans", {}),
-        "launcher": launcher,
-        "torch": torch.__version__,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "wall_s": round(wall, 2),
-    }
-    (out / "parity.json").write_text(json.dumps(render.to_json(results, run), indent=1) + "\n")
-    (out / "parity.md").write_text(render.render_markdown(results, run))
-    written = [out / "parity.json", out / "parity.md"]
-    if not options.no_plot:
-        try:
-            from harness.parity.report.plot import render_png
-        except ImportError:  # pragma: no cover - depends on the environment
-            print(
-                "parity: matplotlib is not installed, so parity.png is not written (pip install shardscale[report])"
-            )
-        else:
-            if render_png(results, out / "parity.png"):
-                written.append(out / "parity.png")
-    print()
-    print(render.render_summary(results))
-    print(f"\nparity: {wall:.1f}s wall; wrote {', '.join(str(p) for p in written)}")
-    broken = [r for r in results if r.broken]
-    if broken:
-        print(
-            f"parity: {len(broken)} configuration(s) broke their tolerance: "
-            + ", ".join(r.config.id for r in broken)
-        )
-        return 1
-    return 0
 
 
 def _main_to_a_pipe() -> int:

@@ -191,8 +191,8 @@ def test_parity_test_passes_the_users_loop_to_the_workloads_matrix():
 
 
 def test_the_report_says_each_rows_loop_beside_its_optimizer():
-    from harness.parity.report import render
+    from harness.parity.report import markdown
 
     config = _ROWS["fsdp1_last"].with_(path="unscale_clip", clip=0.05, checkpoint="replay")
-    assert render._loop_words(config) == " (unscale_clip 0.05, acc2 synclast, ckpt)"
-    assert render._loop_words(ParityConfig.from_flat(**_FSDP1)) == ""
+    assert markdown._loop_words(config) == " (unscale_clip 0.05, acc2 synclast, ckpt)"
+    assert markdown._loop_words(ParityConfig.from_flat(**_FSDP1)) == ""

@@ -9,7 +9,7 @@ import pytest
 from fixtures.parity_plants import Plant, planted_executor
 from harness.parity.doors import runner
 from harness.parity.plan.config import Fault, Layout, ParityConfig, Precision, Scale
-from harness.parity.report import render
+from harness.parity.report import markdown, render
 
 _FSDP2 = {"engine": "fsdp2", "reshard_after_forward": True, "optimizer": "sgd", "steps": 3}
 CASES = {
@@ -152,7 +152,7 @@ def test_a_buffer_cast_by_hand_on_one_side_is_named_with_both_dtypes_in_its_modu
 
 
 def test_the_markdown_report_carries_the_module_and_the_cause_in_the_row_and_divergences(planted):
-    text = render.render_markdown([planted["block_fp32"]], {"backend": "gloo", "world_size": 2})
+    text = markdown.render_markdown([planted["block_fp32"]], {"backend": "gloo", "world_size": 2})
     row = next(line for line in text.splitlines() if line.startswith("| `fsdp2"))
     assert "| 0 (blocks.1, forward, rank 0) |" in row
     assert "  - first diverging module: blocks.1, forward output, step 0, rank 0: abs " in text

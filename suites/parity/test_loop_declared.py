@@ -6,7 +6,7 @@ import pytest
 
 from harness.parity.plan.matrices import workload as workload_matrix
 from harness.parity.plan.matrices.declared import Declared
-from harness.parity.report import render
+from harness.parity.report import markdown
 from harness.parity.workload.spec import WorkloadError
 from suites.parity.support import cli_in_process
 
@@ -64,7 +64,7 @@ def test_the_cli_lists_the_declared_loop_in_words():
 
 
 def test_the_reports_header_says_the_declared_loop():
-    text = render.render_markdown(
+    text = markdown.render_markdown(
         [], {"backend": "gloo", "world_size": 2, "loops": {"resmlp_loop": "units checkpointed"}}
     )
     assert "`resmlp_loop` trains with units checkpointed." in text

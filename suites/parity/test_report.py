@@ -12,7 +12,7 @@ import expecttest
 from fixtures.parity_records import replace_step, step
 from harness.parity.judge.result import judge, skipped
 from harness.parity.plan.config import Fault, Layout, Loop, ParityConfig, Precision, Scale
-from harness.parity.report import render
+from harness.parity.report import markdown, render
 
 RUN = {"backend": "gloo", "world_size": 2, "scaler": "ours", "filter": "", "torch": "2.13.0+cpu"}
 
@@ -87,7 +87,7 @@ def _ascii(text):
 class TestRendering(expecttest.TestCase):
     def test_markdown_has_one_row_per_configuration_then_divergences_and_skip_reasons(self):
         self.assertExpectedInline(
-            _ascii(render.render_markdown(_results(), RUN)),
+            _ascii(markdown.render_markdown(_results(), RUN)),
             """\
 # Parity report
 
@@ -139,7 +139,7 @@ Recipes (how the precision is applied; each row's is in its `recipe` column): `f
 
     def test_the_terminal_summary_counts_by_suite_and_names_what_broke(self):
         self.assertExpectedInline(
-            render.render_summary(_results()),
+            markdown.render_summary(_results()),
             """\
 suite        total  pass  fail crash error  skip xfail
 ------------------------------------------------------
@@ -197,5 +197,5 @@ def test_a_broken_rows_panel_names_its_known_causes():
 
 def test_the_markdown_report_says_which_fsdp_units_each_workload_got():
     run = {**RUN, "units": {"hf_llama": "LlamaDecoderLayer (auto, from LlamaForCausalLM._no_split_modules)"}}
-    text = render.render_markdown(_results(), run)
+    text = markdown.render_markdown(_results(), run)
     assert "FSDP units: `hf_llama` LlamaDecoderLayer (auto, from LlamaForCausalLM._no_split_modules)." in text

@@ -16,7 +16,7 @@ import pytest
 from fixtures.parity_plants import Plant, planted_executor
 from harness.parity.doors import runner
 from harness.parity.plan.config import ParityConfig
-from harness.parity.report import render
+from harness.parity.report import markdown, render
 
 _FSDP2 = {"engine": "fsdp2", "reshard_after_forward": True, "steps": 3, "world_size": 4}
 _REORDERED = Plant(kind="reordered_reduce")
@@ -56,7 +56,7 @@ def test_a_bitwise_row_is_not_sent_to_the_staged_check(module_ranks):
 
 def test_the_report_says_which_rows_the_staged_check_decided_and_what_it_measured(module_ranks):
     result = _run(module_ranks, ParityConfig.from_flat(optimizer="sgd", **_FSDP2), _REORDERED)
-    text = render.render_markdown([result], {"backend": "gloo", "world_size": 4})
+    text = markdown.render_markdown([result], {"backend": "gloo", "world_size": 4})
     assert "## Decided by the staged check" in text
     assert f"- `{result.config.id}`: staged check passed over 3 steps" in text
     found = render.to_json([result], {})["configs"][0]["staged"]
@@ -98,7 +98,7 @@ def test_on_request_a_staged_row_shows_the_drift_a_reordering_alone_produces(mod
     result = outcome.result
     drift = result.staged.reordering_drift
     assert len(drift) == config.steps and max(drift) > 0, drift  # another order moves bits at 4 ranks
-    text = render.render_markdown([result], {"backend": "gloo", "world_size": 4})
+    text = markdown.render_markdown([result], {"backend": "gloo", "world_size": 4})
     assert "the reference against itself summing in another order" in text
 
 

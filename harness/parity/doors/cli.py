@@ -1,0 +1,141 @@
+"""What the CLI's arguments select, and what it writes: the matrix a run checks, the workloads it
+can name, the reports.
+
+Why apart from ``__main__.py``: the command line (parsing and validating it, running on a pool or
+under torchrun) and what a run means (which configurations ``--workload`` and the flags select,
+which files it writes) change for different reasons; each stays a module a reader can hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from pathlib import Path
+
+from harness.parity.judge.result import ParityResult
+from harness.parity.plan.config import ParityConfig, Scale, unique
+from harness.parity.plan.matrices import default as matrix
+from harness.parity.plan.matrices import resume as resume_matrix
+from harness.parity.plan.matrices import two_d as two_d_matrix
+from harness.parity.plan.matrices import workload as workload_matrix
+from harness.parity.plan.matrices.declared import Declared
+from harness.parity.report import markdown, render
+from harness.parity.workload import registry, tp_plan, units
+from harness.parity.workload.spec import WorkloadError
+
+
+class BadWorkload(Exception):
+    """A ``--workload`` that cannot be used; printed as it is, exit status 2."""
+
+
+def configs_for(options: argparse.Namespace) -> list[ParityConfig]:
+    """The embedded matrix, or every ``--workload``'s (each checked first: :class:`BadWorkload`)."""
+    where = {"world_size": options.world_size, "backend": options.backend}
+    if options.reshard:
+        resharded = matrix.reshard(backend=options.backend)
+        return [c.with_(scaler=options.scaler) for c in resharded] if options.scaler != "ours" else resharded
+    if not options.workload:
+        return matrix.default_matrix(**where, scaler=options.scaler)
+    scale = Scale(scaler=options.scaler)
+    asked = Declared(
+        recipe=options.recipe,
+        clip=options.clip,
+        accumulate=options.accumulate,
+        sync=options.sync,
+        checkpoint=options.checkpoint,
+        resume_at=options.resume_at,
+    )
+    options.recipes = {}
+    options.loops = {}
+    options.tp_plans = {}
+    configs = []
+    for name in options.workload:
+        try:
+            if not options.list:
+                from harness.parity.workload.checks import check
+
+                check(registry.get(name))
+            options.units[registry.get(name).name] = units.chosen(name)
+            if options.tp is not None:
+                # Checked here: no plan, an "auto" plan the model lacks or a key that matches
+                # nothing exits 2 naming the fix.
+                workload = registry.get(name)
+                model = registry.build_model(workload, 0)
+                options.tp_plans[workload.name] = tp_plan.describe(workload, model)
+                configs += two_d_matrix.rows(name, tp=options.tp, scale=scale, **where)
+                continue
+            configs += workload_matrix.for_workload(name, scale=scale, declared=asked, **where)
+            declared = asked.over(name)
+            loop = declared.loop_words()
+            if loop is not None:
+                options.loops[registry.get(name).name] = loop
+            if declared.recipe is not None:
+                options.recipes[registry.get(name).name] = declared.recipe
+        except WorkloadError as error:
+            raise BadWorkload(str(error)) from None
+    return unique(configs)
+
+
+def list_workloads() -> list[str]:
+    """The lines ``--list`` ends with: every registered workload and where it comes from."""
+    lines = ["", "workloads (--workload NAME, or --workload module:function for your own):"]
+    for name, (spec, source) in sorted(registry.available().items()):
+        lines.append(f"  {name:<14} {spec}  ({source})")
+    return lines
+
+
+def world_sizes(options: argparse.Namespace) -> str:
+    """``world size 2``, or a resharded run's ``world sizes 4 -> 2, 2 -> 4``."""
+    if options.reshard:
+        return "world sizes " + ", ".join(f"{a} -> {b}" for a, b in resume_matrix.WORLD_SIZE_CHANGES)
+    return f"world size {options.world_size}"
+
+
+def write_reports(
+    options: argparse.Namespace, results: list[ParityResult], wall: float, *, launcher: str
+) -> int:
+    """Write the reports, print the summary; the exit status (1 when a configuration broke)."""
+    import torch
+
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    run = {
+        "backend": options.backend,
+        "world_size": world_sizes(options).split(" ", 2)[-1] if options.reshard else options.world_size,
+        "scaler": options.scaler,
+        "filter": options.expression,
+        "workloads": options.workload,
+        "units": options.units,
+        "recipes": getattr(options, "recipes", {}),
+        "loops": getattr(options, "loops", {}),
+        "tp_plans": getattr(options, "tp_plans", {}),
+        "launcher": launcher,
+        "torch": torch.__version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "wall_s": round(wall, 2),
+    }
+    (out / "parity.json").write_text(json.dumps(render.to_json(results, run), indent=1) + "\n")
+    (out / "parity.md").write_text(markdown.render_markdown(results, run))
+    written = [out / "parity.json", out / "parity.md"]
+    if not options.no_plot:
+        try:
+            from harness.parity.report.plot import render_png
+        except ImportError:  # pragma: no cover - depends on the environment
+            print(
+                "parity: matplotlib is not installed, so parity.png is not written (pip install shardscale[report])"
+            )
+        else:
+            if render_png(results, out / "parity.png"):
+                written.append(out / "parity.png")
+    print()
+    print(markdown.render_summary(results))
+    print(f"\nparity: {wall:.1f}s wall; wrote {', '.join(str(p) for p in written)}")
+    broken = [r for r in results if r.broken]
+    if broken:
+        print(
+            f"parity: {len(broken)} configuration(s) broke their tolerance: "
+            + ", ".join(r.config.id for r in broken)
+        )
+        return 1
+    return 0
