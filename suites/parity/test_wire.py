@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from harness.parity.ranks import wire
+from harness.parity.ranks.measure import record
 
 _T = torch.tensor([1.0, -2.0, 0.5, 3.0])
 
@@ -157,3 +158,9 @@ def test_round_trip_keeps_every_field(kind):
     back = pickle.loads(pickle.dumps(sample))
     for field in dataclasses.fields(kind):
         assert _same(getattr(back, field.name), getattr(sample, field.name)), field.name
+
+
+def test_a_run_record_keeps_its_resume_audits_through_its_own_wire_form():
+    merged = record.merge_rank_runs("candidate", "c", [dataclasses.replace(_RUN, rank=0), _RUN])
+    back = record.RunRecord.from_wire(merged.to_wire())
+    assert back.steps[0].resume == (_AUDIT, _AUDIT)
