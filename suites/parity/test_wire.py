@@ -1,22 +1,27 @@
 """What crosses from the ranks to the judge (``harness/parity/ranks/wire.py``): frozen records that
-survive the pool's pickling whole.
+survive the pool's pickling whole, and no string-keyed dict of ``Any`` in their place.
 
 Why by pickle: a rank's return value travels pickled by the standard pickler (tensors by value),
 so a record must come back with every field; a field a record drops or renames would otherwise
-show only as a verdict that reads a default.
+show only as a verdict that reads a default. Why by annotations: the runner calls the rank
+functions by name, so nothing but this test ties what they return to what the judge reads.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import pickle
+import types
+import typing
 from typing import Any
 
 import pytest
 import torch
 
+from harness.parity.doors import reshard, runner
+from harness.parity.judge import pinpoint, result, staged
 from harness.parity.ranks import wire
-from harness.parity.ranks.measure import record
+from harness.parity.ranks.measure import gap, record
 
 _T = torch.tensor([1.0, -2.0, 0.5, 3.0])
 
@@ -164,3 +169,93 @@ def test_a_run_record_keeps_its_resume_audits_through_its_own_wire_form():
     merged = record.merge_rank_runs("candidate", "c", [dataclasses.replace(_RUN, rank=0), _RUN])
     back = record.RunRecord.from_wire(merged.to_wire())
     assert back.steps[0].resume == (_AUDIT, _AUDIT)
+
+
+# -- the boundary: no dict of Any from the ranks to the judge ----------------------------------
+RANK_TARGETS = (
+    runner.RANK_TARGET,
+    runner.TENSORS_TARGET,
+    runner.LOCALIZE_TARGET,
+    runner.STAGED_TARGET,
+    reshard.TARGET,
+)
+"""Every rank function the runner calls by name."""
+
+CONSUMERS = {
+    runner.RANK_TARGET: (result.judge, "parts"),
+    runner.TENSORS_TARGET: (result.judge, "parts"),
+    runner.LOCALIZE_TARGET: (pinpoint.locate, "parts"),
+    runner.STAGED_TARGET: (staged.judge, "parts"),
+    reshard.TARGET: (result.judge_halves, "first"),
+}
+"""The judge function that reads each rank function's results (every rank's, in rank order)."""
+
+JUDGE_FUNCTIONS = (
+    result.judge,
+    result.judge_halves,
+    result.verdict,
+    staged.judge,
+    pinpoint.locate,
+    pinpoint.locate_op,
+    record.merge_rank_runs,
+    gap.merge,
+)
+
+
+def _loose(annotation: Any, seen: set[type] | None = None) -> list[str]:
+    """Where ``annotation`` (and every record it holds, field by field) lets an untyped value
+    through: ``Any``, a dict or list of ``Any``, or a bare ``dict``/``list``."""
+    seen = set() if seen is None else seen
+    if annotation is Any:
+        return ["Any"]
+    if annotation in (dict, list, tuple):
+        return [f"a bare {annotation.__name__}"]
+    found = []
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is dict and args and args[-1] is Any:
+        found.append(f"{annotation}")
+    elif origin is list and args == (Any,):
+        found.append(f"{annotation}")
+    elif origin in (dict, list, tuple, typing.Union, types.UnionType):
+        for arg in args:
+            found += _loose(arg, seen)
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation) and annotation not in seen:
+        seen.add(annotation)
+        for name, hint in typing.get_type_hints(annotation).items():
+            found += [f"{annotation.__name__}.{name}: {what}" for what in _loose(hint, seen)]
+    return found
+
+
+@pytest.mark.parametrize("target", RANK_TARGETS)
+def test_the_rank_functions_the_runner_calls_return_frozen_records_not_dicts(target):
+    returned = typing.get_type_hints(runner.rank_function(target))["return"]
+    assert typing.get_origin(returned) is list, f"{target} returns {returned}: one record per request"
+    (each,) = typing.get_args(returned)
+    assert dataclasses.is_dataclass(each) and each.__dataclass_params__.frozen, f"{target} returns {returned}"
+    assert each in SAMPLES, f"{target}'s {each.__name__} is not a record of harness.parity.ranks.wire"
+    assert _loose(returned) == [], f"{target} returns {returned}: {_loose(returned)}"
+
+
+@pytest.mark.parametrize("target", RANK_TARGETS)
+def test_the_judge_reads_exactly_what_each_rank_function_returns(target):
+    returned = typing.get_type_hints(runner.rank_function(target))["return"]
+    function, parameter = CONSUMERS[target]
+    assert typing.get_type_hints(function)[parameter] == returned, (target, function.__qualname__)
+
+
+@pytest.mark.parametrize("function", JUDGE_FUNCTIONS, ids=lambda f: f"{f.__module__}.{f.__qualname__}")
+def test_the_judge_functions_reading_the_ranks_records_take_no_dict_of_any(function):
+    hints = typing.get_type_hints(function)
+    loose = {name: _loose(hint) for name, hint in hints.items() if name != "return" and _loose(hint)}
+    assert loose == {}, f"{function.__qualname__} takes untyped values: {loose}"
+
+
+def test_the_boundary_check_sees_a_dict_of_any_wherever_it_hides():
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Hidden:
+        steps: tuple[dict[str, Any], ...]
+
+    assert _loose(list[dict[str, Any]]) == ["dict[str, typing.Any]"]
+    assert _loose(list[Hidden]) == ["Hidden.steps: dict[str, typing.Any]"]
+    assert _loose(list[wire.RankRow] | None) == []
