@@ -58,7 +58,7 @@ def _spawned_rank(rank: int, world_size: int, store_path: str, config: ParityCon
         )
     )
     (result,) = entry.run_batch([config])
-    if result["candidate"] is None or result["candidate"]["error"]:
+    if result.candidate is None or result.candidate.error:
         raise RuntimeError(f"{config.id} failed on rank {rank}")
     dist.destroy_process_group()
 

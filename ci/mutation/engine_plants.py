@@ -371,7 +371,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
             _edit(
                 "ranks/measure/stepcheck.py",
                 '        measured["buffer"] = _compare(\n'
-                '            own_buffers(self._ref["buffers"], self.rank), own, self.profile, align=True\n'
+                "            own_buffers(reference.buffers, self.rank), own, self.profile, align=True\n"
                 "        )\n",
                 '        measured["buffer"] = _Measured()  # planted\n',
             ),

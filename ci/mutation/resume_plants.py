@@ -140,8 +140,8 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/restart/resume.py",
-                '            found["resume"] = self._audit\n',
-                "            pass  # planted\n",
+                "            return dataclasses.replace(found, resume=self._audit)\n",
+                "            return found  # planted\n",
             ),
         ),
         tests=(_ROWS,),

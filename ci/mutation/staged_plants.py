@@ -40,8 +40,8 @@ STAGED_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "judge/staged.py",
-                '    cand_loss, ref_loss = step["loss"]\n',
-                '    return 0  # planted\n    cand_loss, ref_loss = step["loss"]\n',
+                "    cand_loss, ref_loss = step.loss\n",
+                "    return 0  # planted\n    cand_loss, ref_loss = step.loss\n",
             ),
         ),
         tests=_TESTS,
@@ -71,8 +71,8 @@ STAGED_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "judge/staged.py",
-                '    for name, (elements, differing, max_ulp) in step.get("buffers", {}).items():\n',
-                "    for name, (elements, differing, max_ulp) in {}.items():  # planted\n",
+                "    for name, buffer in step.buffers.items():\n",
+                "    for name, buffer in {}.items():  # planted\n",
             ),
         ),
         tests=_TESTS,

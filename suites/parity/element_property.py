@@ -229,8 +229,8 @@ def run(ranks: Any, entries: list[tuple[ParityConfig, Perturbation | None]]) -> 
         per_rank = ranks.run(parity_perturb.run_batch, batch, world_size=world_size, deadline=600)
         for position, index in enumerate(indices):
             parts = [rank[position] for rank in per_rank]
-            verdict, _, candidate = results.judge(entries[index][0], parts)
-            probes = tuple(probe for part in parts for probe in part["perturbed"])
+            verdict, _, candidate = results.judge(entries[index][0], [part.row for part in parts])
+            probes = tuple(probe for part in parts for probe in part.probes)
             judged[index] = Judged(
                 perturbation=entries[index][1], result=verdict, candidate=candidate, probes=probes
             )

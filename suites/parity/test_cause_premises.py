@@ -27,6 +27,7 @@ from harness.parity.judge.measured import Measured
 from harness.parity.judge.pinpoint import Localization, ModuleDiff
 from harness.parity.plan import profiles
 from harness.parity.plan.config import Layout, Mesh, ParityConfig
+from harness.parity.ranks.wire import ResumeAudit
 
 HELD = Measured(source="staged", reordered=12)
 """The staged check held at every stage, some reduced elements summed in another order."""
@@ -79,7 +80,8 @@ def _module(name: str, *, phase: str = "forward", failed: bool = True, dtypes=No
 
 
 def _audit(restored=None, *, at_forward=True):
-    return {"step": 1, "restored": restored or {}, "weights_at_forward": at_forward}
+    lost = {group: tuple(names) for group, names in (restored or {}).items()}
+    return ResumeAudit(step=1, restored=lost, weights_at_forward=at_forward)
 
 
 def _resumed(audit):

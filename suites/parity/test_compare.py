@@ -145,14 +145,16 @@ def test_the_gap_between_two_runs_is_their_largest_loss_and_parameter_difference
 
 def test_the_gap_measured_on_each_rank_step_by_step_and_merged_is_the_gap_of_the_merged_records():
     from harness.parity.ranks.measure.gap import gap, merge, of_steps
+    from harness.parity.ranks.wire import Gap
 
-    def on_rank(rank: int) -> dict[str, float]:
+    def on_rank(rank: int) -> Gap:
         """As ``stepcheck.Check`` measures it: one step at a time, the running maximum kept."""
-        found: dict[str, float] = {}
+        found = None
         for want, got in zip(mine, other, strict=True):
             params = (want.params, got.params) if rank == 0 else (None, None)
             part = of_steps([(want.losses[rank], got.losses[rank], *params)])
-            found = {key: max(value, found.get(key, 0.0)) for key, value in part.items()}
+            found = part if found is None else merge([found, part])
+        assert found is not None
         return found
 
     other = [step(0), step(1)]

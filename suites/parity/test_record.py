@@ -7,6 +7,7 @@ import torch
 
 from fixtures.parity_records import run, step
 from harness.parity.ranks.measure.record import RunRecord, merge_rank_runs, rank_run, rank_step
+from harness.parity.ranks.wire import StepTensors
 
 
 def test_round_trip_keeps_every_field():
@@ -43,7 +44,7 @@ def _part(rank, steps, error=None):
             tracker=s,
             found_inf=[0.0],
             skipped=[False],
-            tensors={"params": {}, "grads": {}, "optim_state": {}} if rank == 0 else None,
+            tensors=StepTensors(params={}, grads={}, optim_state={}) if rank == 0 else None,
         )
         for s in range(steps)
     ]

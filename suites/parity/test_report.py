@@ -12,6 +12,7 @@ import expecttest
 from fixtures.parity_records import replace_step, step
 from harness.parity.judge.result import judge, skipped
 from harness.parity.plan.config import Fault, Layout, Loop, ParityConfig, Precision, Scale
+from harness.parity.ranks.wire import RankRow, RankRun, RankStep, StepTensors
 from harness.parity.report import markdown, render
 
 RUN = {"backend": "gloo", "world_size": 2, "scaler": "ours", "filter": "", "torch": "2.13.0+cpu"}
@@ -24,27 +25,28 @@ def _part(rank, reference_steps, candidate_steps, error=None):
         sent = []
         for s in steps:
             tensors = (
-                {"params": s.params, "grads": s.grads, "optim_state": s.optim_state} if rank == 0 else None
+                StepTensors(params=s.params, grads=s.grads, optim_state=s.optim_state) if rank == 0 else None
             )
             sent.append(
-                {
-                    "loss": s.losses[rank],
-                    "scale": s.scales[rank],
-                    "tracker": s.trackers[rank],
-                    "found_inf": list(s.found_inf[rank]),
-                    "skipped": list(s.skipped[rank]),
-                    "tensors": tensors,
-                }
+                RankStep(
+                    loss=s.losses[rank],
+                    scale=s.scales[rank],
+                    tracker=s.trackers[rank],
+                    found_inf=s.found_inf[rank],
+                    skipped=s.skipped[rank],
+                    tensors=tensors,
+                )
             )
-        return {"rank": rank, "steps": sent, "counters": {}, "error": error, "duration_s": 0.25}
+        return RankRun(rank=rank, steps=tuple(sent), counters={}, error=error, duration_s=0.25)
 
-    return {
-        "reference": rank_run(reference_steps, None),
-        "reference_description": "DDP",
-        "reference_reused": False,
-        "candidate": rank_run(candidate_steps, error),
-        "candidate_description": "candidate",
-    }
+    return RankRow(
+        id="row",
+        reference=rank_run(reference_steps, None),
+        reference_description="DDP",
+        reference_reused=False,
+        candidate=rank_run(candidate_steps, error),
+        candidate_description="candidate",
+    )
 
 
 def _results():

@@ -140,8 +140,8 @@ def test_a_row_resumed_at_another_world_size_trains_bitwise_like_its_reference(c
 
 def test_the_resharded_load_audits_whole_tensors_and_finds_everything_restored(correct):
     step = correct.candidate.steps[_AT]
-    assert [audit["restored"] for audit in step.resume] == [{}, {}]
-    assert {tuple(audit["world_sizes"]) for audit in step.resume} == {(4, 2)}
+    assert [audit.restored for audit in step.resume] == [{}, {}]
+    assert {audit.world_sizes for audit in step.resume} == {(4, 2)}
 
 
 @pytest.mark.parametrize("name", sorted(_PLANTED))
@@ -171,7 +171,7 @@ def test_every_resharded_row_is_bitwise_on_gloo(tier, config):
     outcome = tier[config.id]
     assert outcome.passed, describe(outcome)
     assert (outcome.result.profile, outcome.result.closeness) == ("exact", "bitwise")
-    assert [audit["restored"] for audit in outcome.candidate.steps[config.resume.at].resume] == [
+    assert [audit.restored for audit in outcome.candidate.steps[config.resume.at].resume] == [
         {}
     ] * config.resume.world_size  # type: ignore[operator]
 

@@ -206,8 +206,8 @@ def test_a_resumed_run_trains_bitwise_like_the_run_straight_through(resumed, nam
 
 def test_the_resumed_step_records_that_every_state_was_restored(resumed):
     step = resumed["fsdp1_dcp_adam"].candidate.steps[3]
-    assert [audit["restored"] for audit in step.resume] == [{}, {}]
-    assert [audit["weights_at_forward"] for audit in step.resume] == [True, True]
+    assert [audit.restored for audit in step.resume] == [{}, {}]
+    assert [audit.weights_at_forward for audit in step.resume] == [True, True]
     assert resumed["fsdp1_dcp_adam"].candidate.steps[2].resume == ()
 
 

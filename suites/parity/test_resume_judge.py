@@ -6,10 +6,12 @@ from harness.parity.judge import causes
 from harness.parity.judge.compare import compare_runs
 from harness.parity.plan import profiles
 from harness.parity.ranks.measure.record import RunRecord
+from harness.parity.ranks.wire import ResumeAudit
 
 
 def _audit(restored=None, *, at_forward=True, at=1):
-    return {"step": at, "restored": restored or {}, "weights_at_forward": at_forward}
+    lost = {group: tuple(names) for group, names in (restored or {}).items()}
+    return ResumeAudit(step=at, restored=lost, weights_at_forward=at_forward)
 
 
 def _names(*audits, weight=1.5):

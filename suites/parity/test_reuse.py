@@ -1,6 +1,7 @@
 """Candidate tensors equal to the reference's travel once (``ranks/sides/reuse.py``): shared by object,
 sent once by pickle, and never shared where they differ, so verdicts cannot change."""
 
+import dataclasses
 import pickle
 
 import torch
@@ -8,9 +9,10 @@ import torch
 from harness.parity.plan.config import Layout
 from harness.parity.ranks.measure.record import rank_run, rank_step
 from harness.parity.ranks.sides.reuse import share_equal_tensors
+from harness.parity.ranks.wire import RankRow, RankRun, StepTensors
 
 
-def _run(weight: torch.Tensor, steps: int = 3) -> dict:
+def _run(weight: torch.Tensor, steps: int = 3) -> RankRun:
     sent = [
         rank_step(
             loss=1.0,
@@ -18,11 +20,11 @@ def _run(weight: torch.Tensor, steps: int = 3) -> dict:
             tracker=0,
             found_inf=[0.0],
             skipped=[False],
-            tensors={
-                "params": {"w": weight.clone() + s},
-                "grads": {"w": weight.clone() * s},
-                "optim_state": {"w": {"exp_avg": weight.clone() - s}},
-            },
+            tensors=StepTensors(
+                params={"w": weight.clone() + s},
+                grads={"w": weight.clone() * s},
+                optim_state={"w": {"exp_avg": weight.clone() - s}},
+            ),
             buffers={"bn.running_mean": torch.zeros(3)},
         )
         for s in range(steps)
@@ -33,10 +35,10 @@ def _run(weight: torch.Tensor, steps: int = 3) -> dict:
 def test_equal_candidate_tensors_become_the_references_objects():
     reference, candidate = _run(torch.ones(4, 4)), _run(torch.ones(4, 4))
     assert share_equal_tensors(reference, candidate) == 3 * 4
-    for want, got in zip(reference["steps"], candidate["steps"], strict=True):
-        assert got["tensors"]["params"]["w"] is want["tensors"]["params"]["w"]
-        assert got["tensors"]["optim_state"]["w"]["exp_avg"] is want["tensors"]["optim_state"]["w"]["exp_avg"]
-        assert got["buffers"]["bn.running_mean"] is want["buffers"]["bn.running_mean"]
+    for want, got in zip(reference.steps, candidate.steps, strict=True):
+        assert got.tensors.params["w"] is want.tensors.params["w"]
+        assert got.tensors.optim_state["w"]["exp_avg"] is want.tensors.optim_state["w"]["exp_avg"]
+        assert got.buffers["bn.running_mean"] is want.buffers["bn.running_mean"]
 
 
 def test_a_passing_run_pickles_about_the_size_of_its_reference_alone():
@@ -47,26 +49,24 @@ def test_a_passing_run_pickles_about_the_size_of_its_reference_alone():
     after = len(pickle.dumps({"reference": reference, "candidate": candidate}))
     assert before > 1.9 * alone and after < 1.1 * alone, (alone, before, after)
     back = pickle.loads(pickle.dumps({"reference": reference, "candidate": candidate}))
-    shared = back["candidate"]["steps"][1]["tensors"]["grads"]["w"]
-    assert shared is back["reference"]["steps"][1]["tensors"]["grads"]["w"]
+    shared = back["candidate"].steps[1].tensors.grads["w"]
+    assert shared is back["reference"].steps[1].tensors.grads["w"]
 
 
 def test_differing_tensors_keep_their_own_values():
     reference, candidate = _run(torch.ones(4, 4)), _run(torch.ones(4, 4))
-    candidate["steps"][2]["tensors"]["grads"]["w"][0, 0] += 1e-6
-    candidate["steps"][1]["tensors"]["params"]["w"] = candidate["steps"][1]["tensors"]["params"]["w"].double()
+    candidate.steps[2].tensors.grads["w"][0, 0] += 1e-6
+    candidate.steps[1].tensors.params["w"] = candidate.steps[1].tensors.params["w"].double()
     share_equal_tensors(reference, candidate)
-    got, want = candidate["steps"][2]["tensors"]["grads"]["w"], reference["steps"][2]["tensors"]["grads"]["w"]
+    got, want = candidate.steps[2].tensors.grads["w"], reference.steps[2].tensors.grads["w"]
     assert got is not want and not torch.equal(got, want)
-    assert candidate["steps"][1]["tensors"]["params"]["w"].dtype == torch.float64
+    assert candidate.steps[1].tensors.params["w"].dtype == torch.float64
 
 
 def test_nan_is_never_shared():
     reference, candidate = _run(torch.full((2,), float("nan"))), _run(torch.full((2,), float("nan")))
     share_equal_tensors(reference, candidate)
-    assert (
-        candidate["steps"][0]["tensors"]["params"]["w"] is not reference["steps"][0]["tensors"]["params"]["w"]
-    )
+    assert candidate.steps[0].tensors.params["w"] is not reference.steps[0].tensors.params["w"]
 
 
 def test_a_shorter_candidate_shares_the_steps_it_has():
@@ -82,10 +82,12 @@ def _tensors_sent(value: object) -> int:
         return sum(_tensors_sent(v) for v in value.values())
     if isinstance(value, (list, tuple)):
         return sum(_tensors_sent(v) for v in value)
+    if dataclasses.is_dataclass(value):
+        return sum(_tensors_sent(getattr(value, field.name)) for field in dataclasses.fields(value))
     return 0
 
 
-def _passing_fsdp2_result(keep_all: bool) -> dict:
+def _passing_fsdp2_result(keep_all: bool) -> RankRow:
     from harness.parity.plan.config import ParityConfig
     from harness.parity.ranks import entry
 
@@ -107,13 +109,18 @@ def _kept_candidate_shares_with_reference() -> tuple[int, int]:
     reference's own objects)."""
     result = _passing_fsdp2_result(keep_all=True)
     total = same = 0
-    for want, got in zip(result["reference"]["steps"], result["candidate"]["steps"], strict=True):
-        if got["tensors"] is None:
+    assert result.candidate is not None
+    for want, got in zip(result.reference.steps, result.candidate.steps, strict=True):
+        if got.tensors is None:
             continue
-        for kind in ("params", "grads"):
-            for name, value in got["tensors"][kind].items():
+        assert want.tensors is not None
+        for mine, theirs in (
+            (got.tensors.params, want.tensors.params),
+            (got.tensors.grads, want.tensors.grads),
+        ):
+            for name, value in mine.items():
                 total += 1
-                same += value is want["tensors"][kind][name]
+                same += value is theirs[name]
     return total, same
 
 

@@ -53,8 +53,8 @@ def test_unscaled_sparse_gradients_are_exact(parity_config, outcome):
 
 def _single_process_run(config):
     run, _ = train.run(config, "reference", harness.current().device)
-    assert run["error"] is None, run["error"]
-    return [step["skipped"] for step in run["steps"]]
+    assert run.error is None, run.error
+    return [list(step.skipped) for step in run.steps]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.precision.dtype)

@@ -8,34 +8,43 @@ Why pure: the rank side is exercised at world size 4 in ``test_staged.py`` and
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from harness.parity.judge import staged
 from harness.parity.plan.config import Layout, Loop, ParityConfig
+from harness.parity.ranks.wire import Bounded, Compared, StagedRun, StagedStep
 
 _FSDP2 = ParityConfig(
     engine="fsdp2", optimizer="sgd", world_size=4, steps=1, layout=Layout(reshard_after_forward=True)
 )
 
 
-def _step(**changes: object) -> dict[str, object]:
-    found = {
-        "loss": [1.5, 1.5],
-        "local": {"w": [8.0, 0.0, 0.0]},
-        "poisoned": False,
-        "reduction": {"w": [8.0, 0.0, 0.4]},
-        "reduction_names": [[], []],
-        "reordered": 3,
-        "scale": [65536.0, 65536.0],
-        "tracker": [1, 1],
-        "update": {"param:w": [8.0, 0.0, 0.0, 0.0]},
-    }
-    found.update(changes)
-    return found
+def _compared(elements: int, differing: int, max_ulp: float, outside_fp32: int | None = None) -> Compared:
+    return Compared(elements=elements, differing=differing, max_ulp=max_ulp, outside_fp32=outside_fp32)
 
 
-def _parts(*steps: dict[str, object], world: int = 4) -> list[dict[str, object]]:
-    return [{"steps": list(steps), "error": None, "drift": None} for _ in range(world)]
+def _step(**changes: object) -> StagedStep:
+    found = StagedStep(
+        loss=(1.5, 1.5),
+        local={"w": _compared(8, 0, 0.0)},
+        poisoned=False,
+        reduction={"w": Bounded(elements=8, violations=0, worst_ratio=0.4)},
+        reordered=3,
+        scale=(65536.0, 65536.0),
+        tracker=(1, 1),
+        update={"param:w": _compared(8, 0, 0.0, 0)},
+    )
+    return dataclasses.replace(found, **changes)
+
+
+def _run(*steps: StagedStep, error: str | None = None) -> StagedRun:
+    return StagedRun(id="row", rank=0, steps=steps, error=error, duration_s=0.0)
+
+
+def _parts(*steps: StagedStep, world: int = 4) -> list[StagedRun]:
+    return [dataclasses.replace(_run(*steps), rank=rank) for rank in range(world)]
 
 
 def test_every_stage_holding_passes_and_says_what_it_measured():
@@ -48,14 +57,14 @@ def test_every_stage_holding_passes_and_says_what_it_measured():
 @pytest.mark.parametrize(
     ("changes", "stage"),
     [
-        ({"loss": [1.5, 1.25]}, "loss"),
-        ({"local": {"w": [8.0, 1.0, 3.0]}}, "local"),
-        ({"reduction": {"w": [8.0, 2.0, 7.5]}}, "reduction"),
-        ({"reduction_names": [["w"], []]}, "reduction"),
-        ({"update": {"param:w": [8.0, 1.0, 1.0, 0.0]}}, "update"),
-        ({"scale": [65536.0, 32768.0]}, "scale"),
-        ({"clip": [0.5, 0.25]}, "clip"),
-        ({"buffers": {"bn.running_mean": [4.0, 1.0, 2.0]}}, "buffer"),
+        ({"loss": (1.5, 1.25)}, "loss"),
+        ({"local": {"w": _compared(8, 1, 3.0)}}, "local"),
+        ({"reduction": {"w": Bounded(elements=8, violations=2, worst_ratio=7.5)}}, "reduction"),
+        ({"reduction_names": (("w",), ())}, "reduction"),
+        ({"update": {"param:w": _compared(8, 1, 1.0, 0)}}, "update"),
+        ({"scale": (65536.0, 32768.0)}, "scale"),
+        ({"clip": (0.5, 0.25)}, "clip"),
+        ({"buffers": {"bn.running_mean": _compared(4, 1, 2.0)}}, "buffer"),
     ],
     ids=["loss", "local", "reduction", "reduced_by_one_side", "update", "scale", "clip_norm", "buffer"],
 )
@@ -74,22 +83,22 @@ def test_a_fused_optimizers_update_is_held_to_the_fp32_fallback_not_bitwise():
         steps=1,
         layout=Layout(reshard_after_forward=True),
     )
-    within = staged.judge(fused, _parts(_step(update={"param:w": [8.0, 2.0, 3.0, 0.0]})))
+    within = staged.judge(fused, _parts(_step(update={"param:w": _compared(8, 2, 3.0, 0)})))
     assert within.passed and within.update_fallback == "fp32" and within.update_max_ulp == 3.0
-    outside = staged.judge(fused, _parts(_step(update={"param:w": [8.0, 2.0, 900.0, 1.0]})))
+    outside = staged.judge(fused, _parts(_step(update={"param:w": _compared(8, 2, 900.0, 1)})))
     assert not outside.passed and "fp32 profile" in outside.findings[0].detail
 
 
 def test_the_rank_that_differs_is_named():
     parts = _parts(_step())
-    parts[2] = {"steps": [_step(local={"w": [8.0, 2.0, 1.0]})], "error": None, "drift": None}
+    parts[2] = dataclasses.replace(_run(_step(local={"w": _compared(8, 2, 1.0)})), rank=2)
     found = staged.judge(_FSDP2, parts)
     assert found.findings[0].rank == 2 and "on rank 2" in found.findings[0].line()
 
 
 def test_a_rank_that_raised_leaves_the_check_unrun_with_its_error():
     parts = _parts(_step())
-    parts[1] = {"steps": [], "error": "[rank 1] RuntimeError: boom", "drift": None}
+    parts[1] = dataclasses.replace(_run(error="[rank 1] RuntimeError: boom"), rank=1)
     found = staged.judge(_FSDP2, parts)
     assert not found.passed and found.error.startswith("[rank 1]")
     assert "could not run" in found.summary()

@@ -16,6 +16,7 @@ from harness.parity.judge import result as results
 from harness.parity.plan.config import Fault, Layout, ParityConfig, Precision
 from harness.parity.ranks import entry
 from harness.parity.ranks.measure import local, stepcheck
+from harness.parity.ranks.wire import RankRow, RankStep, StepTensors
 
 ENGINES = [
     ParityConfig(
@@ -106,7 +107,7 @@ CONFIGS = [
 ]
 
 
-def _run_with_budget(configs: list[ParityConfig], mib: str) -> list[dict]:
+def _run_with_budget(configs: list[ParityConfig], mib: str) -> list[RankRow]:
     entry.forget()
     before = os.environ.get(entry.KEEP_ENV)
     os.environ[entry.KEEP_ENV] = mib
@@ -120,7 +121,7 @@ def _run_with_budget(configs: list[ParityConfig], mib: str) -> list[dict]:
             os.environ[entry.KEEP_ENV] = before
 
 
-def _verdicts(per_rank: list[list[dict]]) -> list[tuple]:
+def _verdicts(per_rank: list[list[RankRow]]) -> list[tuple]:
     found = []
     for index, config in enumerate(CONFIGS):
         verdict, _, _ = results.judge(config, [rank[index] for rank in per_rank])
@@ -145,7 +146,7 @@ def test_a_reference_too_large_to_keep_gives_the_verdicts_of_a_kept_one(ranks):
     lockstep = ranks.run(_run_with_budget, CONFIGS, "0", world_size=2)
     assert _verdicts(lockstep) == _verdicts(kept)
     assert [v[0] for v in _verdicts(kept)] == ["pass"] * len(CONFIGS)
-    assert all(result["reference_reused"] is False for rank in lockstep for result in rank)
+    assert all(result.reference_reused is False for rank in lockstep for result in rank)
 
 
 class _Step(dict):
@@ -200,13 +201,11 @@ class _FakeEngine:
         return {}
 
 
-def _reference_step(value: float) -> dict:
-    tensors = {
-        "grads": {"w": torch.full((4,), value)},
-        "params": {"w": torch.full((4,), value)},
-        "optim_state": {},
-    }
-    return {"tensors": tensors, "buffers": {}}
+def _reference_step(value: float) -> RankStep:
+    tensors = StepTensors(
+        grads={"w": torch.full((4,), value)}, params={"w": torch.full((4,), value)}, optim_state={}
+    )
+    return RankStep(loss=1.0, scale=1.0, tracker=0, found_inf=(0.0,), skipped=(False,), tensors=tensors)
 
 
 def test_full_tensors_travel_for_the_origin_and_the_first_failing_step_only(monkeypatch):
@@ -234,9 +233,8 @@ def test_full_tensors_travel_for_the_origin_and_the_first_failing_step_only(monk
         engine.param = torch.full((4,), 1.0 + param_off)
         check.begin(step)
         check.grads(step, engine, None)
-        record: dict = {}
-        check.after_step(step, engine, [], record)
-        if "tensors" in record:
+        record = RankStep(loss=1.0, scale=1.0, tracker=0, found_inf=(0.0,), skipped=(False,))
+        if check.after_step(step, engine, [], record).tensors is not None:
             sent.append(step)
     assert sent == [1, 3]
     assert sorted(check.kept) == [1, 3]

@@ -74,7 +74,7 @@ class Launched:
 
     def execute(
         self, batch: list[Any], backend: str, world_size: int, target: str | None = None
-    ) -> list[list[dict[str, Any]]]:
+    ) -> list[list[Any]]:
         """A ``runner.Executor``: run ``batch`` on this rank (configurations, or with
         ``target=runner.LOCALIZE_TARGET`` the localization requests of failed ones), return every
         rank's results."""

@@ -21,11 +21,13 @@ from typing import Any
 
 from harness.parity.judge import result as results
 from harness.parity.plan.config import ParityConfig
+from harness.parity.ranks.measure.record import RunRecord
 from harness.parity.ranks.restart.resume import DIR_ENV
+from harness.parity.ranks.wire import RankRow
 
 TARGET = "harness.parity.ranks.phases:run_batch"
 
-Judged = tuple[results.ParityResult, Any, Any]
+Judged = tuple[results.ParityResult, RunRecord | None, RunRecord | None]
 """``(verdict, reference record, candidate record)`` as ``runner`` returns them."""
 
 
@@ -49,12 +51,9 @@ def _folder(config: ParityConfig) -> str:
         ) from error
 
 
-def _first_went_well(parts: list[dict[str, Any]]) -> bool:
+def _first_went_well(parts: list[RankRow]) -> bool:
     """Both sides ran the first half without error on every rank (the second may then run)."""
-    return all(
-        p["candidate"] is not None and not p["candidate"]["error"] and not p["reference"]["error"]
-        for p in parts
-    )
+    return all(p.candidate is not None and not p.failed for p in parts)
 
 
 def judged_batch(batch: list[ParityConfig], execute: Any, failed_batch: type[Exception]) -> list[Judged]:
@@ -73,7 +72,7 @@ def judged_batch(batch: list[ParityConfig], execute: Any, failed_batch: type[Exc
             ]
         first = {c.id: [rank[index] for rank in firsts] for index, c in enumerate(batch)}
         onward = [c for c in batch if _first_went_well(first[c.id])]
-        second: dict[str, list[dict[str, Any]]] = {}
+        second: dict[str, list[RankRow]] = {}
         if onward:
             try:
                 seconds = execute([(c, 2, folders[c.id]) for c in onward], backend, resumed, target=TARGET)

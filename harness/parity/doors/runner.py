@@ -37,8 +37,10 @@ from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig, by_world, unsupported_reason
 from harness.parity.ranks.measure.record import RunRecord
 
-Executor = Callable[..., list[list[dict[str, Any]]]]
-"""``execute(batch, backend, world_size, target=RANK_TARGET)``: every rank's list of results."""
+Executor = Callable[..., list[list[Any]]]
+"""``execute(batch, backend, world_size, target=RANK_TARGET)``: every rank's list of results, one
+record of ``harness.parity.ranks.wire`` per request (the target's, by rank: ``RankRow``,
+``StagedRun``, ``Probed``)."""
 RANK_TARGET = "harness.parity.ranks.entry:run_batch"
 TENSORS_TARGET = "harness.parity.ranks.entry:run_batch_keeping_tensors"
 """The same, with every step's full tensors in the records (``run(keep_tensors=True)``)."""
@@ -332,7 +334,7 @@ def pool_executor(pool: Any, *, deadline_per_config_s: float = 60.0) -> Executor
 
     def execute(
         batch: list[Any], backend: str, world_size: int, target: str = RANK_TARGET
-    ) -> list[list[dict[str, Any]]]:
+    ) -> list[list[Any]]:
         deadline = 30.0 + deadline_per_config_s * len(batch)
         config = DistConfig(
             world_size=world_size,

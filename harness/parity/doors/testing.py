@@ -124,7 +124,7 @@ def ranks_executor(ranks: Any) -> Any:
 
     def execute(
         batch: list[Any], backend: str, world_size: int, target: str = runner.RANK_TARGET
-    ) -> list[list[dict[str, Any]]]:
+    ) -> list[list[Any]]:
         deadline = 30.0 + _SECONDS_PER_CONFIG * len(batch)
         try:
             return ranks.run(

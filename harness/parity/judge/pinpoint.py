@@ -14,13 +14,13 @@ known causes name which, when they can).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import torch
 
 from harness.parity.plan.profiles import ToleranceProfile
 from harness.parity.ranks.measure.distance import format_ulp, tensor_diff
 from harness.parity.ranks.measure.ulp import short
+from harness.parity.ranks.wire import Named, Probed, ProbedSide
 
 PHASES = ("forward", "backward")
 _PHASE_WORDS = {"forward": "forward output", "backward": "gradient of its output"}
@@ -177,33 +177,38 @@ def _diff(
     )
 
 
+def _phase(side: ProbedSide, phase: str) -> Named:
+    """One phase of a side's values (:data:`PHASES`)."""
+    return side.forward if phase == "forward" else side.backward
+
+
 def locate(
     step: int,
-    parts: list[dict[str, Any]],
+    parts: list[Probed],
     profile: ToleranceProfile,
     *,
     anchored: bool = False,
     approximate: str = "",
 ) -> Localization:
-    """The localization from every rank's ``localize.run_one`` dict (ordered by rank); ``anchored``
-    and ``approximate`` say how its replay began (:class:`Localization`)."""
-    errors = [part["error"] for part in parts if part.get("error")]
-    duration = max((part.get("duration_s", 0.0) for part in parts), default=0.0)
+    """The localization from every rank's ``localize.run_one`` record (ordered by rank);
+    ``anchored`` and ``approximate`` say how its replay began (:class:`Localization`)."""
+    errors = [part.error for part in parts if part.error]
+    duration = max((part.duration_s for part in parts), default=0.0)
     if errors:
         return Localization(step=step, error=errors[0], duration_s=duration, anchored=anchored)
     modules: list[ModuleDiff] = []
     for phase in PHASES:
         for rank, part in enumerate(parts):
-            got = dict(part["candidate"][phase])
-            for order, (key, want) in enumerate(part["reference"][phase]):
+            got = dict(_phase(part.candidate, phase))
+            for order, (key, want) in enumerate(_phase(part.reference, phase)):
                 modules.append(_diff(phase, key, rank, order, want, got.get(key), profile))
     failing = [m for m in modules if m.failed]
     first = min(failing, key=lambda m: (PHASES.index(m.phase), m.order, m.rank), default=None)
     op = None
     if first is not None and first.phase == "forward":
-        part = parts[first.rank]
-        if part.get("ops") and part.get("ops_module") == first.module:
-            op = locate_op(part["ops"]["reference"], part["ops"]["candidate"], profile)
+        found = parts[first.rank].ops
+        if found is not None and found.module == first.module:
+            op = locate_op(found.reference, found.candidate, profile)
     return Localization(
         step=step,
         first=first,
@@ -215,11 +220,7 @@ def locate(
     )
 
 
-def locate_op(
-    reference: list[tuple[str, torch.Tensor]],
-    candidate: list[tuple[str, torch.Tensor]],
-    profile: ToleranceProfile,
-) -> OpFinding:
+def locate_op(reference: Named, candidate: Named, profile: ToleranceProfile) -> OpFinding:
     """The first reference op whose output the candidate's same op (next one of the same name and
     shape, in order) leaves the tolerance on; ops only one side ran are listed apart."""
     cursor, matched, missing = 0, set(), []

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 import torch
 
@@ -22,6 +21,7 @@ from harness.parity.ranks.measure import gap, ulp
 from harness.parity.ranks.measure.distance import TensorDiff
 from harness.parity.ranks.measure.record import RunRecord, joined, merge_rank_runs
 from harness.parity.ranks.sides.twin import DTYPES
+from harness.parity.ranks.wire import Gap, RankRow
 from harness.parity.workload import registry
 from harness.rank.execute import headline_of_text
 
@@ -100,7 +100,7 @@ class ParityResult:
     measured (``causes/``)."""
     ruled_out: tuple[causes.RuledOut, ...] = ()
     """Known causes whose pattern matched but whose premise the evidence refutes, with why."""
-    expected_gap: gap.Gap | None = None
+    expected_gap: Gap | None = None
     """Mixed precision only: how far the reference itself is from a plain float32 run of the same
     workload (the gap the precision is expected to cost), next to the candidate's distance."""
     localization: pinpoint.Localization | None = None
@@ -218,39 +218,33 @@ def failed_batch(config: ParityConfig, report: str) -> ParityResult:
     )
 
 
-def judge(
-    config: ParityConfig, parts: list[dict[str, Any]]
-) -> tuple[ParityResult, RunRecord, RunRecord | None]:
-    """The verdict on ``config`` from every rank's ``entry.run_one`` dict (ordered by rank),
+def judge(config: ParityConfig, parts: list[RankRow]) -> tuple[ParityResult, RunRecord, RunRecord | None]:
+    """The verdict on ``config`` from every rank's ``entry.run_one`` record (ordered by rank),
     with the merged reference and candidate records."""
     reference, candidate = _merged(parts)
-    gaps = [p.get("fp32_gap") for p in parts]
-    return verdict(config, reference, candidate, gaps=gaps, reused=bool(parts[0].get("reference_reused")))
+    gaps = [p.fp32_gap for p in parts]
+    return verdict(config, reference, candidate, gaps=gaps, reused=parts[0].reference_reused)
 
 
-def _merged(parts: list[dict[str, Any]], first_step: int = 0) -> tuple[RunRecord, RunRecord | None]:
+def _merged(parts: list[RankRow], first_step: int = 0) -> tuple[RunRecord, RunRecord | None]:
     reference = merge_rank_runs(
-        "reference", parts[0]["reference_description"], [p["reference"] for p in parts], first_step=first_step
+        "reference", parts[0].reference_description, [p.reference for p in parts], first_step=first_step
     )
+    candidates = [p.candidate for p in parts if p.candidate is not None]
     candidate = (
         None
-        if any(p["candidate"] is None for p in parts)
-        else merge_rank_runs(
-            "candidate",
-            parts[0]["candidate_description"],
-            [p["candidate"] for p in parts],
-            first_step=first_step,
-        )
+        if len(candidates) < len(parts)
+        else merge_rank_runs("candidate", parts[0].candidate_description, candidates, first_step=first_step)
     )
     return reference, candidate
 
 
 def judge_halves(
-    config: ParityConfig, first: list[dict[str, Any]], second: list[dict[str, Any]] | None
+    config: ParityConfig, first: list[RankRow], second: list[RankRow] | None
 ) -> tuple[ParityResult, RunRecord, RunRecord | None]:
-    """The verdict on a resharded row from its two halves (``ranks/phases.py``: every rank's dict
-    at the saving world size, then at the resuming one; ``second`` is ``None`` when the first
-    half failed and the second never ran), judged as one run of each side."""
+    """The verdict on a resharded row from its two halves (``ranks/phases.py``: every rank's
+    record at the saving world size, then at the resuming one; ``second`` is ``None`` when the
+    first half failed and the second never ran), judged as one run of each side."""
     reference, candidate = _merged(first)
     if second is not None and candidate is not None:
         assert config.resume.at is not None and config.resume.world_size is not None
@@ -270,7 +264,7 @@ def verdict(
     reference: RunRecord,
     candidate: RunRecord | None,
     *,
-    gaps: list[Any],
+    gaps: list[Gap | None],
     reused: bool,
 ) -> tuple[ParityResult, RunRecord, RunRecord | None]:
     """The verdict on ``config`` from its two runs (``gaps``: each rank's expected gap, or
@@ -300,7 +294,8 @@ def verdict(
         reference, candidate, profile=profile, poisoned_steps=poisoned_steps(config)
     )
     status = "pass" if comparison.ok else ("crash" if candidate.error else "fail")
-    expected_gap = gap.merge(gaps) if gaps and all(g is not None for g in gaps) else None  # type: ignore[arg-type]
+    measured_gaps = [g for g in gaps if g is not None]
+    expected_gap = gap.merge(measured_gaps) if gaps and len(measured_gaps) == len(gaps) else None
     first = comparison.first
     result = ParityResult(
         status=status,

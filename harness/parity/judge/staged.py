@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from collections.abc import Callable
 
 from harness.parity.judge import clip_norm
 from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig
+from harness.parity.ranks.wire import StagedRun, StagedStep
 from harness.parity.workload import registry
 
 FUSED_FALLBACK = profiles.FP32
@@ -135,11 +136,11 @@ def wanted(config: ParityConfig, status: str, max_ulp: float, expected_failure: 
     return unjudged(config) is None
 
 
-def judge(config: ParityConfig, parts: list[dict[str, Any]]) -> Staged:
-    """The verdict from every rank's ``staged.run_one`` dict (rank order)."""
-    errors = [p["error"] for p in parts if p.get("error")]
+def judge(config: ParityConfig, parts: list[StagedRun]) -> Staged:
+    """The verdict from every rank's ``staged.run_one`` record (rank order)."""
+    errors = [p.error for p in parts if p.error]
     if errors:
-        return Staged(passed=False, error=errors[0], steps=min(len(p["steps"]) for p in parts))
+        return Staged(passed=False, error=errors[0], steps=min(len(p.steps) for p in parts))
     fallback = FUSED_FALLBACK.name if config.fused else ""
     findings: dict[str, Finding] = {}
     local_elements = reduced = reordered = 0
@@ -148,21 +149,24 @@ def judge(config: ParityConfig, parts: list[dict[str, Any]]) -> Staged:
     def found(finding: Finding) -> None:
         findings.setdefault(finding.stage, finding)
 
-    for index in range(min(len(p["steps"]) for p in parts)):
+    for index in range(min(len(p.steps) for p in parts)):
         for rank, part in enumerate(parts):
-            step = part["steps"][index]
+            step = part.steps[index]
             local_elements += _local(index, rank, step, found)
-        head = parts[0]["steps"][index]
-        for name, (elements, violations, ratio) in head.get("reduction", {}).items():
-            reduced += int(elements)
-            worst = max(worst, ratio)
-            if violations:
+        head = parts[0].steps[index]
+        for name, bounded in head.reduction.items():
+            reduced += bounded.elements
+            worst = max(worst, bounded.worst_ratio)
+            if bounded.violations:
                 found(
                     Finding(
-                        step=index, stage="reduction", what=name, detail=_outside(elements, violations, ratio)
+                        step=index,
+                        stage="reduction",
+                        what=name,
+                        detail=_outside(bounded.elements, bounded.violations, bounded.worst_ratio),
                     )
                 )
-        missing, extra = head.get("reduction_names", [[], []])
+        missing, extra = head.reduction_names
         if missing or extra:
             found(
                 Finding(
@@ -172,15 +176,15 @@ def judge(config: ParityConfig, parts: list[dict[str, Any]]) -> Staged:
                     detail="reduced by one side only",
                 )
             )
-        reordered += int(head.get("reordered", 0))
+        reordered += head.reordered
         _clip(index, parts, found)
         update_ulp = max(update_ulp, _update(index, head, bool(fallback), found))
         for rank, part in enumerate(parts):
-            _scalars(index, rank, part["steps"][index], found)
+            _scalars(index, rank, part.steps[index], found)
     ordered = tuple(sorted(findings.values(), key=lambda f: (f.step, _ORDER.index(f.stage))))
     return Staged(
         passed=not ordered,
-        steps=min(len(p["steps"]) for p in parts),
+        steps=min(len(p.steps) for p in parts),
         findings=ordered,
         local_elements=local_elements,
         reduced_elements=reduced,
@@ -188,22 +192,26 @@ def judge(config: ParityConfig, parts: list[dict[str, Any]]) -> Staged:
         reordered=reordered,
         update_max_ulp=update_ulp,
         update_fallback=fallback,
-        reordering_drift=tuple(parts[0].get("drift") or ()),
+        reordering_drift=tuple(parts[0].drift or ()),
     )
 
 
 _ORDER = ("loss", "local", "reduction", "clip", "update", "buffer", "scale")
 
 
-def _outside(elements: float, violations: float, ratio: float) -> str:
+Found = Callable[[Finding], None]
+"""Where a stage's finding goes (the first of each stage is kept)."""
+
+
+def _outside(elements: int, violations: int, ratio: float) -> str:
     return (
         f"{int(violations)} of {int(elements)} reduced elements outside the order-free bound "
         f"(worst {ratio:.3g} times it): no order of summation gives these"
     )
 
 
-def _local(index: int, rank: int, step: dict[str, Any], found: Any) -> int:
-    cand_loss, ref_loss = step["loss"]
+def _local(index: int, rank: int, step: StagedStep, found: Found) -> int:
+    cand_loss, ref_loss = step.loss
     if not (cand_loss == ref_loss or (math.isnan(cand_loss) and math.isnan(ref_loss))):
         found(
             Finding(
@@ -214,19 +222,19 @@ def _local(index: int, rank: int, step: dict[str, Any], found: Any) -> int:
                 detail=f"candidate {cand_loss!r}, reference {ref_loss!r} from the same state",
             )
         )
-    for name, (elements, differing, max_ulp) in step.get("buffers", {}).items():
-        if differing:
+    for name, buffer in step.buffers.items():
+        if buffer.differing:
             detail = (
-                f"{int(differing)} of {int(elements)} elements differ after the step (max {max_ulp:g} ulp)"
+                f"{buffer.differing} of {buffer.elements} elements differ after the step "
+                f"(max {buffer.max_ulp:g} ulp)"
             )
             found(Finding(step=index, stage="buffer", what=name, rank=rank, detail=detail))
-    local = step.get("local")
-    if local is None:
+    if step.local is None:
         return 0
     total = 0
-    for name, (elements, differing, max_ulp) in local.items():
-        total += int(elements)
-        if differing:
+    for name, local in step.local.items():
+        total += local.elements
+        if local.differing:
             found(
                 Finding(
                     step=index,
@@ -234,21 +242,21 @@ def _local(index: int, rank: int, step: dict[str, Any], found: Any) -> int:
                     what=name,
                     rank=rank,
                     detail=(
-                        f"{int(differing)} of {int(elements)} local gradient elements differ (max {max_ulp:g} ulp) "
-                        "before any reduction: the candidate computes otherwise"
+                        f"{local.differing} of {local.elements} local gradient elements differ "
+                        f"(max {local.max_ulp:g} ulp) before any reduction: the candidate computes otherwise"
                     ),
                 )
             )
     return total
 
 
-def _clip(index: int, parts: list[dict[str, Any]], found: Any) -> None:
+def _clip(index: int, parts: list[StagedRun], found: Found) -> None:
     for rank, part in enumerate(parts):
-        clip = part["steps"][index].get("clip")
+        clip = part.steps[index].clip
         if clip is None:
             continue
         cand_norm, own = clip
-        elements = sum(int(v[0]) for v in parts[0]["steps"][index].get("reduction", {}).values())
+        elements = sum(bounded.elements for bounded in parts[0].steps[index].reduction.values())
         if not clip_norm.agrees(own, cand_norm, profiles.EXACT, elements):
             found(
                 Finding(
@@ -264,11 +272,11 @@ def _clip(index: int, parts: list[dict[str, Any]], found: Any) -> None:
             )
 
 
-def _update(index: int, head: dict[str, Any], fused: bool, found: Any) -> float:
+def _update(index: int, head: StagedStep, fused: bool, found: Found) -> float:
     worst = 0.0
-    for name, (elements, differing, max_ulp, outside) in head.get("update", {}).items():
-        worst = max(worst, max_ulp)
-        wrong = outside if fused else differing
+    for name, update in head.update.items():
+        worst = max(worst, update.max_ulp)
+        wrong = update.outside_fp32 if fused else update.differing
         if wrong:
             held = f"the {FUSED_FALLBACK.name} profile ({FUSED_FALLBACK.describe()})" if fused else "bitwise"
             found(
@@ -277,17 +285,17 @@ def _update(index: int, head: dict[str, Any], fused: bool, found: Any) -> float:
                     stage="update",
                     what=name,
                     detail=(
-                        f"{int(wrong)} of {int(elements)} elements differ after the optimizer step from "
-                        f"the same state and gradients (max {max_ulp:g} ulp; held to {held})"
+                        f"{wrong} of {update.elements} elements differ after the optimizer step from "
+                        f"the same state and gradients (max {update.max_ulp:g} ulp; held to {held})"
                     ),
                 )
             )
     return worst
 
 
-def _scalars(index: int, rank: int, head: dict[str, Any], found: Any) -> None:
-    for key in ("scale", "tracker"):
-        cand, ref = head[key]
+def _scalars(index: int, rank: int, head: StagedStep, found: Found) -> None:
+    pairs: tuple[tuple[str, tuple[float, float]], ...] = (("scale", head.scale), ("tracker", head.tracker))
+    for key, (cand, ref) in pairs:
         if cand != ref:
             found(
                 Finding(

@@ -11,8 +11,6 @@ with ``--drift`` (``runner.run(drift=True)``).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.distributed as dist
 
@@ -20,40 +18,40 @@ from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks import train
 from harness.parity.ranks.measure import ulp
 from harness.parity.ranks.sides import reduce_layout
+from harness.parity.ranks.wire import RankStep, StepTensors
 
 
-def _max_ulp(a: dict[str, Any], b: dict[str, Any]) -> float:
+def _max_ulp(a: StepTensors, b: StepTensors) -> float:
     """The largest ulp distance of any parameter, gradient or optimizer state element."""
     found = 0.0
-    for kind in ("params", "grads"):
-        mine, theirs = a.get(kind) or {}, b.get(kind) or {}
+    for mine, theirs in ((a.params, b.params), (a.grads, b.grads)):
         found = max([found, *(ulp.max_distance(mine[n], theirs[n]) for n in mine if n in theirs)])
-    mine, theirs = a.get("optim_state") or {}, b.get("optim_state") or {}
-    for name, values in mine.items():
+    for name, values in a.optim_state.items():
         for key, value in values.items():
-            other = theirs.get(name, {}).get(key)
+            other = b.optim_state.get(name, {}).get(key)
             if other is not None and value.is_floating_point():
                 found = max(found, ulp.max_distance(value, other))
     return found
 
 
-def reordering_drift(config: ParityConfig, device: torch.device) -> list[float]:
+def reordering_drift(config: ParityConfig, device: torch.device) -> tuple[float, ...]:
     """Per step, the largest ulp distance of any tensor between the reference reduced as its
     candidate reduces and the same reference summing the ranks in reverse order (rank 0; the other
-    ranks return ``[]``). Raises what a run raised (the caller records it)."""
+    ranks return ``()``). Raises what a run raised (the caller records it)."""
     plain = train.Run(config, "reference", device)
     other = train.Run(config, "reference", device)
     steps_plain, steps_other = iter(plain), iter(other)
     drift: list[float] = []
     for _ in range(config.steps):
-        a: dict[str, Any] | None = next(steps_plain, None)
+        a: RankStep | None = next(steps_plain, None)
         with reduce_layout.summed_in_reverse():
-            b: dict[str, Any] | None = next(steps_other, None)
+            b: RankStep | None = next(steps_other, None)
         if a is None or b is None:
             break
         if dist.get_rank() == 0:
-            drift.append(_max_ulp(a["tensors"], b["tensors"]))
+            assert a.tensors is not None and b.tensors is not None, "a run without a check records them"
+            drift.append(_max_ulp(a.tensors, b.tensors))
     for run in (plain, other):
         if run.error is not None:
             raise RuntimeError(f"the drift's reference run failed:\n{run.error}")
-    return drift
+    return tuple(drift)

@@ -25,6 +25,7 @@ from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks import train
 from harness.parity.ranks.measure import stepcheck
 from harness.parity.ranks.sides import gather
+from harness.parity.ranks.wire import RankRow, RankRun, RankStep
 from harness.rank import context
 from harness.rank.subtests import agree, all_ranks, leave_group
 
@@ -50,8 +51,8 @@ def keep_budget() -> int:
 class _Kept:
     """A finished reference run, kept: every step's full tensors and what travels of it."""
 
-    steps: list[dict[str, Any]]
-    wire: dict[str, Any]
+    steps: list[RankStep]
+    wire: RankRun
     description: str
     nbytes: int
 
@@ -59,7 +60,7 @@ class _Kept:
 _references: dict[tuple[Any, ...], _Kept] = {}
 
 
-def _nbytes(step: dict[str, Any]) -> int:
+def _nbytes(step: RankStep) -> int:
     def walk(value: Any) -> int:
         if isinstance(value, torch.Tensor):
             return value.numel() * value.element_size()
@@ -67,7 +68,11 @@ def _nbytes(step: dict[str, Any]) -> int:
             return sum(walk(v) for v in value.values())
         return 0
 
-    return walk(step.get("tensors")) + walk(step.get("buffers"))
+    tensors = step.tensors
+    held = walk(step.buffers)
+    if tensors is not None:
+        held += walk(tensors.params) + walk(tensors.grads) + walk(tensors.optim_state)
+    return held
 
 
 def _keep(key: tuple[Any, ...], kept: _Kept, budget: int) -> None:
@@ -84,17 +89,17 @@ class _Reference:
     steps: stepcheck.ReferenceSteps
     description: str
     reused: bool
-    wire: dict[str, Any] | None = None
+    wire: RankRun | None = None
     training: train.Run | None = None
     """A run too large to keep, still going: its steps come as the candidate asks for them."""
 
     @property
     def error(self) -> str | None:
         if self.wire is not None:
-            return self.wire["error"]
+            return self.wire.error
         return self.training.error if self.training is not None else None
 
-    def rank_run(self) -> dict[str, Any]:
+    def rank_run(self) -> RankRun:
         """What travels of the run (scalars, names, shapes and dtypes; no tensors)."""
         if self.wire is not None:
             return self.wire
@@ -124,8 +129,9 @@ def _reference(config: ParityConfig, device: Any) -> _Reference:
             training.steps[:] = [stepcheck.wire_step(full, rank) for full in kept]
             live = stepcheck.ReferenceSteps(kept, live=steps)
             return _Reference(live, training.description, False, training=training)
-    wire = training.rank_run()
-    wire["steps"] = [stepcheck.wire_step(full, rank) for full in training.steps]
+    wire = dataclasses.replace(
+        training.rank_run(), steps=tuple(stepcheck.wire_step(full, rank) for full in training.steps)
+    )
     if training.error is None:
         _keep(key, _Kept(training.steps, wire, training.description, nbytes), budget)
     return _Reference(stepcheck.ReferenceSteps(training.steps), training.description, False, wire)
@@ -148,18 +154,19 @@ def everywhere(key: str, ok: bool) -> bool:
     return all_ranks(ctx, key, ok=ok)
 
 
-def _with_kept(wire: dict[str, Any], kept: dict[int, dict[str, Any]], rank: int) -> dict[str, Any]:
-    """``wire`` (a kept reference's, shared) with the full tensors of the ``kept`` steps (rank 0)."""
+def with_kept(wire: RankRun, kept: dict[int, RankStep], rank: int, *, first: int = 0) -> RankRun:
+    """``wire`` (a reference's, maybe kept and shared) with the full tensors of the ``kept``
+    steps (rank 0; ``first``: the index of ``wire``'s first step, a resharded row's second half's)."""
     if not kept or rank != 0:
         return wire
-    steps = list(wire["steps"])
+    steps = list(wire.steps)
     for index, full in kept.items():
-        if index < len(steps):
-            steps[index] = {**steps[index], "tensors": full["tensors"]}
-    return {**wire, "steps": steps}
+        if 0 <= index - first < len(steps):
+            steps[index - first] = dataclasses.replace(steps[index - first], tensors=full.tensors)
+    return dataclasses.replace(wire, steps=tuple(steps))
 
 
-def run_one(config: ParityConfig, index: int = 0, *, keep_all: bool = False) -> dict[str, Any]:
+def run_one(config: ParityConfig, index: int = 0, *, keep_all: bool = False) -> RankRow:
     """Reference and candidate runs of ``config`` (the ``index``-th of its batch) on this rank,
     compared step by step where the data lives (``stepcheck.py``); never raises. Whether the
     candidate runs is agreed first: one rank's error must not send it into collectives its peers
@@ -192,21 +199,22 @@ def run_one(config: ParityConfig, index: int = 0, *, keep_all: bool = False) -> 
     if running:
         reference_ok = everywhere(f"parity{index}/reference", reference.error is None)
     twin_ok = twin is not None and twin.error is None and check is not None and check.twin is not None
-    return {
-        "id": config.id,
-        "fp32_gap": check.gap if candidate_ok and reference_ok and twin_ok and check is not None else None,
-        "reference": _with_kept(reference.rank_run(), check.kept if check is not None else {}, rank),
-        "reference_description": reference.description,
-        "reference_reused": reference.reused,
-        "candidate": candidate.rank_run() if candidate is not None and reference_ok else None,
-        "candidate_description": candidate.description
+    return RankRow(
+        id=config.id,
+        fp32_gap=check.gap if candidate_ok and reference_ok and twin_ok and check is not None else None,
+        reference=with_kept(reference.rank_run(), check.kept if check is not None else {}, rank),
+        reference_description=reference.description,
+        reference_reused=reference.reused,
+        candidate=candidate.rank_run() if candidate is not None and reference_ok else None,
+        candidate_description=candidate.description
         if candidate is not None
         else "not run: the reference failed",
-    }
+    )
 
 
-def run_batch(configs: list[ParityConfig], keep_all: bool = False) -> list[dict[str, Any]]:
-    """Run every configuration of ``configs`` in order; one result dict per configuration.
+def run_batch(configs: list[ParityConfig], keep_all: bool = False) -> list[RankRow]:
+    """Run every configuration of ``configs`` in order; one
+    :class:`~harness.parity.ranks.wire.RankRow` per configuration.
 
     torch's deprecation notices (``FutureWarning``: NO_SHARD, ``all_gather_into_tensor``) are
     silenced here: the matrix exercises those APIs on purpose, once per configuration.
@@ -216,12 +224,12 @@ def run_batch(configs: list[ParityConfig], keep_all: bool = False) -> list[dict[
         return _run_batch(configs, keep_all)
 
 
-def run_batch_keeping_tensors(configs: list[ParityConfig]) -> list[dict[str, Any]]:
+def run_batch_keeping_tensors(configs: list[ParityConfig]) -> list[RankRow]:
     """:func:`run_batch` with every step's full tensors travelling (tests that read them)."""
     return run_batch(configs, keep_all=True)
 
 
-def _run_batch(configs: list[ParityConfig], keep_all: bool) -> list[dict[str, Any]]:
+def _run_batch(configs: list[ParityConfig], keep_all: bool) -> list[RankRow]:
     ctx = context.current()
     results = []
     for index, config in enumerate(configs):
@@ -231,7 +239,7 @@ def _run_batch(configs: list[ParityConfig], keep_all: bool) -> list[dict[str, An
                 f"but this batch runs on {ctx.backend} world size {ctx.world_size}"
             )
         result = run_one(config, index, keep_all=keep_all)
-        failed = result["reference"]["error"] or (result["candidate"] or {}).get("error")
+        failed = result.failed
         if failed and ctx.world_size > 1:
             leave_group()  # unblock peers still waiting in a collective with this rank
         if ctx.world_size > 1 and not agree(ctx, f"parity{index}", ok=not failed):

@@ -55,6 +55,7 @@ from harness.parity.ranks.measure import ops
 from harness.parity.ranks.sides import anchor as anchoring
 from harness.parity.ranks.sides import engines
 from harness.parity.ranks.sides.gather import module_names
+from harness.parity.ranks.wire import Probed, ProbedOps, ProbedSide
 from harness.rank import context
 from harness.rank.execute import prefix_lines
 from harness.rank.subtests import agree, leave_group
@@ -125,29 +126,34 @@ class Probe:
             for handle in handles:
                 handle.remove()
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"forward": self.forward, "backward": self.backward}
+    def recorded(self) -> ProbedSide:
+        """What travels: each module's values, in the order they were recorded."""
+        return ProbedSide(forward=tuple(self.forward), backward=tuple(self.backward))
 
 
-def _replay(
-    config: ParityConfig, step: int, probes: dict[str, Any], part: dict[str, Any], anchor: str = ""
-) -> None:
+Probes = dict[str, "Probe | ops.OpProbe"]
+"""What observes each role (``reference``, ``candidate``) as it replays."""
+
+
+def _replay(config: ParityConfig, step: int, probes: Probes, anchor: str = "") -> str | None:
     """Both sides through ``step`` with ``probes[role].observe`` (``anchor``, the store key of the
     agreement it needs: in lockstep, the reference re-anchored to the candidate's state before
-    ``step``); the first error into ``part``."""
+    ``step``); the first error (``None``: none)."""
     device = context.current().device
     if anchor and step > 0:  # step 0 begins from one state on both sides already
-        _anchored(config, step, probes, part, device, anchor)
-        return
+        return _anchored(config, step, probes, device, anchor)
+    error = None
     for role in ("reference", "candidate"):
         try:
             run, _ = train.run(
                 config, role, device, observe=probes[role].observe, last_step=step, record=False
             )
+            raised = run.error
         except Exception:  # noqa: BLE001 - train.run records its own errors; this is the probe's
-            run = {"error": prefix_lines(traceback.format_exc(), context.current().rank)}
-        if run["error"] and part["error"] is None:
-            part["error"] = f"the {role} raised while being probed:\n{run['error']}"
+            raised = prefix_lines(traceback.format_exc(), context.current().rank)
+        if raised and error is None:
+            error = f"the {role} raised while being probed:\n{raised}"
+    return error
 
 
 _ROLES = ("candidate", "reference")
@@ -156,13 +162,13 @@ _ROLES = ("candidate", "reference")
 def _anchored(
     config: ParityConfig,
     step: int,
-    probes: dict[str, Any],
-    part: dict[str, Any],
+    probes: Probes,
     device: torch.device,
     key: str,
-) -> None:
+) -> str | None:
     """Both sides a step at a time up to ``step``, then the candidate's state into the reference
-    (collective; every rank agrees first that both sides are still running), then ``step`` observed."""
+    (collective; every rank agrees first that both sides are still running), then ``step``
+    observed; the first error (``None``: none)."""
     runs = {
         role: train.Run(config, role, device, observe=probes[role].observe, last_step=step, record=False)
         for role in _ROLES
@@ -181,18 +187,18 @@ def _anchored(
             held = anchoring.candidate_state(cand.engine, cand.optimizers)  # type: ignore[arg-type]
             anchoring.hold(ref.engine, ref.optimizers, ref.scaler, held, cand.scaler)  # type: ignore[arg-type]
         except Exception:  # noqa: BLE001 - recorded as the probe's error
-            part["error"] = "re-anchoring the reference raised:\n" + prefix_lines(
+            return "re-anchoring the reference raised:\n" + prefix_lines(
                 traceback.format_exc(), context.current().rank
             )
-            return
         for role in _ROLES:
             for _ in steps[role]:  # the probed step (the last one)
                 pass
     for role in _ROLES:
-        if runs[role].error and part["error"] is None:
-            part["error"] = f"the {role} raised while being probed:\n{runs[role].error}"
-    if part["error"] is None and not running:
-        part["error"] = "another rank's run raised before the probed step"
+        if runs[role].error:
+            return f"the {role} raised while being probed:\n{runs[role].error}"
+    if not running:
+        return "another rank's run raised before the probed step"
+    return None
 
 
 def _any_rank(flag: bool) -> bool:
@@ -204,18 +210,16 @@ def _any_rank(flag: bool) -> bool:
     return bool(value.item())
 
 
-def run_one(config: ParityConfig, step: int, index: int = 0, anchor: bool = False) -> dict[str, Any]:
+def run_one(config: ParityConfig, step: int, index: int = 0, anchor: bool = False) -> Probed:
     """Both sides of ``config`` through ``step`` (``anchor``: re-anchored before it), probed at
     ``step`` module by module, then, when a forward output diverged on any rank, once more op by
     op inside this rank's first diverging module (``ops.py``). Never raises."""
     started = time.perf_counter()
-    part: dict[str, Any] = {"id": config.id, "step": step, "error": None, "ops_module": None, "ops": None}
     probes = {role: Probe(step) for role in ("reference", "candidate")}
-    _replay(config, step, probes, part, f"localize{index}/anchor" if anchor else "")
-    for role, probe in probes.items():
-        part[role] = probe.to_wire()
+    error = _replay(config, step, probes, f"localize{index}/anchor" if anchor else "")
+    found_ops = None
     # Whether the op-level replay (collective) happens must not hang on one rank's error alone.
-    if entry.everywhere(f"localize{index}/replay", part["error"] is None):
+    if entry.everywhere(f"localize{index}/replay", error is None):
         target = ops.first_forward_divergence(
             probes["reference"].forward, probes["candidate"].forward, profiles.profile_for(config)
         )
@@ -223,15 +227,25 @@ def run_one(config: ParityConfig, step: int, index: int = 0, anchor: bool = Fals
             op_probes = {role: ops.OpProbe(step, target or "") for role in ("reference", "candidate")}
             if target is None:  # replay for the collectives' sake, recording nothing
                 op_probes = {role: Probe(-1) for role in ("reference", "candidate")}  # type: ignore[misc]
-            _replay(config, step, op_probes, part, f"localize{index}/anchor-ops" if anchor else "")
+            error = _replay(config, step, op_probes, f"localize{index}/anchor-ops" if anchor else "")
             if target is not None:
-                part["ops_module"] = target
-                part["ops"] = {role: probe.ops for role, probe in op_probes.items()}
-    part["duration_s"] = time.perf_counter() - started
-    return part
+                found_ops = ProbedOps(
+                    module=target,
+                    reference=tuple(op_probes["reference"].ops),
+                    candidate=tuple(op_probes["candidate"].ops),
+                )
+    return Probed(
+        id=config.id,
+        step=step,
+        reference=probes["reference"].recorded(),
+        candidate=probes["candidate"].recorded(),
+        ops=found_ops,
+        error=error,
+        duration_s=time.perf_counter() - started,
+    )
 
 
-def run_batch(requests: list[tuple[ParityConfig, int, bool]]) -> list[dict[str, Any]]:
+def run_batch(requests: list[tuple[ParityConfig, int, bool]]) -> list[Probed]:
     """Probe each ``(configuration, step, anchor)`` in order, isolated as ``entry.run_batch``
     isolates configurations (a rank that failed leaves the group; every rank re-creates it)."""
     ctx = context.current()
@@ -240,7 +254,7 @@ def run_batch(requests: list[tuple[ParityConfig, int, bool]]) -> list[dict[str, 
         warnings.simplefilter("ignore", FutureWarning)
         for index, (config, step, anchor) in enumerate(requests):
             result = run_one(config, step, index, anchor)
-            failed = result["error"] is not None
+            failed = result.error is not None
             if failed and ctx.world_size > 1:
                 leave_group()
             if ctx.world_size > 1 and not agree(ctx, f"localize{index}", ok=not failed):

@@ -13,13 +13,14 @@ Import target for the pool: ``harness.parity.ranks.phases:run_batch``.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
-from typing import Any
 
 from harness.parity.plan.config import ParityConfig, resume
 from harness.parity.ranks import entry, train
 from harness.parity.ranks.measure import stepcheck
 from harness.parity.ranks.restart.reshard import Half
+from harness.parity.ranks.wire import RankRow
 from harness.rank import context
 from harness.rank.subtests import agree, leave_group
 
@@ -27,8 +28,8 @@ Request = tuple[ParityConfig, int, str]
 """``(the row, which half: 1 or 2, the folder between the halves)``."""
 
 
-def run_half(config: ParityConfig, part: int, folder: str, index: int = 0) -> dict[str, Any]:
-    """One half of a resharded row on this rank: ``entry.run_one``'s dict (never raises)."""
+def run_half(config: ParityConfig, part: int, folder: str, index: int = 0) -> RankRow:
+    """One half of a resharded row on this rank, as ``entry.run_one`` records a row (never raises)."""
     ctx = context.current()
     here = config if part == 1 else resume.landing(config)
     if here.world_size != ctx.world_size or here.backend != ctx.backend:
@@ -51,35 +52,35 @@ def run_half(config: ParityConfig, part: int, folder: str, index: int = 0) -> di
             pass
     if reference_ok:
         entry.everywhere(f"half{part}/{index}/candidate", candidate is not None and candidate.error is None)
-    wire = reference.rank_run()
-    wire["steps"] = [stepcheck.wire_step(full, ctx.rank) for full in reference.steps]
-    if check is not None and ctx.rank == 0:  # the full tensors of the steps the causes read
-        for step, full in check.kept.items():
-            wire["steps"][step - reference.first]["tensors"] = full["tensors"]
-    return {
-        "id": config.id,
-        "part": part,
-        "fp32_gap": None,
-        "reference": wire,
-        "reference_description": reference.description,
-        "reference_reused": False,
-        "candidate": candidate.rank_run() if candidate is not None else None,
-        "candidate_description": candidate.description
+    wire = dataclasses.replace(
+        reference.rank_run(), steps=tuple(stepcheck.wire_step(full, ctx.rank) for full in reference.steps)
+    )
+    # the full tensors of the steps the causes read (rank 0)
+    wire = entry.with_kept(wire, check.kept if check is not None else {}, ctx.rank, first=reference.first)
+    return RankRow(
+        id=config.id,
+        part=part,
+        fp32_gap=None,
+        reference=wire,
+        reference_description=reference.description,
+        reference_reused=False,
+        candidate=candidate.rank_run() if candidate is not None else None,
+        candidate_description=candidate.description
         if candidate is not None
         else "not run: the reference failed",
-    }
+    )
 
 
-def run_batch(requests: list[Request]) -> list[dict[str, Any]]:
-    """Run each requested half in order; one result dict per request (isolated as
-    ``entry.run_batch`` isolates configurations)."""
+def run_batch(requests: list[Request]) -> list[RankRow]:
+    """Run each requested half in order; one :class:`~harness.parity.ranks.wire.RankRow` per
+    request (isolated as ``entry.run_batch`` isolates configurations)."""
     ctx = context.current()
     results = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         for index, (config, part, folder) in enumerate(requests):
             result = run_half(config, part, folder, index)
-            failed = result["reference"]["error"] or (result["candidate"] or {}).get("error")
+            failed = result.failed
             if failed and ctx.world_size > 1:
                 leave_group()  # unblock peers still waiting in a collective with this rank
             if ctx.world_size > 1 and not agree(ctx, f"halves{index}", ok=not failed):

@@ -34,12 +34,12 @@ Import target for the pool: ``harness.parity.ranks.staged:run_batch``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 import traceback
 import warnings
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -52,6 +52,7 @@ from harness.parity.ranks.measure import bound, ulp
 from harness.parity.ranks.restart import resume
 from harness.parity.ranks.sides import accumulate, anchor, capture, checkpoint, gather, roles
 from harness.parity.ranks.sides.twin import DTYPES
+from harness.parity.ranks.wire import Bounded, Compared, StagedRun, StagedStep
 from harness.rank import context
 from harness.rank.execute import prefix_lines
 from harness.rank.subtests import agree, leave_group
@@ -123,42 +124,46 @@ class _Side:
         self.loop.after_update()
 
 
-def _compared(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> dict[str, list[float]]:
-    """Per name in either: ``[elements, differing, max ulp]`` (a name on one side only: every
+def _compared(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> dict[str, Compared]:
+    """Per name in either, the two tensors compared elementwise (a name on one side only: every
     element differs, ``inf`` ulp)."""
-    out: dict[str, list[float]] = {}
+    out: dict[str, Compared] = {}
     for name in sorted(set(want) | set(got)):
         a, b = want.get(name), got.get(name)
         if a is None or b is None or tuple(a.shape) != tuple(b.shape):
             size = (a if a is not None else b).numel()  # type: ignore[union-attr]
-            out[name] = [float(size), float(size), float("inf")]
+            out[name] = Compared(elements=size, differing=size, max_ulp=float("inf"))
             continue
         apart = ulp.distances(a, b)
-        out[name] = [
-            float(a.numel()),
-            float(int((apart > 0).sum())),
-            float(apart.max()) if a.numel() else 0.0,
-        ]
+        out[name] = Compared(
+            elements=a.numel(),
+            differing=int((apart > 0).sum()),
+            max_ulp=float(apart.max()) if a.numel() else 0.0,
+        )
     return out
 
 
-def _update_compared(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> dict[str, list[float]]:
-    """:func:`_compared` of the update, with a fourth number per tensor: the elements outside the
-    ``fp32`` profile (``profiles.FP32``: what a fused kernel's update is held to, a fallback the
-    report names; from a common state, so it never compounds)."""
-    out = _compared(want, got)
+def _update_compared(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> dict[str, Compared]:
+    """:func:`_compared` of the update, with the elements outside the ``fp32`` profile
+    (``Compared.outside_fp32``; ``profiles.FP32``: what a fused kernel's update is held to, a
+    fallback the report names; from a common state, so it never compounds)."""
+    return {
+        name: _outside_fp32(want.get(name), got.get(name), found)
+        for name, found in _compared(want, got).items()
+    }
+
+
+def _outside_fp32(a: torch.Tensor | None, b: torch.Tensor | None, found: Compared) -> Compared:
     fp32 = profiles.FP32
-    for name, found in out.items():
-        a, b = want.get(name), got.get(name)
-        if not found[1]:
-            found.append(0.0)
-        elif a is None or b is None or tuple(a.shape) != tuple(b.shape) or not a.is_floating_point():
-            found.append(found[1])
-        else:
-            ref, cand = a.double(), b.double()
-            close = ((cand - ref).abs() <= fp32.atol + fp32.rtol * ref.abs()) | (ref.isnan() & cand.isnan())
-            found.append(float(int((~close).sum())))
-    return out
+    if not found.differing:
+        outside = 0
+    elif a is None or b is None or tuple(a.shape) != tuple(b.shape) or not a.is_floating_point():
+        outside = found.differing
+    else:
+        ref, cand = a.double(), b.double()
+        close = ((cand - ref).abs() <= fp32.atol + fp32.rtol * ref.abs()) | (ref.isnan() & cand.isnan())
+        outside = int((~close).sum())
+    return dataclasses.replace(found, outside_fp32=outside)
 
 
 def _prefixed(kind: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -176,7 +181,7 @@ def _reduce_dtype(config: ParityConfig) -> torch.dtype:
     return DTYPES[config.policy.reduce_dtype]
 
 
-def _step(config: ParityConfig, step: int, cand: _Side, ref: _Side, poisoned: bool) -> dict[str, Any]:
+def _step(config: ParityConfig, step: int, cand: _Side, ref: _Side, poisoned: bool) -> StagedStep:
     rank = dist.get_rank()
     scale = cand.scaler.get_scale()
     cand.zero_grad()
@@ -194,47 +199,53 @@ def _step(config: ParityConfig, step: int, cand: _Side, ref: _Side, poisoned: bo
         ref_local = {name: [grad] for name, grad in anchor.local_grads(ref.engine).items()}
         ref.engine.after_backward()  # its own mirrored reduction: kept to say whether the order differed
     mirrored = ref.engine.full_grads()
-    found: dict[str, Any] = {
-        "loss": [cand_loss, ref_loss],
-        "local": None if cand_local is None else _compared(_stacked(ref_local), _stacked(cand_local)),
-        "poisoned": poisoned,
-    }
+    local = None if cand_local is None else _compared(_stacked(ref_local), _stacked(cand_local))
     names = sorted(reduced)
     reductions = config.loop.accumulate if config.loop.accumulate > 1 and config.loop.sync == "every" else 1
     means = [  # collectives: every rank, the same number of them
         bound.exact_means({n: v[k] for n, v in ref_local.items() if len(v) > k}, names, cand.engine.device)
         for k in range(reductions)
     ]
+    reduction: dict[str, Bounded] = {}
+    reduction_names: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    reordered = 0
     if rank == 0:
         world = dist.get_world_size()
-        found["reduction"] = {
-            name: list(
-                _checked(
-                    bound.check_sum(reduced[name], [m[name] for m in means], world, _reduce_dtype(config))
-                )
+        reduction = {
+            name: _checked(
+                bound.check_sum(reduced[name], [m[name] for m in means], world, _reduce_dtype(config))
             )
             for name in names
             if not poisoned
         }
-        found["reduction_names"] = [
-            sorted(set(mirrored) - set(reduced)),
-            sorted(set(reduced) - set(mirrored)),
-        ]
-        found["reordered"] = sum(int(v[1]) for v in _compared(mirrored, reduced).values())
+        reduction_names = (
+            tuple(sorted(set(mirrored) - set(reduced))),
+            tuple(sorted(set(reduced) - set(mirrored))),
+        )
+        reordered = sum(v.differing for v in _compared(mirrored, reduced).values())
     anchor.adopt_grads(ref.engine, reduced)
     del reduced, mirrored, means, ref_local, cand_local
     cand_unscaled = cand.unscale_and_prepare(config)
     ref.unscale_and_prepare(config)
+    clip = None
     if config.loop.path == "unscale_clip" and cand_unscaled:
         own = anchor.total_norm(ref.engine)  # the reference's measure of the same gradients
         cand_norm = cand.engine.clip_grad_norm_(config.loop.clip)  # collective
         anchor.clip_with_norm(ref.engine, config.loop.clip, cand_norm)
-        found["clip"] = [cand_norm, own]
+        clip = (cand_norm, own)
     cand.step()
     ref.step()
-    found["scale"] = [cand.scaler.get_scale(), ref.scaler.get_scale()]
-    found["tracker"] = [int(cand.scaler._get_growth_tracker()), int(ref.scaler._get_growth_tracker())]
-    return found
+    return StagedStep(
+        loss=(cand_loss, ref_loss),
+        local=local,
+        poisoned=poisoned,
+        reduction=reduction,
+        reduction_names=reduction_names,
+        reordered=reordered,
+        clip=clip,
+        scale=(cand.scaler.get_scale(), ref.scaler.get_scale()),
+        tracker=(int(cand.scaler._get_growth_tracker()), int(ref.scaler._get_growth_tracker())),
+    )
 
 
 def _stacked(grads: dict[str, list[torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -242,21 +253,24 @@ def _stacked(grads: dict[str, list[torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {name: torch.stack(values) for name, values in grads.items()}
 
 
-def _checked(found: bound.Checked) -> tuple[float, float, float]:
-    return float(found.elements), float(found.violations), found.worst_ratio
+def _checked(found: bound.Checked) -> Bounded:
+    return Bounded(elements=found.elements, violations=found.violations, worst_ratio=found.worst_ratio)
 
 
-def _update(cand: _Side, ref: _Side, found: dict[str, Any]) -> None:
-    """Stage 3, then the anchor for the next step: the candidate's full state into the reference."""
+def _update(cand: _Side, ref: _Side, found: StagedStep) -> StagedStep:
+    """Stage 3, then the anchor for the next step: the candidate's full state into the reference;
+    ``found`` with the update's and the buffers' comparisons."""
     held = anchor.candidate_state(cand.engine, cand.optimizers)  # collective
     params, state, buffers = held
-    found["buffers"] = _compared(ref.engine.own_buffers(), buffers)  # this rank's own (never sharded)
+    own = _compared(ref.engine.own_buffers(), buffers)  # this rank's own (never sharded)
+    update: dict[str, Compared] = {}
     if dist.get_rank() == 0:
         ref_params, ref_state = ref.engine.full_after_step(ref.optimizers)
         want = {**_prefixed("param", ref_params), **_prefixed("optim_state", _flat_state(ref_state))}
         got = {**_prefixed("param", params), **_prefixed("optim_state", _flat_state(state))}
-        found["update"] = _update_compared(want, got)
+        update = _update_compared(want, got)
     anchor.hold(ref.engine, ref.optimizers, ref.scaler, held, cand.scaler)
+    return dataclasses.replace(found, buffers=own, update=update)
 
 
 @contextlib.contextmanager
@@ -278,49 +292,48 @@ def deterministic(device: torch.device) -> Iterator[None]:
         torch.use_deterministic_algorithms(before)
 
 
-def run_one(config: ParityConfig, drift: bool = False) -> dict[str, Any]:
+def run_one(config: ParityConfig, drift: bool = False) -> StagedRun:
     """The staged check of ``config`` on this rank: one record per step (module docstring); never
     raises (an error is recorded, prefixed with the rank). ``drift``: also the drift a reordering
     alone produces (``drift.py``; two more reference runs)."""
     device = context.current().device
     rank = dist.get_rank()
-    steps: list[dict[str, Any]] = []
+    steps: list[StagedStep] = []
     error = None
-    reordering: list[float] | None = None
+    reordering: tuple[float, ...] | None = None
     started = time.perf_counter()
     try:
         with deterministic(device):
             steps, reordering = _run(config, device, drift)
     except Exception:  # noqa: BLE001 - recorded; the controller reads it
         error = prefix_lines(traceback.format_exc(), rank)
-    return {
-        "id": config.id,
-        "rank": rank,
-        "steps": steps,
-        "error": error,
-        "drift": reordering,
-        "duration_s": time.perf_counter() - started,
-    }
+    return StagedRun(
+        id=config.id,
+        rank=rank,
+        steps=tuple(steps),
+        error=error,
+        drift=reordering,
+        duration_s=time.perf_counter() - started,
+    )
 
 
 def _run(
     config: ParityConfig, device: torch.device, drift: bool
-) -> tuple[list[dict[str, Any]], list[float] | None]:
+) -> tuple[list[StagedStep], tuple[float, ...] | None]:
     """Both sides in lockstep, every step: the steps' records (and the drift, if asked)."""
-    steps: list[dict[str, Any]] = []
+    steps: list[StagedStep] = []
     poisoned = poisoned_steps(config)
     cand = _Side(config, "candidate", device)
     ref = _Side(config, "reference", device)
     anchor.load_scaler(ref.scaler, cand.scaler)
     for step in range(config.steps):
         found = _step(config, step, cand, ref, step in poisoned)
-        _update(cand, ref, found)
-        steps.append(found)
+        steps.append(_update(cand, ref, found))
         context.heartbeat()
     return steps, (reordering_drift(config, device) if drift else None)
 
 
-def run_batch(requests: list[tuple[ParityConfig, bool]]) -> list[dict[str, Any]]:
+def run_batch(requests: list[tuple[ParityConfig, bool]]) -> list[StagedRun]:
     """:func:`run_one` for each ``(configuration, drift)`` in order, isolated as
     ``entry.run_batch`` isolates them (a rank that failed leaves the group; the ranks agree; the
     group is re-created)."""
@@ -330,9 +343,9 @@ def run_batch(requests: list[tuple[ParityConfig, bool]]) -> list[dict[str, Any]]
         warnings.simplefilter("ignore", FutureWarning)
         for index, (config, drift) in enumerate(requests):
             found = run_one(config, drift)
-            if found["error"] and ctx.world_size > 1:
+            if found.error and ctx.world_size > 1:
                 leave_group()
-            if ctx.world_size > 1 and not agree(ctx, f"staged{index}", ok=not found["error"]):
+            if ctx.world_size > 1 and not agree(ctx, f"staged{index}", ok=not found.error):
                 entry.forget()
             results.append(found)
     return results

@@ -40,6 +40,7 @@ from harness.parity.plan.config import Fault, ParityConfig
 from harness.parity.ranks.measure import record, stepcheck
 from harness.parity.ranks.restart import reshard, resume
 from harness.parity.ranks.sides import accumulate, checkpoint, engines, roles
+from harness.parity.ranks.wire import RankRun, RankStep, StepTensors
 from harness.rank import context
 from harness.rank.execute import prefix_lines
 
@@ -103,7 +104,7 @@ puts hooks on every module inside it)."""
 class Run:
     """One training run of ``config``'s ``role`` on this rank, a step at a time.
 
-    Iterate it to train: each iteration yields the step's record (``record.rank_step``) as the
+    Iterate it to train: each iteration yields the step's record (``wire.RankStep``) as the
     step ends, so that a reference too large to keep can be compared as it runs
     (``stepcheck.ReferenceSteps``). Without ``check``, a step's record holds the full parameters,
     gradients and optimizer state on every rank (``record=False``: none; the localization's
@@ -133,12 +134,12 @@ class Run:
             self.first, self.last = (
                 (0, config.resume.at) if half.part == 1 else (config.resume.at, config.steps)
             )
-        self.steps: list[dict[str, Any]] = []
+        self.steps: list[RankStep] = []
         self.error: str | None = None
         self.description = role
         self.counters: dict[str, int] = {}
         self.duration_s = 0.0
-        self.slim: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        self.slim: Callable[[RankStep], RankStep] | None = None
         self.rank = dist.get_rank()  # kept: a failed run's rank leaves the group before it reports
         self.loop = resume.Loop(config, role, device, half)
         """Schedulers, a resume row's carried RNG and its restart (``resume.py``)."""
@@ -148,7 +149,7 @@ class Run:
         """What trains, once built (while iterating): a replay anchors one side to the other's
         state between steps (``localize.py``)."""
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[RankStep]:
         started = time.perf_counter()
         rank = self.rank
         scaler = None
@@ -179,7 +180,7 @@ class Run:
                     self.engine, self.optimizers, self.scaler = engine, optimizers, scaler
                 self.loop.before_step(step, engine)
                 found = self._step(step, rank, engine, groups, optimizers, scaler, hand)
-                self.loop.after_step(step, found)
+                found = self.loop.after_step(step, found)
                 self.steps.append(self.slim(found) if self.slim is not None else found)
                 context.heartbeat()  # a slow step of a large model is progress, not a hang
                 self.duration_s += time.perf_counter() - started
@@ -208,7 +209,7 @@ class Run:
         optimizers: list[torch.optim.Optimizer],
         scaler: Any,
         hand: accumulate.HandAccumulation | None = None,
-    ) -> dict[str, Any]:
+    ) -> RankStep:
         config, check = self.config, self.check
         if check is not None:
             check.begin(step)
@@ -249,7 +250,8 @@ class Run:
         tensors = None
         if check is None and self.record:
             params, state = engine.full_after_step(optimizers)
-            tensors = {"params": params, "grads": grads, "optim_state": state}
+            assert grads is not None, "recorded above"
+            tensors = StepTensors(params=params, grads=grads, optim_state=state)
         found = record.rank_step(
             loss=recorded_loss,
             scale=scaler.get_scale(),
@@ -263,10 +265,10 @@ class Run:
             buffers=engine.own_buffers() if check is None and self.record else None,
         )
         if check is not None:
-            check.after_step(step, engine, optimizers, found)
+            found = check.after_step(step, engine, optimizers, found)
         return found
 
-    def rank_run(self) -> dict[str, Any]:
+    def rank_run(self) -> RankRun:
         """What this rank sends of the run (``record.rank_run``)."""
         return record.rank_run(
             rank=self.rank,
@@ -285,9 +287,9 @@ def run(
     observe: Observer | None = None,
     last_step: int | None = None,
     record: bool = True,
-) -> tuple[dict[str, Any], str]:
+) -> tuple[RankRun, str]:
     """Train ``config``'s ``role`` through (``last_step``, or) every step and keep every step's
-    record; ``(rank_run dict, description)``. A run never raises (see the module docstring)."""
+    record; ``(its rank_run, description)``. A run never raises (see the module docstring)."""
     training = Run(config, role, device, observe=observe, last_step=last_step, record=record)
     for _ in training:
         pass

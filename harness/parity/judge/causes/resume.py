@@ -15,31 +15,30 @@ so none of them blames a stage of the step: the audit is the measurement.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 from harness.parity.judge.evidence import Cause, Evidence, KnownCause
+from harness.parity.ranks.wire import ResumeAudit
 
 _SHOWN = 3
 """How many names of a group the evidence quotes."""
 
 
-def _audits(e: Evidence) -> list[tuple[int, dict[str, Any]]]:
-    return [(rank, audit) for rank, audit in enumerate(e.candidate.resume) if audit]
+def _audits(e: Evidence) -> list[tuple[int, ResumeAudit]]:
+    return [(rank, audit) for rank, audit in enumerate(e.candidate.resume) if audit is not None]
 
 
-def _lost(e: Evidence, group: str) -> dict[int, list[str]]:
+def _lost(e: Evidence, group: str) -> dict[int, tuple[str, ...]]:
     """By rank, the names of ``group`` that differed from the saved state right after the load."""
-    return {
-        rank: audit["restored"][group] for rank, audit in _audits(e) if group in (audit.get("restored") or {})
-    }
+    return {rank: audit.restored[group] for rank, audit in _audits(e) if group in audit.restored}
 
 
 def _headline(e: Evidence) -> str:
     first = _audits(e)[0][1]
-    at = first["step"]
+    at = first.step
     later = e.candidate.step - at
     when = "the first step after resuming" if later == 0 else f"{later} step(s) after resuming"
-    worlds = first.get("world_sizes")
+    worlds = first.world_sizes
     where = f" at world size {worlds[1]}" if worlds else ""
     saved = f" at world size {worlds[0]}" if worlds else ""
     return (
@@ -48,7 +47,7 @@ def _headline(e: Evidence) -> str:
     )
 
 
-def _said(lost: dict[int, list[str]]) -> str:
+def _said(lost: dict[int, Sequence[str]]) -> str:
     parts = []
     for rank, names in lost.items():
         shown = ", ".join(names[:_SHOWN]) + (
@@ -91,7 +90,7 @@ def weights_late(e: Evidence) -> Cause | None:
     audits = _audits(e)
     if not audits or _lost(e, "weights"):
         return None
-    stale = [rank for rank, audit in audits if audit.get("weights_at_forward") is False]
+    stale = [rank for rank, audit in audits if audit.weights_at_forward is False]
     if not stale:
         return None
     return Cause(

@@ -14,6 +14,7 @@ import torch
 
 from harness.parity.plan.profiles import ToleranceProfile
 from harness.parity.ranks.measure import ulp
+from harness.parity.ranks.wire import Partial
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -98,25 +99,27 @@ def tensor_diff(
     )
 
 
-PARTIAL_FIELDS = ("max_abs", "max_rel", "mismatched", "numel", "max_ulp")
-"""What one rank measures of its piece of a tensor (plain numbers: what travels)."""
-
-
-def partial(diff: TensorDiff) -> dict[str, float]:
+def partial(diff: TensorDiff) -> Partial:
     """``diff`` (of one rank's piece) as the numbers that travel to the judge."""
-    return {field: getattr(diff, field) for field in PARTIAL_FIELDS}
+    return Partial(
+        max_abs=diff.max_abs,
+        max_rel=diff.max_rel,
+        mismatched=diff.mismatched,
+        numel=diff.numel,
+        max_ulp=diff.max_ulp,
+    )
 
 
-def merged(parts: list[dict[str, float]], *, step: int, kind: str, name: str) -> TensorDiff:
+def merged(parts: list[Partial], *, step: int, kind: str, name: str) -> TensorDiff:
     """One tensor's distance from its pieces' (each element measured by one rank): largest
     distances, summed counts. Exact: the same numbers :func:`tensor_diff` gives on the whole."""
     return TensorDiff(
         step=step,
         kind=kind,
         name=name,
-        max_abs=max((p["max_abs"] for p in parts), default=0.0),
-        max_rel=max((p["max_rel"] for p in parts), default=0.0),
-        mismatched=int(sum(p["mismatched"] for p in parts)),
-        numel=int(sum(p["numel"] for p in parts)),
-        max_ulp=max((p["max_ulp"] for p in parts), default=0.0),
+        max_abs=max((p.max_abs for p in parts), default=0.0),
+        max_rel=max((p.max_rel for p in parts), default=0.0),
+        mismatched=int(sum(p.mismatched for p in parts)),
+        numel=int(sum(p.numel for p in parts)),
+        max_ulp=max((p.max_ulp for p in parts), default=0.0),
     )

@@ -13,28 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 from harness.parity.ranks.measure.record import RunRecord
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Gap:
-    """How far one run is from another over every step, in relative and absolute terms: the
-    *expected* gap between a mixed-precision reference and the same training in float32 (which
-    includes the steps the low precision skipped on overflow and float32 did not)."""
-
-    loss_max_abs: float
-    loss_max_rel: float
-    param_max_abs: float
-    param_max_rel: float
-
-    def describe(self) -> str:
-        return f"loss rel {self.loss_max_rel:.2g}, params rel {self.param_max_rel:.2g}"
+from harness.parity.ranks.wire import Gap, Tensors
 
 
 def _losses_and_params(
-    pairs: list[tuple[list[float], list[float], dict[str, Any] | None, dict[str, Any] | None]],
+    pairs: list[tuple[list[float], list[float], Tensors | None, Tensors | None]],
 ) -> Gap:
     loss_abs = loss_rel = param_abs = param_rel = 0.0
     for mine_losses, their_losses, mine_params, their_params in pairs:
@@ -66,14 +51,16 @@ def gap(run: RunRecord, other: RunRecord) -> Gap:
 
 
 def of_steps(
-    steps: list[tuple[float, float, dict[str, Any] | None, dict[str, Any] | None]],
-) -> dict[str, float]:
+    steps: list[tuple[float, float, Tensors | None, Tensors | None]],
+) -> Gap:
     """:func:`gap` on one rank's steps (``(loss, other's loss, parameters, other's parameters)``,
-    parameters where the rank measures them: rank 0), as plain numbers for :func:`merge`. The
-    measure is a running maximum, so steps may come one at a time and the largest of each kept."""
-    return dataclasses.asdict(_losses_and_params([([a], [b], p, q) for a, b, p, q in steps]))
+    parameters where the rank measures them: rank 0), for :func:`merge`. The measure is a running
+    maximum, so steps may come one at a time and the largest of each kept (``merge``)."""
+    return _losses_and_params([([a], [b], p, q) for a, b, p, q in steps])
 
 
-def merge(parts: list[dict[str, float]]) -> Gap:
-    """The largest of every rank's :func:`of_steps`."""
-    return Gap(**{field.name: max(part[field.name] for part in parts) for field in dataclasses.fields(Gap)})
+def merge(parts: list[Gap]) -> Gap:
+    """The largest of every rank's (or every step's) :func:`of_steps`, field by field."""
+    return Gap(
+        **{field.name: max(getattr(part, field.name) for part in parts) for field in dataclasses.fields(Gap)}
+    )

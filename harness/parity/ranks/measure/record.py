@@ -1,9 +1,10 @@
-"""What one training run recorded, step by step, as plain data that crosses process boundaries.
+"""What one training run recorded, step by step: every rank's part, merged on the controller.
 
 Why two shapes: every rank records its own scalars (loss, scale, growth tracker, found_inf, skip
 decisions) and its own distances from the reference (``stepcheck.py``: each rank compares its
-pieces of the candidate where they live), so the ranks send :func:`rank_run` dicts and the
-controller merges them into one :class:`RunRecord` per run with :func:`merge_rank_runs`: the
+pieces of the candidate where they live), so the ranks send :func:`rank_run` records
+(``wire.RankRun``, of ``wire.RankStep``: what crosses the process boundary) and the controller
+merges them into one :class:`RunRecord` per run with :func:`merge_rank_runs`: the
 distances of each tensor's pieces into one :class:`~harness.parity.ranks.measure.distance.TensorDiff`, the
 gradients' sums of squares into one norm. Full tensors travel for the few steps the known causes
 read (rank 0; ``StepRecord.params`` and the others are empty elsewhere). Records are keyed by
@@ -16,12 +17,8 @@ import dataclasses
 import math
 from typing import Any
 
-import torch
-
 from harness.parity.ranks.measure.distance import TensorDiff, merged
-
-Tensors = dict[str, torch.Tensor]
-Meta = dict[str, tuple[tuple[int, ...], torch.dtype]]
+from harness.parity.ranks.wire import Meta, Partial, RankRun, RankStep, ResumeAudit, StepTensors, Tensors
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -68,10 +65,9 @@ class StepRecord:
     checkpoint: str | None = None
     """How the run recomputed its checkpointed units: ``replay`` (the RNG state replayed),
     ``no_replay``; ``None``: it did not checkpoint."""
-    resume: tuple[dict[str, Any] | None, ...] = ()
-    """By rank, on a resume row's resumed step: the audits ``ranks/restart/resume.py`` recorded
-    (``restored``: the state that differed from the saved one right after the load, by group;
-    ``weights_at_forward``); empty on every other step."""
+    resume: tuple[ResumeAudit | None, ...] = ()
+    """By rank, from a resume row's resumed step on: the audit ``ranks/restart/resume.py``
+    recorded (:class:`~harness.parity.ranks.wire.ResumeAudit`); empty on every other step."""
 
     def skipped_anywhere(self) -> bool:
         return any(flag for flags in self.skipped for flag in flags)
@@ -147,8 +143,15 @@ def _step_from_dict(data: dict[str, Any]) -> StepRecord:
         clip_norms=tuple(data.get("clip_norms", ())),
         accumulated_in=data.get("accumulated_in"),
         checkpoint=data.get("checkpoint"),
-        resume=tuple(data.get("resume", ())),
+        resume=tuple(_audit_from_wire(audit) for audit in data.get("resume", ())),
     )
+
+
+def _audit_from_wire(audit: Any) -> ResumeAudit | None:
+    """A resume audit as :meth:`RunRecord.to_wire` left it (``dataclasses.asdict`` makes it a dict)."""
+    if audit is None or isinstance(audit, ResumeAudit):
+        return audit
+    return ResumeAudit(**audit)
 
 
 def _diffs_from_wire(diffs: Any) -> dict[str, dict[str, TensorDiff]] | None:
@@ -167,82 +170,77 @@ def rank_step(
     tracker: int,
     found_inf: list[float],
     skipped: list[bool | None],
-    tensors: dict[str, Any] | None,
+    tensors: StepTensors | None,
     buffers: Tensors | None = None,
     clip_norm: float | None = None,
     accumulated_in: str | None = None,
     checkpoint: str | None = None,
-) -> dict[str, Any]:
-    """One rank's part of one step; ``tensors`` (``params``/``grads``/``optim_state``) on rank 0
-    only, ``buffers`` (this rank's own) on every rank; ``clip_norm``: what this rank's
-    ``clip_grad_norm_`` returned (``None``: no clip); ``accumulated_in``: the dtype unreduced
-    microbatch gradients were summed in (``None``: none were); ``checkpoint``: how checkpointed
-    units were recomputed (``None``: none were)."""
-    return {
-        "checkpoint": checkpoint,
-        "clip_norm": clip_norm,
-        "accumulated_in": accumulated_in,
-        "loss": loss,
-        "scale": scale,
-        "tracker": tracker,
-        "found_inf": list(found_inf),
-        "skipped": list(skipped),
-        "tensors": tensors,
-        "buffers": buffers or {},
-    }
+) -> RankStep:
+    """One rank's part of one step; ``tensors`` on rank 0 only, ``buffers`` (this rank's own) on
+    every rank; ``clip_norm``: what this rank's ``clip_grad_norm_`` returned (``None``: no clip);
+    ``accumulated_in``: the dtype unreduced microbatch gradients were summed in (``None``: none
+    were); ``checkpoint``: how checkpointed units were recomputed (``None``: none were)."""
+    return RankStep(
+        loss=loss,
+        scale=scale,
+        tracker=tracker,
+        found_inf=tuple(found_inf),
+        skipped=tuple(skipped),
+        tensors=tensors,
+        buffers=buffers or {},
+        clip_norm=clip_norm,
+        accumulated_in=accumulated_in,
+        checkpoint=checkpoint,
+    )
 
 
 def rank_run(
-    *, rank: int, steps: list[dict[str, Any]], counters: dict[str, int], error: str | None, duration_s: float
-) -> dict[str, Any]:
+    *, rank: int, steps: list[RankStep], counters: dict[str, int], error: str | None, duration_s: float
+) -> RankRun:
     """One rank's part of one run, as sent to the controller."""
-    return {"rank": rank, "steps": steps, "counters": counters, "error": error, "duration_s": duration_s}
+    return RankRun(rank=rank, steps=tuple(steps), counters=counters, error=error, duration_s=duration_s)
 
 
-def merge_rank_runs(
-    role: str, description: str, parts: list[dict[str, Any]], *, first_step: int = 0
-) -> RunRecord:
+def merge_rank_runs(role: str, description: str, parts: list[RankRun], *, first_step: int = 0) -> RunRecord:
     """One :class:`RunRecord` from every rank's :func:`rank_run`; steps end where the first rank
     stopped (``first_step``: the index of the parts' first step, a resharded row's second half's)."""
-    parts = sorted(parts, key=lambda part: part["rank"])
-    ranks = [part["rank"] for part in parts]
+    parts = sorted(parts, key=lambda part: part.rank)
+    ranks = [part.rank for part in parts]
     assert ranks == list(range(len(parts))), f"expected one part per rank, got ranks {ranks}"
-    errors = [part["error"] for part in parts if part["error"]]
-    count = min(len(part["steps"]) for part in parts)
+    errors = [part.error for part in parts if part.error]
+    count = min(len(part.steps) for part in parts)
     steps = []
     for index in range(first_step, first_step + count):
-        per_rank = [part["steps"][index - first_step] for part in parts]
-        tensors = per_rank[0]["tensors"] or {}
+        per_rank = [part.steps[index - first_step] for part in parts]
+        tensors = per_rank[0].tensors
         steps.append(
             StepRecord(
                 step=index,
-                losses=tuple(s["loss"] for s in per_rank),
-                scales=tuple(s["scale"] for s in per_rank),
-                trackers=tuple(s["tracker"] for s in per_rank),
-                found_inf=tuple(tuple(s["found_inf"]) for s in per_rank),
-                skipped=tuple(tuple(s["skipped"]) for s in per_rank),
-                params=tensors.get("params") or {},
-                grads=tensors.get("grads") or {},
-                optim_state=tensors.get("optim_state") or {},
-                buffers=tuple(s.get("buffers") or {} for s in per_rank) if per_rank[0].get("buffers") else (),
+                losses=tuple(s.loss for s in per_rank),
+                scales=tuple(s.scale for s in per_rank),
+                trackers=tuple(s.tracker for s in per_rank),
+                found_inf=tuple(tuple(s.found_inf) for s in per_rank),
+                skipped=tuple(tuple(s.skipped) for s in per_rank),
+                params=tensors.params if tensors is not None else {},
+                grads=tensors.grads if tensors is not None else {},
+                optim_state=tensors.optim_state if tensors is not None else {},
+                buffers=tuple(s.buffers for s in per_rank) if per_rank[0].buffers else (),
                 meta=_merged_meta(per_rank),
                 diffs=_merged_diffs(index, per_rank),
                 grad_norm=_grad_norm(per_rank),
                 clip_norms=_clip_norms(per_rank),
-                accumulated_in=per_rank[0].get("accumulated_in"),
-                checkpoint=per_rank[0].get("checkpoint"),
-                resume=tuple(s.get("resume") for s in per_rank)
-                if any(s.get("resume") for s in per_rank)
-                else (),
+                accumulated_in=per_rank[0].accumulated_in,
+                checkpoint=per_rank[0].checkpoint,
+                resume=tuple(s.resume for s in per_rank) if any(s.resume for s in per_rank) else (),
             )
         )
     return RunRecord(
         role=role,
         description=description,
         steps=tuple(steps),
-        counters=tuple(part["counters"] for part in parts),
+        counters=tuple(part.counters for part in parts),
         error="\n".join(errors) if errors else None,
-        duration_s=max(part["duration_s"] for part in parts),
+        duration_s=max(part.duration_s for part in parts),
     )
 
 
@@ -259,22 +257,23 @@ def joined(first: RunRecord, second: RunRecord, description: str) -> RunRecord:
     )
 
 
-def _merged_meta(per_rank: list[dict[str, Any]]) -> dict[str, Meta] | None:
+def _merged_meta(per_rank: list[RankStep]) -> dict[str, Meta] | None:
     """Rank 0's names, shapes and dtypes (every rank states all of them), and each rank's buffers'."""
-    if "meta" not in per_rank[0]:
+    first = per_rank[0].meta
+    if first is None:
         return None
-    meta = {kind: dict(found) for kind, found in per_rank[0]["meta"].items() if kind != "buffer"}
-    meta["buffer"] = {name: m for s in per_rank for name, m in s["meta"].get("buffer", {}).items()}
+    meta = {kind: dict(found) for kind, found in first.items() if kind != "buffer"}
+    meta["buffer"] = {name: m for s in per_rank for name, m in (s.meta or {}).get("buffer", {}).items()}
     return meta
 
 
-def _merged_diffs(step: int, per_rank: list[dict[str, Any]]) -> dict[str, dict[str, TensorDiff]] | None:
+def _merged_diffs(step: int, per_rank: list[RankStep]) -> dict[str, dict[str, TensorDiff]] | None:
     """Each tensor's distance from its pieces' on every rank (``distance.merged``)."""
-    if not any("diffs" in s for s in per_rank):
+    if all(s.diffs is None for s in per_rank):
         return None
-    pieces: dict[str, dict[str, list[dict[str, float]]]] = {}
+    pieces: dict[str, dict[str, list[Partial]]] = {}
     for s in per_rank:
-        for kind, by_name in s.get("diffs", {}).items():
+        for kind, by_name in (s.diffs or {}).items():
             for name, part in by_name.items():
                 pieces.setdefault(kind, {}).setdefault(name, []).append(part)
     return {
@@ -283,21 +282,20 @@ def _merged_diffs(step: int, per_rank: list[dict[str, Any]]) -> dict[str, dict[s
     }
 
 
-def _grad_norm(per_rank: list[dict[str, Any]]) -> float | None:
+def _grad_norm(per_rank: list[RankStep]) -> float | None:
     """The 2-norm from every rank's sums of squares, tensor by tensor in rank 0's order."""
-    if not any("grad_squares" in s for s in per_rank):
+    if all(s.grad_squares is None for s in per_rank):
         return None
-    names = list((per_rank[0].get("meta") or {}).get("grad") or per_rank[0].get("grad_squares") or {})
+    names = list((per_rank[0].meta or {}).get("grad") or per_rank[0].grad_squares or {})
     total = 0.0
     for name in names:
-        total += sum(s.get("grad_squares", {}).get(name, 0.0) for s in per_rank)
+        total += sum((s.grad_squares or {}).get(name, 0.0) for s in per_rank)
     return math.sqrt(total) if math.isfinite(total) else total
 
 
-def _clip_norms(per_rank: list[dict[str, Any]]) -> tuple[float, ...]:
-    """Each rank's clip norm, or none when no rank clipped (a step recorded before clipping was
-    recorded has no ``clip_norm`` key)."""
-    norms = [s.get("clip_norm") for s in per_rank]
+def _clip_norms(per_rank: list[RankStep]) -> tuple[float, ...]:
+    """Each rank's clip norm, or none when no rank clipped."""
+    norms = [s.clip_norm for s in per_rank]
     if all(norm is None for norm in norms):
         return ()
     return tuple(float("nan") if norm is None else float(norm) for norm in norms)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,8 +28,7 @@ from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig, poisoned_steps
 from harness.parity.ranks.measure import distance, gap, local, ulp
 from harness.parity.ranks.sides import engines, reuse
-
-Meta = dict[str, tuple[tuple[int, ...], torch.dtype]]
+from harness.parity.ranks.wire import Gap, Meta, Partial, RankStep, StepTensors, Tensors
 
 
 class ReferenceSteps:
@@ -39,7 +37,7 @@ class ReferenceSteps:
     large to keep; each step is dropped once the candidate's step after it begins)."""
 
     def __init__(
-        self, steps: list[dict[str, Any]], live: Iterator[dict[str, Any]] | None = None, *, first: int = 0
+        self, steps: list[RankStep], live: Iterator[RankStep] | None = None, *, first: int = 0
     ) -> None:
         self._steps = dict(enumerate(steps, first))
         """By step index (``first``: the index of ``steps[0]``, a resharded row's second half's)."""
@@ -47,7 +45,7 @@ class ReferenceSteps:
         self._live = live
         self._drops = live is not None
 
-    def step(self, index: int) -> dict[str, Any] | None:
+    def step(self, index: int) -> RankStep | None:
         if self._drops:  # before the next step is trained: one step's tensors at a time
             for old in [k for k in self._steps if k < index]:
                 del self._steps[old]
@@ -72,49 +70,52 @@ def meta(pieces: dict[str, local.Piece]) -> Meta:
     return {name: (piece.shape, piece.dtype) for name, piece in pieces.items()}
 
 
-def full_meta(tensors: dict[str, torch.Tensor]) -> Meta:
+def full_meta(tensors: Tensors) -> Meta:
     return {name: (tuple(value.shape), value.dtype) for name, value in tensors.items()}
 
 
-def flat_state(state: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+def flat_state(state: dict[str, Tensors]) -> Tensors:
     """Optimizer state by ``name:key`` (the judge's names)."""
     return {f"{name}:{key}": value for name, values in state.items() for key, value in values.items()}
 
 
-def own_buffers(buffers: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
+def own_buffers(buffers: Tensors, rank: int) -> Tensors:
     """This rank's buffers by the judge's names (``bn.running_mean [rank 1]``)."""
     return {f"{name} [rank {rank}]": value for name, value in buffers.items()}
 
 
-def wire_step(step: dict[str, Any], rank: int) -> dict[str, Any]:
+def wire_step(step: RankStep, rank: int) -> RankStep:
     """A reference's step as it travels: its scalars, its tensors' names, shapes and dtypes, and
     (rank 0) its gradients' sums of squares; no tensors (see :meth:`Check.after_step` for the
     steps whose tensors do travel)."""
-    out = {
-        key: step.get(key)
-        for key in (
-            "loss",
-            "scale",
-            "tracker",
-            "found_inf",
-            "skipped",
-            "clip_norm",
-            "accumulated_in",
-            "checkpoint",
+    shapes = {"buffer": full_meta(own_buffers(step.buffers, rank))}
+    grad_squares = None
+    tensors = step.tensors
+    if rank == 0 and tensors is not None:
+        shapes.update(
+            grad=full_meta(tensors.grads),
+            param=full_meta(tensors.params),
+            optim_state=full_meta(flat_state(tensors.optim_state)),
         )
-    }
-    out["meta"] = {"buffer": full_meta(own_buffers(step["buffers"], rank))}
-    out["tensors"] = None
-    tensors = step.get("tensors")
-    if rank == 0 and tensors:
-        grads = tensors["grads"]
-        out["meta"].update(
-            grad=full_meta(grads),
-            param=full_meta(tensors["params"]),
-            optim_state=full_meta(flat_state(tensors["optim_state"])),
-        )
-        out["grad_squares"] = {name: float(g.double().pow(2).sum()) for name, g in grads.items()}
-    return out
+        grad_squares = {name: float(g.double().pow(2).sum()) for name, g in tensors.grads.items()}
+    return RankStep(
+        loss=step.loss,
+        scale=step.scale,
+        tracker=step.tracker,
+        found_inf=step.found_inf,
+        skipped=step.skipped,
+        clip_norm=step.clip_norm,
+        accumulated_in=step.accumulated_in,
+        checkpoint=step.checkpoint,
+        meta=shapes,
+        grad_squares=grad_squares,
+    )
+
+
+def _tensors(step: RankStep) -> StepTensors:
+    """A reference step's full tensors (every rank holds them: the reference is replicated)."""
+    assert step.tensors is not None, "a reference step compared with records its full tensors"
+    return step.tensors
 
 
 def squares(pieces: dict[str, local.Piece]) -> dict[str, float]:
@@ -128,7 +129,7 @@ def squares(pieces: dict[str, local.Piece]) -> dict[str, float]:
 
 @dataclasses.dataclass(slots=True)
 class _Measured:
-    partials: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    partials: dict[str, Partial] = dataclasses.field(default_factory=dict)
     differ: bool = False
     """Some element (or a shape or dtype) is not bitwise equal."""
     fail: bool = False
@@ -136,7 +137,11 @@ class _Measured:
 
 
 def _compare(
-    reference: dict[str, torch.Tensor], pieces: dict[str, local.Piece], profile: Any, *, align: bool = False
+    reference: Tensors,
+    pieces: dict[str, local.Piece],
+    profile: profiles.ToleranceProfile,
+    *,
+    align: bool = False,
 ) -> _Measured:
     """Each piece against the same elements of ``reference`` (``align``: floating-point buffers
     compared in the coarser of their dtypes, as the judge does)."""
@@ -194,26 +199,26 @@ class Check:
         self.twin = twin
         """The float32 twin of a mixed-precision reference: :attr:`gap` measures the distance
         between the two, step by step as the candidate trains."""
-        self.gap: dict[str, float] | None = None
+        self.gap: Gap | None = None
         self.waited_s = 0.0
         """Time spent in the reference's (and the twin's) steps run in lockstep from :meth:`begin`."""
         self.profile = profiles.profile_for(config)
         self.poisoned = poisoned_steps(config)
         self.reference = reference
         self.keep_all = keep_all
-        self.kept: dict[int, dict[str, Any]] = {}
+        self.kept: dict[int, RankStep] = {}
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self._origin_found = False
         self._failure_found = False
-        self._ref: dict[str, Any] = {}
+        self._ref: RankStep | None = None
         self._grads: _Measured = _Measured()
         self._grad_meta: Meta = {}
         self._squares: dict[str, float] = {}
-        self._full_grads: dict[str, torch.Tensor] | None = None
+        self._full_grads: Tensors | None = None
         self._origin = False
 
     def begin(self, step: int) -> None:
-        self._ref = {}  # let a reference compared in lockstep drop the step before
+        self._ref = None  # let a reference compared in lockstep drop the step before
         started = time.perf_counter()
         found = self.reference.step(step)
         twin = self.twin.step(step) if self.twin is not None and found is not None else None
@@ -224,19 +229,27 @@ class Check:
         if self.twin is not None:
             self._measure_gap(step, twin)
 
-    def _measure_gap(self, step: int, twin: dict[str, Any] | None) -> None:
+    def _measure_gap(self, step: int, twin: RankStep | None) -> None:
         if twin is None:  # the float32 twin failed: no expected gap
             self.twin, self.gap = None, None
             return
-        params = (lambda s: s["tensors"]["params"]) if self.rank == 0 else (lambda s: None)
-        found = gap.of_steps([(self._ref["loss"], twin["loss"], params(self._ref), params(twin))])
-        self.gap = found if self.gap is None else {k: max(v, found[k]) for k, v in self.gap.items()}
+        ref = self._reference()
+        found = gap.of_steps([(ref.loss, twin.loss, self._params(ref), self._params(twin))])
+        self.gap = found if self.gap is None else gap.merge([self.gap, found])
+
+    def _params(self, step: RankStep) -> Tensors | None:
+        """A full step's parameters, where this rank measures them (rank 0)."""
+        return _tensors(step).params if self.rank == 0 else None
+
+    def _reference(self) -> RankStep:
+        assert self._ref is not None, "begin() came first"
+        return self._ref
 
     def grads(self, step: int, engine: engines.Engine, scale: float | None) -> None:
         """Measure this rank's gradients as the optimizer will receive them (``scale``: still
         scaled by it); gather them whole when this step may be one whose tensors travel."""
         pieces = local.grads(engine, scale)
-        reference = self._ref["tensors"]["grads"]
+        reference = _tensors(self._reference()).grads
         self._grads = _compare(reference, pieces, self.profile)
         self._grad_meta = meta(pieces)
         self._squares = squares(pieces)
@@ -256,46 +269,51 @@ class Check:
         step: int,
         engine: engines.Engine,
         optimizers: list[torch.optim.Optimizer],
-        record: dict[str, Any],
-    ) -> None:
-        """Measure parameters, optimizer state and this rank's buffers; put the distances, the
-        tensors' names, shapes and dtypes and, on a kept step, the full tensors into ``record``."""
+        record: RankStep,
+    ) -> RankStep:
+        """Measure parameters, optimizer state and this rank's buffers: ``record`` with the
+        distances, the tensors' names, shapes and dtypes and, on a kept step, the full tensors."""
         params, state = local.params_and_state(engine, optimizers)
-        ref = self._ref["tensors"]
+        reference = self._reference()
+        ref = _tensors(reference)
         measured = {
             "grad": self._grads,
-            "param": _compare(ref["params"], params, self.profile),
-            "optim_state": _compare(flat_state(ref["optim_state"]), state, self.profile),
+            "param": _compare(ref.params, params, self.profile),
+            "optim_state": _compare(flat_state(ref.optim_state), state, self.profile),
         }
         buffers = own_buffers(engine.own_buffers(), self.rank)
         own = {name: local.Piece(tuple(v.shape), v.dtype, 0, v.reshape(-1)) for name, v in buffers.items()}
         measured["buffer"] = _compare(
-            own_buffers(self._ref["buffers"], self.rank), own, self.profile, align=True
+            own_buffers(reference.buffers, self.rank), own, self.profile, align=True
         )
         local_fail = any(m.fail for kind, m in measured.items() if kind != "grad") or self._grads.fail
         (failed,) = _any_rank([local_fail], engine.device)
         keep = self.keep_all or self._origin or (failed and not self._failure_found)
         self._origin_found |= self._origin
         self._failure_found |= failed
-        record["diffs"] = {kind: m.partials for kind, m in measured.items()}
-        record["meta"] = {"buffer": meta(own)}
+        shapes = {"buffer": meta(own)}
         if self.rank == 0:
-            record["meta"].update(
-                {"grad": self._grad_meta, "param": meta(params), "optim_state": meta(state)}
-            )
-        record["grad_squares"] = self._squares
+            shapes.update({"grad": self._grad_meta, "param": meta(params), "optim_state": meta(state)})
+        record = dataclasses.replace(
+            record,
+            diffs={kind: m.partials for kind, m in measured.items()},
+            meta=shapes,
+            grad_squares=self._squares,
+        )
         if not keep:
-            return
+            return record
         full_params, full_state = engine.full_after_step(optimizers)  # collective: agreed above
-        self.kept[step] = self._ref
+        self.kept[step] = reference
         if self.rank == 0:
             grads = self._full_grads
             if grads is None:  # bitwise equal to the reference's (or not compared: a planted fault)
-                grads = {} if step in self.poisoned else ref["grads"]
-            record["tensors"] = {"params": full_params, "grads": grads, "optim_state": full_state}
-            reuse.share_step({"tensors": ref}, record)
+                grads = {} if step in self.poisoned else ref.grads
+            tensors = StepTensors(params=full_params, grads=grads, optim_state=full_state)
+            reuse.share_tensors(ref, tensors)
+            record = dataclasses.replace(record, tensors=tensors)
+        return record
 
 
-def unscaled(grads: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
+def unscaled(grads: Tensors, scale: float) -> Tensors:
     """Still-scaled gradients divided by the scale (a power of two: exact), in their own dtype."""
     return {name: (g.double() / scale).to(g.dtype) for name, g in grads.items()}

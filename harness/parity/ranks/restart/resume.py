@@ -24,6 +24,7 @@ store after each phase, so a rank whose load failed never leaves its peers in a 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import os
@@ -41,6 +42,7 @@ from harness.parity.ranks.restart import reshard, resume_store
 from harness.parity.ranks.restart.resume_state import CarriedRng, audit, scramble, snapshot
 from harness.parity.ranks.restart.resume_state import moved as moved_weights
 from harness.parity.ranks.sides import checkpoint, engines, roles
+from harness.parity.ranks.wire import RankStep, ResumeAudit
 from harness.parity.workload import registry
 from harness.rank import context
 from harness.rank.subtests import all_ranks
@@ -72,7 +74,7 @@ class Loop:
         self._saved: dict[str, Any] | None = None
         self._restored: dict[str, list[str]] | None = None
         self._at_forward: bool | None = None
-        self._audit: dict[str, Any] | None = None
+        self._audit: ResumeAudit | None = None
         self._base: str | None = None
         """The checkpoint's folder while it exists (removed after the resumed step, or by :meth:`close`)."""
         self._phase = 0
@@ -264,19 +266,25 @@ class Loop:
             now = {n: engine.local(p) for n, p in engine.named_trainable()}
             self._at_forward = all(torch.equal(v, now[n]) for n, v in self._saved["weights"].items())
 
-    def after_step(self, step: int, found: dict[str, Any]) -> None:
-        """From the resumed step on: record both audits into ``found`` (a divergence that shows
-        later still finds them); at the resumed step, finish pending work first."""
+    def after_step(self, step: int, found: RankStep) -> RankStep:
+        """``found`` with both audits from the resumed step on (a divergence that shows later
+        still finds them); at the resumed step, finish pending work first."""
         if self._saved is not None and step == self.config.resume.at:
             for work in self.pending:
                 work()
             self.pending = []
-            self._audit = {"step": step, "restored": self._restored, "weights_at_forward": self._at_forward}
-            if self.half is not None:
-                self._audit["world_sizes"] = (self.half.saved_world_size, dist.get_world_size())
+            self._audit = ResumeAudit(
+                step=step,
+                restored={group: tuple(names) for group, names in (self._restored or {}).items()},
+                weights_at_forward=self._at_forward,
+                world_sizes=(self.half.saved_world_size, dist.get_world_size())
+                if self.half is not None
+                else None,
+            )
             self._saved = None
         if self._audit is not None:
-            found["resume"] = self._audit
+            return dataclasses.replace(found, resume=self._audit)
+        return found
 
     def close(self) -> None:
         """Remove the checkpoint (rank 0): after the resumed step, when every rank has loaded it, or

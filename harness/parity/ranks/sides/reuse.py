@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from harness.parity.ranks.wire import RankRun, RankStep, StepTensors
+
 
 def _same(want: Any, got: Any) -> bool:
     return (
@@ -40,21 +42,30 @@ def _share(want: dict[str, Any], got: dict[str, Any]) -> int:
     return shared
 
 
-def share_equal_tensors(reference: dict[str, Any], candidate: dict[str, Any]) -> int:
-    """Share the reference's tensors into ``candidate`` (a ``record.rank_run`` dict this rank owns,
-    changed in place) step by step wherever they are equal; how many tensors were shared."""
-    return sum(
-        share_step(want, got) for want, got in zip(reference["steps"], candidate["steps"], strict=False)
-    )
+def share_equal_tensors(reference: RankRun, candidate: RankRun) -> int:
+    """Share the reference's tensors into ``candidate`` (a ``record.rank_run`` this rank owns: its
+    steps' dicts are changed in place) step by step wherever they are equal; how many tensors were
+    shared."""
+    return sum(share_step(want, got) for want, got in zip(reference.steps, candidate.steps, strict=False))
 
 
-def share_step(want: dict[str, Any], got: dict[str, Any]) -> int:
-    """:func:`share_equal_tensors` for one step's ``record.rank_step`` dicts (``got`` changed in
-    place). ``train.run`` calls it as each candidate step is recorded, so that rank 0 never holds
-    a copy of what the reference already holds."""
+def share_step(want: RankStep, got: RankStep) -> int:
+    """:func:`share_equal_tensors` for one step's records (``got``'s dicts changed in place)."""
     shared = 0
-    if want.get("tensors") and got.get("tensors"):
-        shared += _share(want["tensors"], got["tensors"])
-    if want.get("buffers") and got.get("buffers"):
-        shared += _share(want["buffers"], got["buffers"])
+    if want.tensors is not None and got.tensors is not None:
+        shared += share_tensors(want.tensors, got.tensors)
+    if want.buffers and got.buffers:
+        shared += _share(want.buffers, got.buffers)
     return shared
+
+
+def share_tensors(want: StepTensors, got: StepTensors) -> int:
+    """:func:`share_step` for one step's full tensors (``got``'s dicts changed in place).
+    ``stepcheck.Check`` calls it as each candidate step's tensors are recorded, before they go
+    into the step's record, so that rank 0 never holds a copy of what the reference already
+    holds."""
+    return (
+        _share(want.params, got.params)
+        + _share(want.grads, got.grads)
+        + _share(want.optim_state, got.optim_state)
+    )
