@@ -308,6 +308,8 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         ),
         tests=(
             "suites/ci/test_kernels.py::test_the_sparse_configurations_keep_their_verdicts_under_atens_scalar_kernels",
+            "suites/parity/test_sparse.py::"
+            "test_the_single_process_reference_multiplies_each_ranks_rows_in_that_ranks_own_shape",
         ),
     ),
     Plant(

@@ -5,7 +5,9 @@ naming it.
 Why: each is a resume bug users report (the issue's list), planted into *our* checkpoint code; a
 resume row that still passed with it would be a verdict that lies. The tests that kill each are
 the resume rows of ``suites/parity/test_resume.py`` (bitwise against the run straight through)
-and the named causes of ``suites/parity/test_resume_causes.py``.
+and the named causes of ``suites/parity/test_resume_causes.py``; a lost param group (the fresh
+optimizer's hyperparameters, which no row moves but the scheduled one's learning rate) by each
+method's save-and-load round trip, ``suites/parity/test_resume_store.py``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ _ROWS = "suites/parity/test_resume.py"
 _JUDGE = "suites/parity/test_resume_judge.py"
 _CAUSES = "suites/parity/test_resume_causes.py"
 _RESHARD = "suites/parity/test_reshard.py"
+_STORE = "suites/parity/test_resume_store.py"
+_GROUPS = '            mine.update({k: v for k, v in theirs.items() if k not in ("params", "param_names")})\n'
 
 
 def _edit(file: str, old: str, new: str) -> Edit:
@@ -109,6 +113,51 @@ RESUME_PLANTS: tuple[Plant, ...] = (
             ),
         ),
         tests=(_ROWS,),
+    ),
+    Plant(
+        name="resume_param_groups_not_restored",
+        bug="the name-keyed load restores the optimizer's state but not its param groups: the fresh "
+        "optimizer's learning rate, betas and weight decay train on",
+        edits=(
+            _edit(
+                "ranks/restart/resume_store.py",
+                "        for mine, theirs in zip(optimizer.param_groups, sharded.param_groups, strict=True):\n"
+                + _GROUPS,
+                "        pass  # planted: the param groups are not restored\n",
+            ),
+        ),
+        tests=(_STORE,),
+    ),
+    Plant(
+        name="resume_param_groups_not_saved",
+        bug="the name-keyed save writes the optimizer's state but the wrapper's own param groups (the "
+        "defaults), not the trained optimizer's",
+        edits=(
+            _edit(
+                "ranks/restart/resume_store.py",
+                "        for mine, theirs in zip(sharded.param_groups, optimizer.param_groups, strict=True):\n"
+                + _GROUPS,
+                "        pass  # planted: the param groups are not saved\n",
+            ),
+        ),
+        tests=(_STORE,),
+    ),
+    Plant(
+        name="resume_hyperparameters_not_restored",
+        bug="the DCP load restores each param group's learning rate but leaves its other hyperparameters "
+        "(betas, eps, weight decay) at the fresh optimizer's",
+        edits=(
+            _edit(
+                "ranks/restart/resume_store.py",
+                "        dcp.load(state, checkpoint_id=folder, planner=CurrentFormatLoadPlanner())\n        set_state_dict(",
+                '        fresh = [dict(group) for group in optim_state["param_groups"]]  # planted\n'
+                "        dcp.load(state, checkpoint_id=folder, planner=CurrentFormatLoadPlanner())\n"
+                '        for group, own in zip(state["optim"]["param_groups"], fresh, strict=True):\n'
+                '            group.update({k: v for k, v in own.items() if k not in ("lr", "params")})\n'
+                "        set_state_dict(",
+            ),
+        ),
+        tests=(_STORE,),
     ),
     Plant(
         name="resume_shard_misplaced",

@@ -7,6 +7,12 @@ products in another order, ranks of a TP group fed different batches) or lets a 
 divide-factor bug through (a reference whose replicas are summed as the bug's are). The tests
 ``make test`` runs of ``suites/parity/test_two_d.py`` (its correct TP row and its HSDP plant)
 catch each; the rest of that module is the ``two_d`` tier.
+
+The divide factors of each reference kind are planted over the wrong group too: the float32
+reference under TP over the world, the low-precision twin under HSDP over the shard group, and the
+mirrored reduction's ``AVG`` counted over one group. ``make test``'s 2-D rows (bf16 under TP, an
+fp32 HSDP plant) do not see those, so each is caught by a unit test with its collectives and
+meshes stood in for (``test_divide_factors.py``, ``test_reduce_layout.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +20,17 @@ from __future__ import annotations
 from ci.mutation.edits import Edit, Plant
 
 _TWO_D = "suites/parity/test_two_d.py"
+_FACTORS = (
+    "suites/parity/test_divide_factors.py::"
+    "test_each_reference_divides_over_its_candidates_data_parallel_group_on_a_2d_mesh"
+)
+_AVG = (
+    "suites/parity/test_reduce_layout.py::"
+    "test_fsdp2_averages_in_its_collectives_exactly_where_its_factor_is_its_data_parallel_size"
+)
+_MIRRORED = "factors = twin.divide_factors(engine, torch.float32, two_d.data_parallel_size(self.config))"
+_TWIN = "self.config.engine, twin.DTYPES[self.policy.reduce_dtype], two_d.data_parallel_size(self.config)"
+_SIZE = "    size = dist.get_world_size(shard) * (dist.get_world_size(replicate) if replicate is not None else 1)\n"
 
 
 def _edit(file: str, old: str, new: str) -> Edit:
@@ -72,6 +89,55 @@ TWO_D_PLANTS: tuple[Plant, ...] = (
             ),
         ),
         tests=(_TWO_D,),
+    ),
+    Plant(
+        name="parity_tp_float32_reference_divides_by_the_world",
+        bug="the float32 reference of a TP candidate takes its divide factor over the whole world, not "
+        "its dp group: every gradient halved at tp 2 (the low-precision twin still right)",
+        edits=(
+            _edit(
+                "ranks/sides/references.py",
+                _MIRRORED,
+                "factors = twin.divide_factors(engine, torch.float32, self.config.world_size)  # planted",
+            ),
+        ),
+        tests=(f"{_FACTORS}[tp2-fp32]",),
+    ),
+    Plant(
+        name="parity_hsdp_twin_divides_by_the_shard_group",
+        bug="the low-precision twin of an HSDP candidate takes its divide factor over the shard group "
+        "(FSDP's own bug, pytorch#155903), so a candidate with that bug matches it",
+        edits=(
+            _edit(
+                "ranks/sides/references.py",
+                _TWIN,
+                _TWIN.replace(
+                    "data_parallel_size(self.config)",
+                    "data_parallel_size(self.config) // (self.config.hsdp or 1)  # planted",
+                ),
+            ),
+        ),
+        tests=(f"{_FACTORS}[hsdp2x2-bf16]", f"{_FACTORS}[hsdp4x1-fp16]"),
+    ),
+    Plant(
+        name="parity_hsdp_averages_over_the_shard_group_only",
+        bug="the mirrored reduction counts an HSDP candidate's data-parallel ranks in the shard group "
+        "only, so it sums and divides where FSDP2 averages in each collective (other roundings on NCCL)",
+        edits=(
+            _edit(
+                "ranks/sides/reduce_layout.py", _SIZE, "    size = dist.get_world_size(shard)  # planted\n"
+            ),
+        ),
+        tests=(f"{_AVG}[hsdp2x2]", f"{_AVG}[hsdp4x1]"),
+    ),
+    Plant(
+        name="parity_tp_averages_over_the_world",
+        bug="the mirrored reduction counts a TP candidate's data-parallel ranks over the whole world, so "
+        "it sums and divides where FSDP2 averages over dp (other roundings on NCCL)",
+        edits=(
+            _edit("ranks/sides/reduce_layout.py", _SIZE, "    size = dist.get_world_size()  # planted\n"),
+        ),
+        tests=(f"{_AVG}[tp2]",),
     ),
 )
 """The 2-D plants, in the order ``make mutation`` runs them."""

@@ -5,7 +5,8 @@ known causes.
 Why: each of these, loosened, gives a correct candidate a FAIL at world size 4 (a reference that
 sums in another order) or a red row no name (a cause never matched); none of it shows at world
 size 2, where any order gives the same bits, so every plant here is caught by the world-size-4
-tests of ``suites/parity/test_world_size.py``, which ``make test`` runs.
+tests of ``suites/parity/test_world_size.py``, which ``make test`` runs (the hand accumulation's
+divide factor over HYBRID_SHARD's shard group: a unit test of its factors).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from ci.mutation.edits import Edit, Plant
 
 _WORLD_SIZE = "suites/parity/test_world_size.py"
+_HAND = "suites/parity/test_divide_factors.py::test_the_hand_accumulation_divides_over_every_rank_of_its_candidate"
 
 
 def _edit(file: str, old: str, new: str) -> Edit:
@@ -114,6 +116,20 @@ WORLD_SIZE_PLANTS: tuple[Plant, ...] = (
             ),
         ),
         tests=(_WORLD_SIZE,),
+    ),
+    Plant(
+        name="parity_hand_accumulation_divides_by_the_shard_group",
+        bug="the reference's hand accumulation of a HYBRID_SHARD candidate takes its divide factors over "
+        "the shard group (2 of 4 ranks), not both mesh dimensions: its gradients are twice the candidate's",
+        edits=(
+            _edit(
+                "ranks/sides/accumulate.py",
+                "self.factors = twin.divide_factors(config.engine, self.reduce, engine.world_size)",
+                "self.factors = twin.divide_factors(config.engine, self.reduce, engine.world_size // 2 "
+                'if config.sharding == "hybrid_shard" else engine.world_size)  # planted',
+            ),
+        ),
+        tests=(f"{_HAND}[fsdp1-hybrid_shard]",),
     ),
 )
 """The plants of the world-size verdict, run after the engine's."""

@@ -4,6 +4,7 @@ reduction itself is checked bitwise at world size 4 in ``test_world_size.py``)."
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -80,3 +81,84 @@ def test_a_ddp_candidate_reduces_every_gradient_in_one_buffer():
     model = _Net()
     (bucket,) = _layout(model, engine="ddp").buckets
     assert bucket.params == tuple(range(len(list(model.parameters()))))
+
+
+class _Mesh:
+    """A stand-in device mesh: each dimension's group is its name."""
+
+    def __init__(self, shape: tuple[int, ...], names: tuple[str, ...] | None) -> None:
+        self.shape, self.names = shape, names
+
+    def __getitem__(self, name: str) -> object:
+        class _Dim:
+            @staticmethod
+            def get_group() -> str:
+                return name
+
+        return _Dim()
+
+
+_HSDP_2X2 = ((2, 2), ("replicate", "shard"))
+_TP_2 = ((2, 2), ("dp", "tp"))
+
+
+@pytest.mark.parametrize(
+    ("layout", "groups"),
+    [
+        (reduce_layout.Layout(engine="fsdp2", buckets=(), mesh=_HSDP_2X2), ("shard", "replicate")),
+        (
+            reduce_layout.Layout(engine="fsdp2", buckets=(), mesh=((4, 1), ("replicate", "shard"))),
+            ("shard", "replicate"),
+        ),
+        (reduce_layout.Layout(engine="fsdp2", buckets=(), mesh=_TP_2), ("dp", None)),
+        (reduce_layout.Layout(engine="fsdp1", buckets=(), hybrid=True), ("shard", "replicate")),
+    ],
+    ids=["hsdp2x2", "hsdp4x1", "tp2", "fsdp1-hybrid_shard"],
+)
+def test_the_reference_reduces_over_the_groups_its_candidate_reduces_over(layout, groups, monkeypatch):
+    """``(shard group, replicate group)`` of each 2-D layout, as its candidate's mesh names them:
+    HSDP reduce-scatters within a shard group, then all-reduces across the replicas (swapped, the
+    buffer is scattered over other ranks than the candidate's); TP reduces over ``dp`` alone (the
+    whole world would add each TP rank's share into the others'); FSDP1's HYBRID_SHARD over its
+    shard groups of 2, then across them. Its meshes stood in for: no process group."""
+    from harness.parity.ranks.sides import gather
+
+    made: list[tuple] = []
+    monkeypatch.setattr(
+        gather, "mesh", lambda device, shape, names: made.append((shape, names)) or _Mesh(shape, names)
+    )
+    monkeypatch.setattr(reduce_layout.dist, "get_world_size", lambda group=None: 4)
+    assert reduce_layout._groups(layout, torch.device("cpu")) == groups
+    expected = layout.mesh or ((2, 2), ("replicate", "shard"))
+    assert made == [expected]
+
+
+_SIZES = {"shard": 2, "replicate": 2, "dp": 2, "one": 1, "four": 4, None: 4}
+"""The stand-in groups' sizes (``None``: the default group, the whole world of 4)."""
+
+
+@pytest.mark.parametrize(
+    ("layout", "groups", "factors", "op"),
+    [
+        (_HSDP_2X2, ("shard", "replicate"), (None, 4.0), ("AVG", None, None)),
+        (((4, 1), ("replicate", "shard")), ("one", "four"), (None, 4.0), ("AVG", None, None)),
+        (_TP_2, ("dp", None), (None, 2.0), ("AVG", None, None)),
+        (_HSDP_2X2, ("shard", "replicate"), (2.0, 2.0), ("SUM", 2.0, 2.0)),
+        (_TP_2, ("dp", None), (None, 4.0), ("SUM", None, 4.0)),
+    ],
+    ids=["hsdp2x2", "hsdp4x1", "tp2", "hsdp2x2-fp16", "tp2-over-the-world"],
+)
+def test_fsdp2_averages_in_its_collectives_exactly_where_its_factor_is_its_data_parallel_size(
+    layout, groups, factors, op, monkeypatch
+):
+    """FSDP2 reduces with ``ReduceOp.AVG`` in each stage (reduce-scatter over the shard group,
+    all-reduce over the replicas) when its factor is the mean over every data-parallel rank: that
+    count is the shard group's size times the replicate group's (HSDP: both; TP: ``dp`` only, no
+    replicas). Counted over one group only, or over the whole world under TP, the reference sums
+    and divides instead: the same bits on gloo at these sizes, other roundings on NCCL, whose
+    ``AVG`` pre-multiplies in the reduce dtype. A factor that is not that mean (fp16's split, or
+    the world's under TP) is summed and divided as given."""
+    monkeypatch.setattr(reduce_layout.dist, "get_world_size", lambda group=None: _SIZES[group])
+    found = reduce_layout._op(reduce_layout.Layout(engine="fsdp2", buckets=(), mesh=layout), factors, groups)
+    name = {reduce_layout.dist.ReduceOp.AVG: "AVG", reduce_layout.dist.ReduceOp.SUM: "SUM"}[found[0]]
+    assert (name, *found[1:]) == op

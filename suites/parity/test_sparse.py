@@ -74,3 +74,34 @@ def test_every_rank_states_its_own_module_buffers_every_step(parity_config, outc
         for step in run.steps:
             stated = sorted(step.shapes("buffer"))
             assert stated == [f"projection [rank {r}]" for r in range(parity_config.world_size)]
+
+
+def test_the_single_process_reference_multiplies_each_ranks_rows_in_that_ranks_own_shape():
+    """The one-process reference looks every rank's rows up at once (a gather: exact in any shape),
+    but its matmuls must take the operands a rank's own forward takes (one rank's rows, a fresh
+    tensor): over every rank's rows at once a CPU may pick another kernel path and round the last
+    bit otherwise, so the verdict would hold on some machines only (AVX-512 MKL, ATen's scalar
+    kernels). Checked by the operands' shapes, which no CPU changes; ``make kernels`` checks the
+    verdicts themselves where the kernels do differ."""
+    from torch.overrides import TorchFunctionMode
+
+    class Operands(TorchFunctionMode):
+        """The shape and storage offset of each matmul's left operand."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: set[tuple[tuple[int, ...], int]] = set()
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", "") in ("matmul", "__matmul__"):
+                self.seen.add((tuple(args[0].shape), args[0].storage_offset()))
+            return func(*args, **(kwargs or {}))
+
+    workload = registry.get("embedding")
+    model = workload.model()
+    batches = [registry.make_batch(workload, 0, rank, 0) for rank in range(2)]
+    with Operands() as own:
+        workload.loss(model, batches[1])
+    with Operands() as joint:
+        workload.losses(model, batches)
+    assert own.seen and joint.seen == own.seen, (joint.seen, own.seen)

@@ -7,6 +7,10 @@ away from step 0, and an ``exact`` comparison calls it a FAIL. Re-anchored each 
 gradients match bitwise, every reduced element lies within the order-free bound, and the update
 from the common state is bitwise: a pass. The bugs below reorder *and* break something, so only a
 stage can tell them apart.
+
+Then each rule for each kind of row it tells apart, alone and at world size 2 (the staged check
+run directly, without the straight run): the local stage under FSDP1, FSDP2 and either kind of
+accumulation; the fused fallback's own count; each scalar of the scaler's state the ranks record.
 """
 
 from __future__ import annotations
@@ -132,3 +136,101 @@ def test_a_one_ulp_forward_change_a_fallback_tolerance_let_through_fails_and_is_
     assert result.reason.startswith("staged check: step 0"), result.reason
     assert result.localization is not None and result.localization.first is not None
     assert result.localization.first.module.startswith("inner.1"), result.localization.describe()
+
+
+def test_the_update_stage_counts_what_lies_outside_the_fused_fallback_apart_from_what_differs():
+    """A fused optimizer's update is held to the ``fp32`` profile, not to equal bits: the rank
+    side counts, per tensor, the elements that differ at all and, apart, those outside that
+    profile, which alone fail a fused row. Counted as zero, a fused kernel that updates wrongly by
+    any amount passes (a non-fused row, held to equal bits, would still fail)."""
+    import torch
+
+    from harness.parity.ranks import staged
+
+    want = {"param:w": torch.tensor([1.0, 2.0, 3.0, 4.0])}
+    one_ulp = torch.nextafter(torch.tensor(1.0), torch.tensor(2.0))
+    got = {"param:w": torch.stack([one_ulp, torch.tensor(2.0), torch.tensor(3.5), torch.tensor(4.0)])}
+    elements, differing, max_ulp, outside = staged._update_compared(want, got)["param:w"]
+    assert (elements, differing, outside) == (4, 2, 1)
+    assert max_ulp > 1
+
+
+_ONE_ULP = Plant(kind="output_ulp", module="inner.1.linear", amount=1)
+_LOCAL_KINDS = {
+    "fsdp1": ParityConfig(
+        engine="fsdp1", sharding="full_shard", use_orig_params=False, optimizer="sgd", steps=1
+    ),
+    "fsdp2": ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="sgd", steps=1),
+    "accumulated-sync-last": ParityConfig(
+        engine="fsdp2", reshard_after_forward=True, optimizer="sgd", accumulate=2, sync="last", steps=1
+    ),
+    "accumulated-sync-every": ParityConfig(
+        engine="fsdp2", reshard_after_forward=True, optimizer="sgd", accumulate=2, sync="every", steps=1
+    ),
+}
+"""One row of each kind whose local gradients the staged check captures its own way: FSDP1's flat
+gradient split by its metadata, FSDP2's per parameter, an accumulation's unreduced sum once
+(``sync="last"``) or each microbatch's (``sync="every"``), against the reference's hand
+accumulation."""
+
+
+@pytest.fixture(scope="module")
+def one_ulp_staged(module_ranks):
+    """``{kind: Staged}``: the staged check alone (one rank call at world size 2) of each row of
+    :data:`_LOCAL_KINDS` whose candidate's ``inner.1.linear`` output is one ulp off."""
+    from fixtures.parity_plants import staged_batch
+    from harness.parity.judge import staged
+
+    requests = [(config, False) for config in _LOCAL_KINDS.values()]
+    per_rank = module_ranks.run(staged_batch, _ONE_ULP, requests, world_size=2)
+    return {
+        kind: staged.judge(config, [rank[index] for rank in per_rank])
+        for index, (kind, config) in enumerate(_LOCAL_KINDS.items())
+    }
+
+
+@pytest.mark.parametrize("kind", list(_LOCAL_KINDS))
+def test_local_gradients_that_differ_fail_the_local_stage_in_every_kind_of_row(one_ulp_staged, kind):
+    """The local stage holds each kind of row to equal bits, not only the first stage that breaks:
+    a one-ulp change in one layer's output moves the loss (its own stage) and every gradient below
+    it, and the local stage must say so too. Loosened for one kind (its captured gradients
+    compared with the reference's own, or not at all), that kind's compute mismatch would be left
+    to the loss alone, which a change in backward only does not move."""
+    found = one_ulp_staged[kind]
+    assert not found.error, found.error
+    assert "local" in {finding.stage for finding in found.findings}, found.findings
+    assert found.local_elements > 0
+
+
+def test_an_accumulation_that_reduces_every_microbatch_compares_each_microbatchs_local_gradients(
+    one_ulp_staged,
+):
+    """With ``sync="every"`` each of the two microbatches is reduced, and each one's local
+    gradients are compared: twice the elements of a row that reduces once per step."""
+    every = one_ulp_staged["accumulated-sync-every"].local_elements
+    assert every == 2 * one_ulp_staged["fsdp2"].local_elements
+    assert one_ulp_staged["accumulated-sync-last"].local_elements == one_ulp_staged["fsdp2"].local_elements
+
+
+def _staged_with_a_drifting_scaler(config: ParityConfig, field: str) -> dict:
+    """On every rank: the staged check of ``config``, the candidate's scaler moving ``field``
+    after each ``update()`` (``scaler_drift``)."""
+    from fixtures.parity_plants import staged_batch
+
+    (found,) = staged_batch(Plant(kind="scaler_drift", field=field), [(config, False)])
+    return found
+
+
+@pytest.mark.parametrize("field", ["scale", "tracker"])
+def test_each_scalar_of_the_scalers_state_that_moved_otherwise_fails_the_scale_stage(module_ranks, field):
+    """Each rank records the scale and the growth tracker of both sides after the step, and the
+    scale stage compares each: a candidate whose scaler counts its growth interval otherwise under
+    an equal scale (or scales otherwise under an equal count) fails naming that scalar."""
+    from harness.parity.judge import staged
+
+    config = ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="sgd", steps=1)
+    found = staged.judge(
+        config, module_ranks.run(_staged_with_a_drifting_scaler, config, field, world_size=2)
+    )
+    assert not found.error, found.error
+    assert [(f.stage, f.what) for f in found.findings] == [("scale", field)], found.findings

@@ -75,6 +75,17 @@ def test_a_stage_that_does_not_hold_fails_the_row_and_is_named(changes, stage):
     assert found.summary().startswith("staged check failed: step 0, " + stage)
 
 
+@pytest.mark.parametrize("scalar", ["scale", "tracker"])
+def test_each_scalar_of_the_scalers_state_is_compared_on_its_own(scalar):
+    """The scale stage compares every scalar the ranks record of the scaler's state, each alone:
+    a growth tracker that moved otherwise under the same scale is a scaler that will grow its
+    scale on another step, and fails the row naming that scalar."""
+    differs = {"scale": [65536.0, 32768.0], "tracker": [1, 0]}[scalar]
+    found = staged.judge(_FSDP2, _parts(_step(**{scalar: differs})))
+    assert not found.passed
+    assert [(f.stage, f.what) for f in found.findings] == [("scale", scalar)]
+
+
 def test_a_fused_optimizers_update_is_held_to_the_fp32_fallback_not_bitwise():
     fused = ParityConfig(
         engine="fsdp2",
@@ -136,10 +147,84 @@ def test_a_rank_that_raised_leaves_the_check_unrun_with_its_error():
             9.0,
             True,
         ),
+        (
+            ParityConfig(
+                engine="fsdp1", sharding="full_shard", use_orig_params=False, optimizer="sgd", world_size=4
+            ),
+            "fail",
+            9.0,
+            True,
+        ),
+        (
+            ParityConfig(
+                engine="fsdp2", reshard_after_forward=True, optimizer="adam_fused", world_size=4, steps=1
+            ),
+            "pass",
+            3.0,
+            True,
+        ),
+        (
+            ParityConfig(
+                engine="fsdp2",
+                reshard_after_forward=True,
+                optimizer="sgd",
+                path="unscale_clip",
+                clip=0.05,
+                world_size=4,
+            ),
+            "fail",
+            9.0,
+            True,
+        ),
+        (
+            ParityConfig(engine="fsdp2", reshard_after_forward=True, workload="llama", hsdp=2, world_size=4),
+            "fail",
+            9.0,
+            True,
+        ),
+        (
+            ParityConfig(engine="fsdp2", reshard_after_forward=True, workload="llama", tp=2, world_size=4),
+            "fail",
+            9.0,
+            False,
+        ),
+        (
+            ParityConfig(
+                engine="fsdp2",
+                reshard_after_forward=True,
+                optimizer="sgd",
+                resume_at=2,
+                resume_method="dcp",
+                world_size=4,
+            ),
+            "fail",
+            9.0,
+            False,
+        ),
     ],
-    ids=["bitwise", "close", "failed", "crashed", "ddp", "accumulate_every", "accumulate_last"],
+    ids=[
+        "bitwise",
+        "close",
+        "failed",
+        "crashed",
+        "ddp",
+        "accumulate_every",
+        "accumulate_last",
+        "fsdp1",
+        "fused",
+        "clip",
+        "hsdp",
+        "tp",
+        "resume",
+    ],
 )
 def test_which_rows_the_runner_sends_to_the_staged_check(config, status, max_ulp, sent):
+    """Every kind of row the check tells apart, each alone: FSDP1 and FSDP2, fused and not,
+    accumulating either way, clipping, HSDP are sent; a TP row (its local gradients are TP shards of
+    another layout, its twin mirrors the split) and a resume row (the check trains without the
+    restart, so a lost state would pass) are not, nor DDP's (its reducer runs in C++). A sparse
+    row is DDP against ``reference="single"`` by construction (``ParityConfig`` refuses any other
+    engine), so the ``ddp`` case covers it."""
     assert staged.wanted(config, status, max_ulp, expected_failure="") is sent
 
 

@@ -43,6 +43,8 @@ def test_ids_name_the_mesh_and_the_references_of_different_meshes_are_kept_apart
         ({"tp": 4}, "tp must be one of (2,)"),
         ({"tp": 2, "workload": "mlp"}, "tp_plan='auto'"),
         ({"tp": 2, "offload": True}, "plain loop"),
+        ({"tp": 2, "accumulate": 2}, "plain loop"),  # the hand accumulation divides over the world
+        ({"hsdp": 2, "accumulate": 2}, "plain loop"),
     ],
 )
 def test_a_2d_layout_the_engine_cannot_run_is_refused_naming_the_fix(fields, words):
