@@ -36,7 +36,7 @@ _JUDGED_SCALARS = (
 _ANCHOR = (
     "suites/parity/test_anchor.py::test_anchoring_hands_the_reference_each_scalar_of_the_candidates_scaler"
 )
-_LOCAL_PAIR = "_compared(_stacked(ref_local), _stacked(cand_local)),"
+_LOCAL_PAIR = "_compared(_stacked(ref_local), _stacked(cand_local))\n"
 
 
 def _local_left_to(kind: str, condition: str) -> Plant:
@@ -49,7 +49,7 @@ def _local_left_to(kind: str, condition: str) -> Plant:
             _edit(
                 "ranks/staged.py",
                 _LOCAL_PAIR,
-                f"_compared(_stacked(ref_local), _stacked(ref_local if {condition} else cand_local)),  # planted",
+                f"_compared(_stacked(ref_local), _stacked(ref_local if {condition} else cand_local))  # planted\n",
             ),
         ),
         tests=(f"{_LOCAL}[{kind}]",),
@@ -141,7 +141,7 @@ STAGED_PLANTS: tuple[Plant, ...] = (
         tests=_TESTS,
     ),
     _local_left_to("fsdp1", 'config.engine == "fsdp1"'),
-    _local_left_to("fsdp2", 'config.engine == "fsdp2" and config.accumulate == 1'),
+    _local_left_to("fsdp2", 'config.engine == "fsdp2" and config.loop.accumulate == 1'),
     Plant(
         name="parity_staged_sync_every_last_microbatch_only",
         bug="an accumulation that reduces every microbatch (sync='every') has only its last microbatch's "
@@ -164,8 +164,8 @@ STAGED_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/staged.py",
-                "            found.append(float(int((~close).sum())))\n",
-                "            found.append(0.0)  # planted\n",
+                "        outside = int((~close).sum())\n",
+                "        outside = 0  # planted\n",
             ),
         ),
         tests=(
@@ -179,8 +179,8 @@ STAGED_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "judge/staged.py",
-                "    if config.tp is not None:\n        return False\n",
-                "    pass  # planted: TP rows accepted\n",
+                '    if config.mesh.tp is not None:\n        return "the staged check does not judge tensor-parallel rows',
+                '    if False:  # planted: TP rows accepted\n        return "the staged check does not judge tensor-parallel rows',
             ),
         ),
         tests=(f"{_WANTED}[tp]",),
@@ -192,8 +192,8 @@ STAGED_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "judge/staged.py",
-                '    for key in ("scale", "tracker"):\n',
-                '    for key in ("scale",):  # planted\n',
+                '    pairs: tuple[tuple[str, tuple[float, float]], ...] = (("scale", head.scale), ("tracker", head.tracker))\n',
+                '    pairs: tuple[tuple[str, tuple[float, float]], ...] = (("scale", head.scale),)  # planted\n',
             ),
         ),
         tests=(f"{_JUDGED_SCALARS}[tracker]", f"{_SCALARS}[tracker]"),
@@ -205,8 +205,8 @@ STAGED_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/staged.py",
-                "int(ref.scaler._get_growth_tracker())]",
-                "int(cand.scaler._get_growth_tracker())]  # planted",
+                "int(ref.scaler._get_growth_tracker())),\n",
+                "int(cand.scaler._get_growth_tracker())),  # planted\n",
             ),
         ),
         tests=(f"{_SCALARS}[tracker]",),
@@ -217,8 +217,8 @@ STAGED_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/staged.py",
-                'found["scale"] = [cand.scaler.get_scale(), ref.scaler.get_scale()]',
-                'found["scale"] = [cand.scaler.get_scale(), cand.scaler.get_scale()]  # planted',
+                "        scale=(cand.scaler.get_scale(), ref.scaler.get_scale()),\n",
+                "        scale=(cand.scaler.get_scale(), cand.scaler.get_scale()),  # planted\n",
             ),
         ),
         tests=(f"{_SCALARS}[scale]",),

@@ -28,8 +28,8 @@ _AVG = (
     "suites/parity/test_reduce_layout.py::"
     "test_fsdp2_averages_in_its_collectives_exactly_where_its_factor_is_its_data_parallel_size"
 )
-_MIRRORED = "factors = twin.divide_factors(engine, torch.float32, two_d.data_parallel_size(self.config))"
-_TWIN = "self.config.engine, twin.DTYPES[self.policy.reduce_dtype], two_d.data_parallel_size(self.config)"
+_MIRRORED = "            engine, torch.float32, self.config.mesh.data_parallel_size(self.config.world_size)\n"
+_TWIN = "            self.config.mesh.data_parallel_size(self.config.world_size),\n"
 _SIZE = "    size = dist.get_world_size(shard) * (dist.get_world_size(replicate) if replicate is not None else 1)\n"
 
 
@@ -98,7 +98,7 @@ TWO_D_PLANTS: tuple[Plant, ...] = (
             _edit(
                 "ranks/sides/references.py",
                 _MIRRORED,
-                "factors = twin.divide_factors(engine, torch.float32, self.config.world_size)  # planted",
+                "            engine, torch.float32, self.config.world_size  # planted\n",
             ),
         ),
         tests=(f"{_FACTORS}[tp2-fp32]",),
@@ -111,10 +111,8 @@ TWO_D_PLANTS: tuple[Plant, ...] = (
             _edit(
                 "ranks/sides/references.py",
                 _TWIN,
-                _TWIN.replace(
-                    "data_parallel_size(self.config)",
-                    "data_parallel_size(self.config) // (self.config.hsdp or 1)  # planted",
-                ),
+                "            self.config.mesh.data_parallel_size(self.config.world_size)"
+                " // (self.config.mesh.hsdp or 1),  # planted\n",
             ),
         ),
         tests=(f"{_FACTORS}[hsdp2x2-bf16]", f"{_FACTORS}[hsdp4x1-fp16]"),

@@ -126,7 +126,7 @@ WORLD_SIZE_PLANTS: tuple[Plant, ...] = (
                 "ranks/sides/accumulate.py",
                 "self.factors = twin.divide_factors(config.engine, self.reduce, engine.world_size)",
                 "self.factors = twin.divide_factors(config.engine, self.reduce, engine.world_size // 2 "
-                'if config.sharding == "hybrid_shard" else engine.world_size)  # planted',
+                'if config.layout.sharding == "hybrid_shard" else engine.world_size)  # planted',
             ),
         ),
         tests=(f"{_HAND}[fsdp1-hybrid_shard]",),

@@ -138,7 +138,7 @@ def test_each_reference_divides_over_its_candidates_data_parallel_group_on_a_2d_
     the bug the reference must show in a candidate rather than share. The TP twin is either of
     them with the plan's split linears (``roles.build``), so its factors are these."""
     fields, ranks = _LAYOUTS_2D[layout]
-    config = ParityConfig(**_FSDP2_4, **fields, **_PRECISIONS[precision])
+    config = ParityConfig.from_flat(**_FSDP2_4, **fields, **_PRECISIONS[precision])
     assert (config.policy is None) == (precision == "fp32")
     reduce = torch.float16 if precision == "fp16" else torch.float32
     assert _factors_asked(config, monkeypatch) == [twin.divide_factors("fsdp2", reduce, ranks)]
@@ -164,6 +164,6 @@ def test_the_hand_accumulation_divides_over_every_rank_of_its_candidate(fields, 
 
     from harness.parity.ranks.sides import accumulate
 
-    config = ParityConfig(**fields, accumulate=2, world_size=4)
+    config = ParityConfig.from_flat(**fields, world_size=4, accumulate=2)
     engine = SimpleNamespace(module=nn.Linear(2, 2), candidate_layout=lambda: None, world_size=4)
     assert accumulate.HandAccumulation(config, engine).factors == factors

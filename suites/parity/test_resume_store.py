@@ -25,7 +25,7 @@ from harness.parity.plan.config import ParityConfig
 _FSDP1 = {"engine": "fsdp1", "sharding": "full_shard", "use_orig_params": False}
 _FSDP2 = {"engine": "fsdp2", "reshard_after_forward": True}
 _CASES = {
-    f"{method}-{engine}": (method, ParityConfig(optimizer="adam", precision="fp16", **fields))
+    f"{method}-{engine}": (method, ParityConfig.from_flat(optimizer="adam", **fields, precision="fp16"))
     for method in ("dcp", "sharded_optimizer")
     for engine, fields in (("fsdp1", _FSDP1), ("fsdp2", _FSDP2))
 }

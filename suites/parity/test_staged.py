@@ -19,7 +19,7 @@ import pytest
 
 from fixtures.parity_plants import Plant, planted_executor
 from harness.parity.doors import runner
-from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.config import Layout, Loop, ParityConfig
 from harness.parity.report import markdown, render
 
 _FSDP2 = {"engine": "fsdp2", "reshard_after_forward": True, "steps": 3, "world_size": 4}
@@ -150,22 +150,32 @@ def test_the_update_stage_counts_what_lies_outside_the_fused_fallback_apart_from
     want = {"param:w": torch.tensor([1.0, 2.0, 3.0, 4.0])}
     one_ulp = torch.nextafter(torch.tensor(1.0), torch.tensor(2.0))
     got = {"param:w": torch.stack([one_ulp, torch.tensor(2.0), torch.tensor(3.5), torch.tensor(4.0)])}
-    elements, differing, max_ulp, outside = staged._update_compared(want, got)["param:w"]
-    assert (elements, differing, outside) == (4, 2, 1)
-    assert max_ulp > 1
+    found = staged._update_compared(want, got)["param:w"]
+    assert (found.elements, found.differing, found.outside_fp32) == (4, 2, 1)
+    assert found.max_ulp > 1
 
 
 _ONE_ULP = Plant(kind="output_ulp", module="inner.1.linear", amount=1)
 _LOCAL_KINDS = {
     "fsdp1": ParityConfig(
-        engine="fsdp1", sharding="full_shard", use_orig_params=False, optimizer="sgd", steps=1
+        engine="fsdp1", optimizer="sgd", steps=1, layout=Layout(sharding="full_shard", use_orig_params=False)
     ),
-    "fsdp2": ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="sgd", steps=1),
+    "fsdp2": ParityConfig(
+        engine="fsdp2", optimizer="sgd", steps=1, layout=Layout(reshard_after_forward=True)
+    ),
     "accumulated-sync-last": ParityConfig(
-        engine="fsdp2", reshard_after_forward=True, optimizer="sgd", accumulate=2, sync="last", steps=1
+        engine="fsdp2",
+        optimizer="sgd",
+        steps=1,
+        layout=Layout(reshard_after_forward=True),
+        loop=Loop(accumulate=2, sync="last"),
     ),
     "accumulated-sync-every": ParityConfig(
-        engine="fsdp2", reshard_after_forward=True, optimizer="sgd", accumulate=2, sync="every", steps=1
+        engine="fsdp2",
+        optimizer="sgd",
+        steps=1,
+        layout=Layout(reshard_after_forward=True),
+        loop=Loop(accumulate=2, sync="every"),
     ),
 }
 """One row of each kind whose local gradients the staged check captures its own way: FSDP1's flat
@@ -228,7 +238,7 @@ def test_each_scalar_of_the_scalers_state_that_moved_otherwise_fails_the_scale_s
     an equal scale (or scales otherwise under an equal count) fails naming that scalar."""
     from harness.parity.judge import staged
 
-    config = ParityConfig(engine="fsdp2", reshard_after_forward=True, optimizer="sgd", steps=1)
+    config = ParityConfig(engine="fsdp2", optimizer="sgd", steps=1, layout=Layout(reshard_after_forward=True))
     found = staged.judge(
         config, module_ranks.run(_staged_with_a_drifting_scaler, config, field, world_size=2)
     )

@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 
 from harness.parity.judge import staged
-from harness.parity.plan.config import Layout, Loop, ParityConfig
+from harness.parity.plan.config import Layout, Loop, Mesh, ParityConfig, Resume
 from harness.parity.ranks.wire import Bounded, Compared, StagedRun, StagedStep
 
 _FSDP2 = ParityConfig(
@@ -149,7 +149,10 @@ def test_a_rank_that_raised_leaves_the_check_unrun_with_its_error():
         ),
         (
             ParityConfig(
-                engine="fsdp1", sharding="full_shard", use_orig_params=False, optimizer="sgd", world_size=4
+                engine="fsdp1",
+                optimizer="sgd",
+                world_size=4,
+                layout=Layout(sharding="full_shard", use_orig_params=False),
             ),
             "fail",
             9.0,
@@ -157,7 +160,11 @@ def test_a_rank_that_raised_leaves_the_check_unrun_with_its_error():
         ),
         (
             ParityConfig(
-                engine="fsdp2", reshard_after_forward=True, optimizer="adam_fused", world_size=4, steps=1
+                engine="fsdp2",
+                optimizer="adam_fused",
+                world_size=4,
+                steps=1,
+                layout=Layout(reshard_after_forward=True),
             ),
             "pass",
             3.0,
@@ -166,24 +173,35 @@ def test_a_rank_that_raised_leaves_the_check_unrun_with_its_error():
         (
             ParityConfig(
                 engine="fsdp2",
-                reshard_after_forward=True,
                 optimizer="sgd",
-                path="unscale_clip",
-                clip=0.05,
                 world_size=4,
+                layout=Layout(reshard_after_forward=True),
+                loop=Loop(path="unscale_clip", clip=0.05),
             ),
             "fail",
             9.0,
             True,
         ),
         (
-            ParityConfig(engine="fsdp2", reshard_after_forward=True, workload="llama", hsdp=2, world_size=4),
+            ParityConfig(
+                engine="fsdp2",
+                workload="llama",
+                world_size=4,
+                layout=Layout(reshard_after_forward=True),
+                mesh=Mesh(hsdp=2),
+            ),
             "fail",
             9.0,
             True,
         ),
         (
-            ParityConfig(engine="fsdp2", reshard_after_forward=True, workload="llama", tp=2, world_size=4),
+            ParityConfig(
+                engine="fsdp2",
+                workload="llama",
+                world_size=4,
+                layout=Layout(reshard_after_forward=True),
+                mesh=Mesh(tp=2),
+            ),
             "fail",
             9.0,
             False,
@@ -191,11 +209,10 @@ def test_a_rank_that_raised_leaves_the_check_unrun_with_its_error():
         (
             ParityConfig(
                 engine="fsdp2",
-                reshard_after_forward=True,
                 optimizer="sgd",
-                resume_at=2,
-                resume_method="dcp",
                 world_size=4,
+                layout=Layout(reshard_after_forward=True),
+                resume=Resume(at=2, method="dcp"),
             ),
             "fail",
             9.0,
