@@ -19,7 +19,6 @@ import torch.distributed as dist
 from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks import train
 from harness.parity.ranks.measure import ulp
-from harness.parity.ranks.sides import reduce_layout
 
 
 def _max_ulp(a: dict[str, Any], b: dict[str, Any]) -> float:
@@ -42,13 +41,12 @@ def reordering_drift(config: ParityConfig, device: torch.device) -> list[float]:
     candidate reduces and the same reference summing the ranks in reverse order (rank 0; the other
     ranks return ``[]``). Raises what a run raised (the caller records it)."""
     plain = train.Run(config, "reference", device)
-    other = train.Run(config, "reference", device)
+    other = train.Run(config, "reference", device, summed_in_reverse=True)
     steps_plain, steps_other = iter(plain), iter(other)
     drift: list[float] = []
     for _ in range(config.steps):
         a: dict[str, Any] | None = next(steps_plain, None)
-        with reduce_layout.summed_in_reverse():
-            b: dict[str, Any] | None = next(steps_other, None)
+        b: dict[str, Any] | None = next(steps_other, None)
         if a is None or b is None:
             break
         if dist.get_rank() == 0:

@@ -109,7 +109,9 @@ class Run:
     gradients and optimizer state on every rank (``record=False``: none; the localization's
     replays record nothing). With ``check`` (a candidate's), it holds what the check measured
     (``stepcheck.Check``). ``slim``: a function applied to each step before it is kept in
-    :attr:`steps` (a reference too large to keep keeps its scalars only).
+    :attr:`steps` (a reference too large to keep keeps its scalars only). ``summed_in_reverse``: a
+    reference whose reductions sum the ranks in reverse order (``Engine.summed_in_reverse``: the
+    drift's second reference, ``drift.py``).
     """
 
     def __init__(
@@ -123,8 +125,10 @@ class Run:
         check: stepcheck.Check | None = None,
         record: bool = True,
         half: reshard.Half | None = None,
+        summed_in_reverse: bool = False,
     ) -> None:
         self.config, self.role, self.device = config, role, device
+        self.summed_in_reverse = summed_in_reverse
         self.observe, self.check, self.record = observe, check, record
         self.first = 0
         self.last = config.steps if last_step is None else min(config.steps, last_step + 1)
@@ -160,6 +164,7 @@ class Run:
                 )
             else:
                 engine = roles.build(self.config, self.role, self.device)
+                engine.summed_in_reverse = self.summed_in_reverse
                 checkpoint.install(engine, self.config, self.role)
                 self.description = engine.description
                 groups = engine.param_groups(2 if self.config.loop.path == "two_optimizers" else 1)

@@ -97,6 +97,7 @@ class HandAccumulation:
         self.reduce = torch.float32 if policy is None else DTYPES[policy.reduce_dtype]
         self.unsynced = unsynced_dtype(config)
         self.factors = twin.divide_factors(config.engine, self.reduce, engine.world_size)
+        self.in_reverse = engine.summed_in_reverse
         self._pending: list[torch.Tensor | None] = [None] * len(self.lows)
         self._synced: list[torch.Tensor | None] = [None] * len(self.masters)
 
@@ -133,7 +134,9 @@ class HandAccumulation:
         (float32: where FSDP adds each new reduced shard)."""
         if all(grad is None for grad in grads):
             return
-        reduced = reduce_layout.reduce(self.layout, self.lows, grads, self.reduce, self.factors)
+        reduced = reduce_layout.reduce(
+            self.layout, self.lows, grads, self.reduce, self.factors, in_reverse=self.in_reverse
+        )
         for index, grad in enumerate(reduced):
             if grad is None:
                 continue

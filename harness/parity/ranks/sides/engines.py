@@ -140,6 +140,12 @@ class Engine:
     unscales_first = False
     """Whether the loop must call ``unscale_`` itself so that :meth:`before_step` sees unscaled grads."""
 
+    summed_in_reverse = False
+    """A reference that reduces by hand (``references.py``, ``accumulate.HandAccumulation``): its
+    reductions sum the ranks in reverse rank order instead of through the candidate's collective
+    (``reduce_layout.reduce(in_reverse=True)``). Only the drift's second reference sets it
+    (``train.Run(summed_in_reverse=True)``, ``ranks/drift.py``)."""
+
     def after_backward(self) -> None:
         """Called between ``backward`` and the scaler (gradients are final afterwards)."""
 
