@@ -73,22 +73,15 @@ class _Side:
         self.unreduced: dict[str, list[torch.Tensor]] = {}
         """The reference's local gradients as its hand accumulation reduces them: each microbatch's
         (``sync="every"``), or their unreduced sum once (``sync="last"``)."""
+        self._names = [gather.clean_name(n) for n, _ in self.engine.trained_module().named_parameters()]
         if config.loop.accumulate > 1 and role == "reference":
-            self.hand = accumulate.HandAccumulation(config, self.engine)
-            self._watch(self.hand)
+            self.hand = accumulate.HandAccumulation(config, self.engine, on_reduce=self._record_unreduced)
 
-    def _watch(self, hand: accumulate.HandAccumulation) -> None:
-        """Record what the hand accumulation hands to its reduction (its local gradients)."""
-        names = [gather.clean_name(n) for n, _ in self.engine.trained_module().named_parameters()]
-        reduce = hand._add_reduced
-
-        def recording(grads: list[torch.Tensor | None]) -> None:
-            for name, grad in zip(names, grads, strict=True):
-                if grad is not None:
-                    self.unreduced.setdefault(name, []).append(grad.detach().clone())
-            reduce(grads)
-
-        hand._add_reduced = recording  # type: ignore[method-assign]
+    def _record_unreduced(self, grads: list[torch.Tensor | None]) -> None:
+        """Keep a copy of what the hand accumulation hands to its reduction (its local gradients)."""
+        for name, grad in zip(self._names, grads, strict=True):
+            if grad is not None:
+                self.unreduced.setdefault(name, []).append(grad.detach().clone())
 
     def zero_grad(self) -> None:
         for opt in self.optimizers:

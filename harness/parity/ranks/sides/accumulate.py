@@ -21,7 +21,7 @@ does: each microbatch then sums, or sums in the candidate's unsynced dtype then 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -82,10 +82,21 @@ class HandAccumulation:
 
     ``lows``: the parameters backward writes gradients into (the twin's working copy, or the
     float32 model itself); ``masters``: the parameters the optimizer steps (the same for float32).
+    ``on_reduce``: told what is handed to each reduction, before it runs (one gradient per ``lows``
+    parameter, ``None`` where it has none): each microbatch's gradients (``sync="every"``), or
+    their unreduced sum once (``sync="last"``). The staged check reads the reference's local
+    gradients there (``ranks/staged.py``); it must not change them.
     """
 
-    def __init__(self, config: ParityConfig, engine: engines.Engine) -> None:
+    def __init__(
+        self,
+        config: ParityConfig,
+        engine: engines.Engine,
+        *,
+        on_reduce: Callable[[list[torch.Tensor | None]], None] | None = None,
+    ) -> None:
         self.sync = config.loop.sync
+        self.on_reduce = on_reduce
         policy = config.policy
         if isinstance(engine, references.LowPrecisionDDP):
             self.lows = list(engine.working.parameters())
@@ -132,6 +143,8 @@ class HandAccumulation:
     def _add_reduced(self, grads: list[torch.Tensor | None]) -> None:
         """Reduce ``grads`` and add them to the reduced sum so far, in each master's dtype
         (float32: where FSDP adds each new reduced shard)."""
+        if self.on_reduce is not None:
+            self.on_reduce(grads)
         if all(grad is None for grad in grads):
             return
         reduced = reduce_layout.reduce(
