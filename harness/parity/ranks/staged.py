@@ -49,8 +49,7 @@ from harness.parity.plan.config import ParityConfig, poisoned_steps
 from harness.parity.ranks import entry, train
 from harness.parity.ranks.drift import reordering_drift
 from harness.parity.ranks.measure import bound, ulp
-from harness.parity.ranks.restart import resume
-from harness.parity.ranks.sides import accumulate, anchor, capture, checkpoint, gather, roles
+from harness.parity.ranks.sides import accumulate, anchor, capture, checkpoint, gather, loop_state, roles
 from harness.parity.ranks.sides.twin import DTYPES
 from harness.rank import context
 from harness.rank.execute import prefix_lines
@@ -66,7 +65,7 @@ class _Side:
         self.groups = self.engine.param_groups(2 if config.loop.path == "two_optimizers" else 1)
         self.optimizers = [self.engine.make_optimizer(group) for group in self.groups]
         self.scaler = train.make_scaler(config, role, device)
-        self.loop = resume.Loop(config, role, device)
+        self.loop = loop_state.LoopState(config, device)
         self.loop.start(self.engine, self.optimizers)
         self.config, self.role = config, role
         self.hand = None
