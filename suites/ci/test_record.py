@@ -34,7 +34,9 @@ def test_a_verdict_that_differs_from_the_record_is_named():
 
 def test_a_configuration_missing_from_a_run_is_named():
     recorded = [("a", "pass", "bitwise", "exact", "")]
-    assert record.differences(recorded, [], fused=set())[0].startswith("the configurations differ: missing ['a']")
+    assert record.differences(recorded, [], fused=set())[0].startswith(
+        "the configurations differ: missing ['a']"
+    )
 
 
 def _verdicts(module_ranks, name):
