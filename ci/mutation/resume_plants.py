@@ -71,7 +71,7 @@ RESUME_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/restart/resume.py",
-                "            self.rng.state = rng\n",
+                "            carried.state = rng\n",
                 "            pass  # planted\n",
             ),
         ),

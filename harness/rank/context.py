@@ -11,10 +11,52 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class GroupKey(Generic[T]):
+    """A key of :class:`GroupStash`, typed by what it holds (pytest's ``StashKey``): a module makes
+    its own once, at import, and no other module can reach what it keeps."""
+
+    __slots__ = ()
+
+
+class GroupStash:
+    """What the code on this rank keeps for as long as one default process group lives, by
+    :class:`GroupKey` (a device mesh of its sub-groups, a reference run whose collectives ran on
+    it). A newly created group (:func:`advance_group_generation`) gets an empty stash, so nothing
+    kept for a destroyed group is found again, and on every rank alike (:func:`group_generation`).
+    """
+
+    __slots__ = ("_values", "generation")
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        """Which default process group of this process it belongs to (:func:`group_generation`)."""
+        self._values: dict[GroupKey[Any], Any] = {}
+
+    def get(self, key: GroupKey[T]) -> T | None:
+        """What ``key`` holds, or ``None``."""
+        return self._values.get(key)
+
+    def __setitem__(self, key: GroupKey[T], value: T) -> None:
+        self._values[key] = value
+
+    def setdefault(self, key: GroupKey[T], make: Callable[[], T]) -> T:
+        """What ``key`` holds, made by ``make()`` and kept the first time."""
+        if key not in self._values:
+            self._values[key] = make()
+        return self._values[key]
+
+    def pop(self, key: GroupKey[T]) -> T | None:
+        """Drop what ``key`` holds (``None`` if nothing); what it held."""
+        return self._values.pop(key, None)
+
 
 _CURRENT: RankContext | None = None
-_GROUP_GENERATION = 0
+_GROUP = GroupStash(0)
 _HEARTBEAT: Callable[[], None] | None = None
 _HEARTBEAT_EVERY_S = 0.5
 _last_beat = 0.0
@@ -64,13 +106,20 @@ def group_generation() -> int:
     on the other (one rank runs the collectives of a fresh reference, its peer does not). Every
     rank creates its groups together (a new pool group, a reset after an agreement, torchrun's
     first group), so caches keyed on the generation hit or miss on every rank alike."""
-    return _GROUP_GENERATION
+    return _GROUP.generation
+
+
+def group_stash() -> GroupStash:
+    """What is kept for the current default process group (:class:`GroupStash`): the one owner of
+    what the parity engine keeps from one rank call to the next, dropped with the group."""
+    return _GROUP
 
 
 def advance_group_generation() -> None:
-    """Count a newly created default process group (called by every rank side that creates one)."""
-    global _GROUP_GENERATION
-    _GROUP_GENERATION += 1
+    """Count a newly created default process group (called by every rank side that creates one);
+    it starts with an empty :func:`group_stash`."""
+    global _GROUP
+    _GROUP = GroupStash(_GROUP.generation + 1)
 
 
 def heartbeat() -> None:

@@ -190,6 +190,31 @@ def test_a_folder_that_cannot_be_written_is_an_error_naming_the_setting(tmp_path
         resume._writable(str(blocker / "checkpoint"))
 
 
+def _folder_under(root: str) -> str:
+    """On a rank: the error of a checkpoint folder made under ``root`` (rank 0 fails, every rank raises)."""
+    import os
+
+    os.environ[resume.DIR_ENV] = root
+    try:
+        resume._new_folder()
+    except resume.ResumeError as error:
+        return str(error)
+    finally:
+        del os.environ[resume.DIR_ENV]
+    return "no error"
+
+
+def test_a_checkpoint_folder_rank_0_cannot_make_is_an_error_on_every_rank_naming_the_setting(ranks, tmp_path):
+    """Rank 0 makes the folder; what it met making one reaches every rank as an error, not a path."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    said = ranks.run(_folder_under, str(blocker), world_size=2)
+    assert [text.split("]")[0] for text in said] == ["[rank 0", "[rank 1"], said
+    for text in said:
+        assert f"cannot make a checkpoint folder under {blocker}: " in text, text
+        assert f"set {resume.DIR_ENV} to a writable folder every rank sees" in text and "!" not in text
+
+
 @pytest.fixture(scope="module")
 def resumed(module_ranks):
     """``{name: Outcome}`` of every row of :data:`_ROWS`."""

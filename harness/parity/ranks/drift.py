@@ -17,7 +17,6 @@ import torch.distributed as dist
 from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks import train
 from harness.parity.ranks.measure import ulp
-from harness.parity.ranks.sides import reduce_layout
 from harness.parity.ranks.wire import RankStep, StepTensors
 
 
@@ -39,13 +38,12 @@ def reordering_drift(config: ParityConfig, device: torch.device) -> tuple[float,
     candidate reduces and the same reference summing the ranks in reverse order (rank 0; the other
     ranks return ``()``). Raises what a run raised (the caller records it)."""
     plain = train.Run(config, "reference", device)
-    other = train.Run(config, "reference", device)
+    other = train.Run(config, "reference", device, summed_in_reverse=True)
     steps_plain, steps_other = iter(plain), iter(other)
     drift: list[float] = []
     for _ in range(config.steps):
         a: RankStep | None = next(steps_plain, None)
-        with reduce_layout.summed_in_reverse():
-            b: RankStep | None = next(steps_other, None)
+        b: RankStep | None = next(steps_other, None)
         if a is None or b is None:
             break
         if dist.get_rank() == 0:

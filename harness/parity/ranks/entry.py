@@ -57,7 +57,39 @@ class _Kept:
     nbytes: int
 
 
-_references: dict[tuple[Any, ...], _Kept] = {}
+class KeptReferences:
+    """The finished reference runs this rank keeps for later configurations with the same reference
+    (``ParityConfig.reference_key``), in this batch or a later one, oldest first.
+
+    Its lifetime is the default process group's: it lives in the group's stash
+    (``context.group_stash``), as a reference's collectives ran on that group and every rank must
+    reuse it or train it again alike; a re-created group (after a failed configuration) starts
+    with none kept."""
+
+    def __init__(self) -> None:
+        self.runs: dict[tuple[Any, ...], _Kept] = {}
+
+    def get(self, key: tuple[Any, ...]) -> _Kept | None:
+        return self.runs.get(key)
+
+    def clear(self) -> None:
+        """Keep none (a test that changes how references are built clears them around the change)."""
+        self.runs.clear()
+
+    def keep(self, key: tuple[Any, ...], kept: _Kept, budget: int) -> None:
+        """Keep ``kept``, dropping the oldest kept runs while all of them exceed ``budget``."""
+        self.runs[key] = kept
+        while sum(k.nbytes for k in self.runs.values()) > budget and len(self.runs) > 1:
+            del self.runs[next(iter(self.runs))]
+
+
+_KEPT = context.GroupKey[KeptReferences]()
+"""In the default group's stash: the reference runs kept on it."""
+
+
+def kept_references() -> KeptReferences:
+    """The reference runs kept for the current default group (made empty the first time)."""
+    return context.group_stash().setdefault(_KEPT, KeptReferences)
 
 
 def _nbytes(step: RankStep) -> int:
@@ -73,13 +105,6 @@ def _nbytes(step: RankStep) -> int:
     if tensors is not None:
         held += walk(tensors.params) + walk(tensors.grads) + walk(tensors.optim_state)
     return held
-
-
-def _keep(key: tuple[Any, ...], kept: _Kept, budget: int) -> None:
-    """Keep ``kept``, dropping the oldest kept runs while all of them exceed ``budget``."""
-    _references[key] = kept
-    while sum(k.nbytes for k in _references.values()) > budget and len(_references) > 1:
-        del _references[next(iter(_references))]
 
 
 @dataclasses.dataclass(slots=True)
@@ -112,8 +137,9 @@ def _reference(config: ParityConfig, device: Any) -> _Reference:
     now and kept when its full tensors fit :func:`keep_budget` (the same on every rank: the
     reference is replicated, so its size is too), or else left running to be compared a step at
     a time."""
-    key = (context.group_generation(), *config.reference_key())
-    found = _references.get(key)
+    kept = kept_references()
+    key = config.reference_key()
+    found = kept.get(key)
     if found is not None:
         return _Reference(stepcheck.ReferenceSteps(found.steps), found.description, True, found.wire)
     budget = keep_budget()
@@ -133,13 +159,14 @@ def _reference(config: ParityConfig, device: Any) -> _Reference:
         training.rank_run(), steps=tuple(stepcheck.wire_step(full, rank) for full in training.steps)
     )
     if training.error is None:
-        _keep(key, _Kept(training.steps, wire, training.description, nbytes), budget)
+        kept.keep(key, _Kept(training.steps, wire, training.description, nbytes), budget)
     return _Reference(stepcheck.ReferenceSteps(training.steps), training.description, False, wire)
 
 
 def forget() -> None:
-    """Drop what was cached for the default group (after it was re-created)."""
-    _references.clear()
+    """Drop the reference runs and the mesh kept for the default group (after a failed
+    configuration; the group re-created then starts with none kept anyway)."""
+    context.group_stash().pop(_KEPT)
     gather.forget_meshes()
 
 

@@ -49,8 +49,7 @@ from harness.parity.plan.config import ParityConfig, poisoned_steps
 from harness.parity.ranks import entry, train
 from harness.parity.ranks.drift import reordering_drift
 from harness.parity.ranks.measure import bound, ulp
-from harness.parity.ranks.restart import resume
-from harness.parity.ranks.sides import accumulate, anchor, capture, checkpoint, gather, roles
+from harness.parity.ranks.sides import accumulate, anchor, capture, checkpoint, gather, loop_state, roles
 from harness.parity.ranks.sides.twin import DTYPES
 from harness.parity.ranks.wire import Bounded, Compared, StagedRun, StagedStep
 from harness.rank import context
@@ -67,29 +66,22 @@ class _Side:
         self.groups = self.engine.param_groups(2 if config.loop.path == "two_optimizers" else 1)
         self.optimizers = [self.engine.make_optimizer(group) for group in self.groups]
         self.scaler = train.make_scaler(config, role, device)
-        self.loop = resume.Loop(config, role, device)
+        self.loop = loop_state.LoopState(config, device)
         self.loop.start(self.engine, self.optimizers)
         self.config, self.role = config, role
         self.hand = None
         self.unreduced: dict[str, list[torch.Tensor]] = {}
         """The reference's local gradients as its hand accumulation reduces them: each microbatch's
         (``sync="every"``), or their unreduced sum once (``sync="last"``)."""
+        self._names = [gather.clean_name(n) for n, _ in self.engine.trained_module().named_parameters()]
         if config.loop.accumulate > 1 and role == "reference":
-            self.hand = accumulate.HandAccumulation(config, self.engine)
-            self._watch(self.hand)
+            self.hand = accumulate.HandAccumulation(config, self.engine, on_reduce=self._record_unreduced)
 
-    def _watch(self, hand: accumulate.HandAccumulation) -> None:
-        """Record what the hand accumulation hands to its reduction (its local gradients)."""
-        names = [gather.clean_name(n) for n, _ in self.engine.trained_module().named_parameters()]
-        reduce = hand._add_reduced
-
-        def recording(grads: list[torch.Tensor | None]) -> None:
-            for name, grad in zip(names, grads, strict=True):
-                if grad is not None:
-                    self.unreduced.setdefault(name, []).append(grad.detach().clone())
-            reduce(grads)
-
-        hand._add_reduced = recording  # type: ignore[method-assign]
+    def _record_unreduced(self, grads: list[torch.Tensor | None]) -> None:
+        """Keep a copy of what the hand accumulation hands to its reduction (its local gradients)."""
+        for name, grad in zip(self._names, grads, strict=True):
+            if grad is not None:
+                self.unreduced.setdefault(name, []).append(grad.detach().clone())
 
     def zero_grad(self) -> None:
         for opt in self.optimizers:

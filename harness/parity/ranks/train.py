@@ -12,10 +12,12 @@ Each step::
     -> loss, scale, tracker, found_inf, skip decisions, then the parameters and optimizer state
        (recorded whole, or measured: ``stepcheck.Check``)
 
-A resume row's candidate saves, drops everything and loads into a fresh engine before step
-``config.resume.at``; LR schedulers step after every update (``resume.Loop``). A resharded row
-runs as two halves (``half``: one rank call at each world size, ``reshard.py``): the first trains
-up to ``resume_at`` and saves, the second builds afresh, loads and trains on.
+LR schedulers step after every update, and a resume row's forward RNG runs on from step to step
+(``sides/loop_state.LoopState``, every run's). A resume row's candidate saves, drops everything and
+loads into a fresh engine before step ``config.resume.at`` (``resume.Restart``, built only for the
+runs that need it). A resharded row runs as two halves (``half``: one rank call at each world
+size, ``reshard.py``): the first trains up to ``resume_at`` and saves, the second builds afresh,
+loads and trains on.
 
 The units' activations are checkpointed on both sides when ``config.loop.checkpoint`` says so
 (``checkpoint.install``, once the engine is built).
@@ -39,7 +41,7 @@ import torch.distributed as dist
 from harness.parity.plan.config import Fault, ParityConfig
 from harness.parity.ranks.measure import record, stepcheck
 from harness.parity.ranks.restart import reshard, resume
-from harness.parity.ranks.sides import accumulate, checkpoint, engines, roles
+from harness.parity.ranks.sides import accumulate, checkpoint, engines, loop_state, roles
 from harness.parity.ranks.wire import RankRun, RankStep, StepTensors
 from harness.rank import context
 from harness.rank.execute import prefix_lines
@@ -110,7 +112,9 @@ class Run:
     gradients and optimizer state on every rank (``record=False``: none; the localization's
     replays record nothing). With ``check`` (a candidate's), it holds what the check measured
     (``stepcheck.Check``). ``slim``: a function applied to each step before it is kept in
-    :attr:`steps` (a reference too large to keep keeps its scalars only).
+    :attr:`steps` (a reference too large to keep keeps its scalars only). ``summed_in_reverse``: a
+    reference whose reductions sum the ranks in reverse order (``Engine.summed_in_reverse``: the
+    drift's second reference, ``drift.py``).
     """
 
     def __init__(
@@ -124,8 +128,10 @@ class Run:
         check: stepcheck.Check | None = None,
         record: bool = True,
         half: reshard.Half | None = None,
+        summed_in_reverse: bool = False,
     ) -> None:
         self.config, self.role, self.device = config, role, device
+        self.summed_in_reverse = summed_in_reverse
         self.observe, self.check, self.record = observe, check, record
         self.first = 0
         self.last = config.steps if last_step is None else min(config.steps, last_step + 1)
@@ -141,8 +147,14 @@ class Run:
         self.duration_s = 0.0
         self.slim: Callable[[RankStep], RankStep] | None = None
         self.rank = dist.get_rank()  # kept: a failed run's rank leaves the group before it reports
-        self.loop = resume.Loop(config, role, device, half)
-        """Schedulers, a resume row's carried RNG and its restart (``resume.py``)."""
+        self.loop = loop_state.LoopState(config, device)
+        """Schedulers and the forward RNG policy (``sides/loop_state.py``)."""
+        self.restart = (
+            resume.Restart(config, role, device, self.loop, half)
+            if resume.restarts(config, role, half)
+            else None
+        )
+        """A resume row's restart, or a resharded row's hand-over (``resume.py``); ``None`` elsewhere."""
         self.engine: engines.Engine | None = None
         self.optimizers: list[torch.optim.Optimizer] = []
         self.scaler: Any = None
@@ -153,14 +165,16 @@ class Run:
         started = time.perf_counter()
         rank = self.rank
         scaler = None
+        restart = self.restart
         try:
-            if self.loop.arrives():  # a resharded row's second half: fresh, then loaded
-                engine, groups, optimizers, scaler = self.loop.arrive(self.first, self._new_scaler)
+            if restart is not None and restart.arrives():  # a resharded row's second half: fresh, then loaded
+                engine, groups, optimizers, scaler = restart.arrive(self.first, self._new_scaler)
                 self.description = (
                     f"from step {self.first} at world size {engine.world_size}: {engine.description}"
                 )
             else:
                 engine = roles.build(self.config, self.role, self.device)
+                engine.summed_in_reverse = self.summed_in_reverse
                 checkpoint.install(engine, self.config, self.role)
                 self.description = engine.description
                 groups = engine.param_groups(2 if self.config.loop.path == "two_optimizers" else 1)
@@ -172,29 +186,34 @@ class Run:
             if self.config.loop.accumulate > 1 and self.role == "reference":
                 hand = accumulate.HandAccumulation(self.config, engine)
             for step in range(self.first, self.last):
-                if self.loop.restarts_at(step):
-                    engine, groups, optimizers, scaler = self.loop.restart(
+                if restart is not None and restart.restarts_at(step):
+                    engine, groups, optimizers, scaler = restart.restart(
                         step, engine, optimizers, scaler, self._new_scaler
                     )
                     self.description += f"; saved after step {step - 1}, resumed in {engine.description}"
                     self.engine, self.optimizers, self.scaler = engine, optimizers, scaler
-                self.loop.before_step(step, engine)
+                if restart is not None:
+                    restart.before_step(step, engine)
                 found = self._step(step, rank, engine, groups, optimizers, scaler, hand)
-                found = self.loop.after_step(step, found)
+                if restart is not None:
+                    found = restart.after_step(step, found)
                 self.steps.append(self.slim(found) if self.slim is not None else found)
                 context.heartbeat()  # a slow step of a large model is progress, not a hang
                 self.duration_s += time.perf_counter() - started
                 yield found
                 started = time.perf_counter()  # the time spent suspended is not this run's
                 del found  # a step compared in lockstep is dropped before the next one trains
-            if self.loop.departs():  # a resharded row's first half: save for the other world size
-                self.loop.depart(self.last, engine, optimizers, scaler)
+            if (
+                restart is not None and restart.departs()
+            ):  # a resharded row's first half: save for the other world size
+                restart.depart(self.last, engine, optimizers, scaler)
             if scaler is not None:
                 self.counters = _counters(scaler)
         except Exception:  # noqa: BLE001 - recorded; the caller decides what it means
             self.error = prefix_lines(traceback.format_exc(), rank)
         finally:
-            self.loop.close()
+            if restart is not None:
+                restart.close()
             self.duration_s += time.perf_counter() - started
 
     def _new_scaler(self) -> Any:

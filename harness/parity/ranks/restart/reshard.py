@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from harness.parity.ranks.sides import engines
+from harness.parity.ranks.sides.loop_state import LoopState
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -62,7 +63,7 @@ def _rank_file(folder: str, stem: str, rank: int) -> str:
 
 
 def hand_over(
-    folder: str, engine: engines.Engine, optimizer: torch.optim.Optimizer, scaler: Any, loop: Any
+    folder: str, engine: engines.Engine, optimizer: torch.optim.Optimizer, scaler: Any, loop: LoopState
 ) -> None:
     """The reference's state at the end of the first half: whole (rank 0) and per rank."""
     rank = dist.get_rank()

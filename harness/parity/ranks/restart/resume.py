@@ -11,7 +11,9 @@ straight through, and the two are compared step by step as any row.
 Beside the checkpoint the loop keeps what a training script keeps itself, one file per rank: the
 step count (the data position: batches are drawn per ``(rank, step)``), the forward RNG state and
 the LR schedulers' states. A resume row's forward RNG runs on from step to step (both sides),
-seeded once per rank, as a real run's does; other rows reseed it per step.
+seeded once per rank, as a real run's does; other rows reseed it per step. Both are every run's
+(``sides/loop_state.LoopState``); only the runs that restart or hand over (:func:`restarts`) build
+a :class:`Restart`, which saves and restores them.
 
 What the report names when a resume row fails comes from two audits recorded on the resumed step:
 ``restored`` (right after the load, which state differs from what was saved: weights, optimizer
@@ -39,11 +41,11 @@ import torch.distributed as dist
 from harness.parity.plan.config import ParityConfig
 from harness.parity.plan.config import resume as resume_part
 from harness.parity.ranks.restart import reshard, resume_store
-from harness.parity.ranks.restart.resume_state import CarriedRng, audit, scramble, snapshot
+from harness.parity.ranks.restart.resume_state import audit, scramble, snapshot
 from harness.parity.ranks.restart.resume_state import moved as moved_weights
 from harness.parity.ranks.sides import checkpoint, engines, roles
+from harness.parity.ranks.sides.loop_state import CarriedRng, LoopState
 from harness.parity.ranks.wire import RankStep, ResumeAudit
-from harness.parity.workload import registry
 from harness.rank import context
 from harness.rank.subtests import all_ranks
 
@@ -59,16 +61,27 @@ class ResumeError(RuntimeError):
     """A resume phase failed; the message names the rank and the function."""
 
 
-class Loop:
-    """What a run keeps beside its engine: schedulers, the carried RNG, and a resume row's restart."""
+def restarts(config: ParityConfig, role: str, half: reshard.Half | None = None) -> bool:
+    """Whether ``role``'s run of ``config`` needs the resume machinery (:class:`Restart`): a resume
+    row's candidate, or either side of a resharded row's half. Every other run, a resume row's
+    reference included, needs only what every row has (``sides/loop_state.LoopState``)."""
+    return half is not None or (role == "candidate" and config.resume.at is not None)
+
+
+class Restart:
+    """A resume row's restart, beside the run's :class:`~harness.parity.ranks.sides.loop_state.LoopState`
+    (``loop``): the save, the drop, the fresh engine and the load, or a resharded row's hand-over
+    between its halves, and the audits of the resumed step. Built only where :func:`restarts`."""
 
     def __init__(
-        self, config: ParityConfig, role: str, device: torch.device, half: reshard.Half | None = None
+        self,
+        config: ParityConfig,
+        role: str,
+        device: torch.device,
+        loop: LoopState,
+        half: reshard.Half | None = None,
     ) -> None:
-        self.config, self.role, self.device, self.half = config, role, device, half
-        self.workload = registry.get(config.workload)
-        self.schedulers: list[Any] = []
-        self.rng: CarriedRng | None = None
+        self.config, self.role, self.device, self.loop, self.half = config, role, device, loop, half
         self.pending: list[Callable[[], None]] = []
         """Work for the end of the resumed step (the checkpoint folder's removal)."""
         self._saved: dict[str, Any] | None = None
@@ -78,22 +91,6 @@ class Loop:
         self._base: str | None = None
         """The checkpoint's folder while it exists (removed after the resumed step, or by :meth:`close`)."""
         self._phase = 0
-
-    def start(
-        self, engine: engines.Engine, optimizers: list[torch.optim.Optimizer], *, seed: int | None = None
-    ) -> None:
-        """Schedulers over ``optimizers``; a resume row's carried RNG (both roles), seeded from
-        ``seed`` (default: the configuration's; a restart's fresh process: another)."""
-        if self.workload.scheduler is not None:
-            self.schedulers = [self.workload.scheduler(opt) for opt in optimizers]
-        if self.config.resume.at is not None:
-            self.rng = CarriedRng(self.config.seed if seed is None else seed, engine.rank, self.device)
-            engine.forward_rng = self.rng.around  # type: ignore[method-assign]
-
-    def after_update(self) -> None:
-        """Step every scheduler once per optimizer step (after ``scaler.update()``)."""
-        for scheduler in self.schedulers:
-            scheduler.step()
 
     def restarts_at(self, step: int) -> bool:
         """Whether the candidate saves and restarts before ``step`` (the same on every rank; a
@@ -120,7 +117,7 @@ class Loop:
         """Save, drop everything, build a fresh engine (and a ``new_scaler()``), load;
         ``(engine, groups, optimizers, scaler)``."""
         store = self._store()
-        base = self._folder()
+        base = _new_folder()
         self._base = base
         self._save(store, base, step, engine, optimizers, scaler)
         del engine, optimizers, scaler
@@ -139,7 +136,7 @@ class Loop:
         folder = self.half.folder
         self._phase_ok(
             "hand over",
-            lambda: reshard.hand_over(folder, engine, optimizer, scaler, self),
+            lambda: reshard.hand_over(folder, engine, optimizer, scaler, self.loop),
             "the reference's hand-over to the other world size",
         )
 
@@ -155,7 +152,7 @@ class Loop:
         groups = engine.param_groups(1)
         optimizers = [engine.make_optimizer(group) for group in groups]
         scaler = new_scaler()
-        self.start(engine, optimizers)
+        self.loop.start(engine, optimizers)
         half = self.half
 
         def take_over() -> None:
@@ -181,7 +178,7 @@ class Loop:
         self._phase_ok("folder", lambda: _writable(folder), folder)
         (optimizer,) = optimizers
         saving = resume_store.function(store, "save")
-        self._saved = snapshot(engine, optimizer, scaler, self)
+        self._saved = snapshot(engine, optimizer, scaler, self.loop)
         if self.config.resume.layout is not None:  # the shards move: compare whole tensors (collective)
             self._saved["full_weights"] = engine.full_after_step([optimizer])[0]
         if self.half is not None:  # another world size: the second half audits whole tensors
@@ -197,7 +194,7 @@ class Loop:
 
     def _come_back(self, store: Any, base: str, step: int, new_scaler: Callable[[], Any]) -> Any:
         folder = os.path.join(base, "checkpoint")
-        self.schedulers = []
+        self.loop.drop_schedulers()
         gc.collect()
         layout = resume_part.into(self.config)
         engine = roles.build(layout, self.role, self.device)
@@ -206,7 +203,7 @@ class Loop:
         groups = engine.param_groups(1)
         optimizers = [engine.make_optimizer(group) for group in groups]
         scaler = new_scaler()
-        self.start(engine, optimizers, seed=self.config.seed + _FRESH_SEED)  # as a new process has
+        self.loop.start(engine, optimizers, seed=self.config.seed + _FRESH_SEED)  # as a new process has
         self._load(base, folder, store, engine, optimizers[0], scaler, step)
         self.pending.append(self.close)
         return engine, groups, optimizers, scaler
@@ -227,7 +224,7 @@ class Loop:
             resume_store.function(store, "load"),
         )
         self._phase_ok("load loop state", lambda: self._load_loop(base, step), "the loop's own state")
-        now = snapshot(engine, optimizer, scaler, self)
+        now = snapshot(engine, optimizer, scaler, self.loop)
         moved: dict[str, list[str]] = {}
         if self.half is not None:  # another world size: whole tensors, saved by the first half
             self._saved, now, moved = self._whole_audit(base, engine, optimizer, now)
@@ -294,30 +291,12 @@ class Loop:
         self._base = None
 
     # -- pieces -------------------------------------------------------------------------------------
-    def _folder(self) -> str:
-        """One new folder every rank sees: rank 0 makes it, every rank receives its path."""
-        made = [None]
-        if dist.get_rank() == 0:
-            root = os.environ.get(DIR_ENV) or None
-            try:
-                made[0] = tempfile.mkdtemp(prefix="shardscale-resume-", dir=root)
-            except OSError as error:
-                made[0] = f"!{error}"
-        dist.broadcast_object_list(made, src=0)
-        path = str(made[0])
-        if path.startswith("!"):
-            raise ResumeError(
-                f"[rank {dist.get_rank()}] cannot make a checkpoint folder under "
-                f"{os.environ.get(DIR_ENV) or tempfile.gettempdir()}: {path[1:]}; set {DIR_ENV} to a "
-                "writable folder every rank sees"
-            )
-        return path
-
     def _save_loop(self, base: str, step: int) -> None:
+        loop = self.loop
         state = {
             "data_position": step,
-            "rng": self.rng.state if self.rng is not None else [],
-            "schedulers": [s.state_dict() for s in self.schedulers],
+            "rng": loop.rng.state if loop.rng is not None else [],
+            "schedulers": [s.state_dict() for s in loop.schedulers],
         }
         torch.save(state, os.path.join(base, f"loop_rank{dist.get_rank()}.pt"))
 
@@ -336,11 +315,12 @@ class Loop:
         """Put a saved RNG and schedulers' states in place. ``rng`` ``None``: a rank that the
         saving world size did not have, on either side; its RNG starts as a run's rank of that
         number would at ``step`` (seeded by the configuration's seed, the rank and the step)."""
-        if self.rng is not None:
+        carried = self.loop.rng
+        if carried is not None:
             if rng is None:
                 rng = CarriedRng(self.config.seed, dist.get_rank(), self.device, step=step).state
-            self.rng.state = rng
-        for scheduler, saved in zip(self.schedulers, schedulers, strict=True):
+            carried.state = rng
+        for scheduler, saved in zip(self.loop.schedulers, schedulers, strict=True):
             scheduler.load_state_dict(saved)
 
     def _phase_ok(self, phase: str, work: Callable[[], None], function: str) -> None:
@@ -367,6 +347,28 @@ class Loop:
                 f"[rank {ctx.rank}] the resume's {phase} failed in {function}: "
                 f"{type(error).__name__}: {error}"
             ) from error
+
+
+def _new_folder() -> str:
+    """One new folder every rank sees: rank 0 makes it, every rank receives its path, or the
+    error rank 0 met making it, and raises it as a :class:`ResumeError` naming the setting."""
+    made: list[str | OSError | None] = [None]
+    if dist.get_rank() == 0:
+        root = os.environ.get(DIR_ENV) or None
+        try:
+            made[0] = tempfile.mkdtemp(prefix="shardscale-resume-", dir=root)
+        except OSError as error:
+            made[0] = error
+    dist.broadcast_object_list(made, src=0)
+    found = made[0]
+    if isinstance(found, OSError):
+        raise ResumeError(
+            f"[rank {dist.get_rank()}] cannot make a checkpoint folder under "
+            f"{os.environ.get(DIR_ENV) or tempfile.gettempdir()}: {found}; set {DIR_ENV} to a "
+            "writable folder every rank sees"
+        ) from found
+    assert isinstance(found, str), "rank 0 broadcasts a path or an error"
+    return found
 
 
 def _writable(folder: str) -> None:

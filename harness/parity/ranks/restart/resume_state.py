@@ -1,5 +1,5 @@
-"""A run's state as a resume checks it (rank side): the carried RNG, the fresh model's new weights,
-and what the audits compare.
+"""A run's state as a resume checks it (rank side): the fresh model's new weights, and what the
+audits compare (a resume row's carried forward RNG lives with the schedulers: ``sides/loop_state.py``).
 
 Why apart from ``resume.py``: the restart (save, drop, build afresh, load) is one job; what state a
 run holds and how two snapshots of it differ is another, which both the same-world-size restart
@@ -8,44 +8,12 @@ and a resharded row's halves (``reshard.py``) use.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from harness.parity.ranks.sides import engines
-from harness.parity.workload import registry
-
-
-class CarriedRng:
-    """torch's RNG for a resume row's forwards: seeded once per rank, then carried from step to step."""
-
-    def __init__(self, seed: int, rank: int, device: torch.device, *, step: int = 0) -> None:
-        self.device = device
-        with registry.seeded(registry.forward_seed(seed, rank, step), device):
-            self.state = self._get()
-
-    def _get(self) -> list[torch.Tensor]:
-        states = [torch.random.get_rng_state()]
-        if self.device.type != "cpu":
-            states.append(torch.get_device_module(self.device.type).get_rng_state(self.device))
-        return states
-
-    @contextlib.contextmanager
-    def around(self, step: int) -> Iterator[None]:
-        """The engine's ``forward_rng``: the carried state inside, carried on afterwards."""
-        saved = self._get()
-        torch.random.set_rng_state(self.state[0])
-        if self.device.type != "cpu":
-            torch.get_device_module(self.device.type).set_rng_state(self.state[1], self.device)
-        try:
-            yield
-        finally:
-            self.state = self._get()
-            torch.random.set_rng_state(saved[0])
-            if self.device.type != "cpu":
-                torch.get_device_module(self.device.type).set_rng_state(saved[1], self.device)
+from harness.parity.ranks.sides.loop_state import LoopState
 
 
 def scramble(engine: engines.Engine, seed: int) -> None:
@@ -73,7 +41,7 @@ def _local_state(
 
 
 def snapshot(
-    engine: engines.Engine, optimizer: torch.optim.Optimizer, scaler: Any, loop: Any
+    engine: engines.Engine, optimizer: torch.optim.Optimizer, scaler: Any, loop: LoopState
 ) -> dict[str, Any]:
     """This rank's state, local shards cloned, as the audit compares it."""
     return {

@@ -21,7 +21,7 @@ does: each microbatch then sums, or sums in the candidate's unsynced dtype then 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -82,10 +82,21 @@ class HandAccumulation:
 
     ``lows``: the parameters backward writes gradients into (the twin's working copy, or the
     float32 model itself); ``masters``: the parameters the optimizer steps (the same for float32).
+    ``on_reduce``: told what is handed to each reduction, before it runs (one gradient per ``lows``
+    parameter, ``None`` where it has none): each microbatch's gradients (``sync="every"``), or
+    their unreduced sum once (``sync="last"``). The staged check reads the reference's local
+    gradients there (``ranks/staged.py``); it must not change them.
     """
 
-    def __init__(self, config: ParityConfig, engine: engines.Engine) -> None:
+    def __init__(
+        self,
+        config: ParityConfig,
+        engine: engines.Engine,
+        *,
+        on_reduce: Callable[[list[torch.Tensor | None]], None] | None = None,
+    ) -> None:
         self.sync = config.loop.sync
+        self.on_reduce = on_reduce
         policy = config.policy
         if isinstance(engine, references.LowPrecisionDDP):
             self.lows = list(engine.working.parameters())
@@ -97,6 +108,7 @@ class HandAccumulation:
         self.reduce = torch.float32 if policy is None else DTYPES[policy.reduce_dtype]
         self.unsynced = unsynced_dtype(config)
         self.factors = twin.divide_factors(config.engine, self.reduce, engine.world_size)
+        self.in_reverse = engine.summed_in_reverse
         self._pending: list[torch.Tensor | None] = [None] * len(self.lows)
         self._synced: list[torch.Tensor | None] = [None] * len(self.masters)
 
@@ -131,9 +143,13 @@ class HandAccumulation:
     def _add_reduced(self, grads: list[torch.Tensor | None]) -> None:
         """Reduce ``grads`` and add them to the reduced sum so far, in each master's dtype
         (float32: where FSDP adds each new reduced shard)."""
+        if self.on_reduce is not None:
+            self.on_reduce(grads)
         if all(grad is None for grad in grads):
             return
-        reduced = reduce_layout.reduce(self.layout, self.lows, grads, self.reduce, self.factors)
+        reduced = reduce_layout.reduce(
+            self.layout, self.lows, grads, self.reduce, self.factors, in_reverse=self.in_reverse
+        )
         for index, grad in enumerate(reduced):
             if grad is None:
                 continue

@@ -11,6 +11,8 @@ reference and the candidate start from the same weights on every rank.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -112,9 +114,16 @@ class Engine:
     def batch(self, step: int, rank: int) -> Any:
         return registry.make_batch(self.workload, self.config.seed, rank, step)
 
+    carried_rng: Callable[[int], AbstractContextManager[Any]] | None = None
+    """A resume row's forward RNG policy (``loop_state.CarriedRng.around``, set by the run's
+    ``LoopState.start``): torch's RNG carried on from step to step instead of seeded per step."""
+
     def forward_rng(self, step: int) -> Any:
         """torch's RNG seeded for this rank's forward of ``step`` (dropout masks match the
-        reference's: no engine draws from it between here and the model's own draws)."""
+        reference's: no engine draws from it between here and the model's own draws), or carried
+        on from the previous step's on a resume row (:attr:`carried_rng`)."""
+        if self.carried_rng is not None:
+            return self.carried_rng(step)
         return registry.seeded(registry.forward_seed(self.config.seed, self.data_rank, step), self.device)
 
     def autocast(self) -> Any:
@@ -139,6 +148,12 @@ class Engine:
 
     unscales_first = False
     """Whether the loop must call ``unscale_`` itself so that :meth:`before_step` sees unscaled grads."""
+
+    summed_in_reverse = False
+    """A reference that reduces by hand (``references.py``, ``accumulate.HandAccumulation``): its
+    reductions sum the ranks in reverse rank order instead of through the candidate's collective
+    (``reduce_layout.reduce(in_reverse=True)``). Only the drift's second reference sets it
+    (``train.Run(summed_in_reverse=True)``, ``ranks/drift.py``)."""
 
     def after_backward(self) -> None:
         """Called between ``backward`` and the scaler (gradients are final afterwards)."""

@@ -20,7 +20,8 @@ from torch import nn
 from harness.rank import context
 
 _FSDP_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
-_meshes: dict[tuple[Any, ...], Any] = {}
+_MESH = context.GroupKey[tuple[tuple[Any, ...], Any]]()
+"""In the default group's stash: the last mesh made on it, with its ``(device type, shape, names)``."""
 
 
 def clean_name(name: str) -> str:
@@ -50,20 +51,24 @@ def full_tensor(value: Any, device: torch.device) -> torch.Tensor:
 
 
 def mesh(device_type: str, shape: tuple[int, ...], names: tuple[str, ...] | None) -> Any:
-    """A device mesh over the default group, made once per default group (each makes sub-groups),
-    keyed on the group's generation, which every rank advances together (``context.group_generation``)."""
+    """A device mesh over the default group (each makes sub-groups, a collective), kept in the
+    group's stash (``context.group_stash``: every rank creates its groups together, so the mesh is
+    reused or made on every rank alike, and a re-created group starts without one). One mesh is
+    kept: asked for another shape, the group makes that one afresh and keeps it instead."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    key = (context.group_generation(), device_type, shape, names)
-    if key not in _meshes:
-        _meshes.clear()  # meshes of an earlier (destroyed) default group are of no use
-        _meshes[key] = init_device_mesh(device_type, shape, mesh_dim_names=names)
-    return _meshes[key]
+    stash = context.group_stash()
+    key = (device_type, shape, names)
+    held = stash.get(_MESH)
+    if held is None or held[0] != key:
+        held = (key, init_device_mesh(device_type, shape, mesh_dim_names=names))
+        stash[_MESH] = held
+    return held[1]
 
 
 def forget_meshes() -> None:
-    """Drop cached meshes (after the default group was re-created)."""
-    _meshes.clear()
+    """Drop the mesh kept for the default group (a re-created group has none kept anyway)."""
+    context.group_stash().pop(_MESH)
 
 
 def zeros_like_shards(param: Any) -> torch.Tensor:

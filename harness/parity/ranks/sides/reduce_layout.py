@@ -37,9 +37,7 @@ all-gather copies, it does not round), so each rank keeps the full reduced gradi
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -175,24 +173,6 @@ def _op(
     return dist.ReduceOp.SUM, pre, post
 
 
-_reversed = False
-"""Inside :func:`summed_in_reverse`: every reduction sums the ranks in reverse rank order."""
-
-
-@contextlib.contextmanager
-def summed_in_reverse() -> Iterator[None]:
-    """Inside the block, every reduction here gathers each rank's buffer and sums them in reverse
-    rank order instead of through the candidate's collective: another order, still correct. The
-    staged check's drift (``ranks/staged.py``, on request) trains a reference this way beside a
-    plain one, to show the drift a legitimate reordering alone produces."""
-    global _reversed
-    _reversed = True
-    try:
-        yield
-    finally:
-        _reversed = False
-
-
 def reverse_sum(buffer: torch.Tensor, op: Any) -> torch.Tensor:
     """Every rank's ``buffer`` summed in reverse rank order (``AVG``: then divided by the world)."""
     world = dist.get_world_size()
@@ -208,16 +188,20 @@ def reverse_sum(buffer: torch.Tensor, op: Any) -> torch.Tensor:
 
 
 def _scattered_and_gathered(
-    buffer: torch.Tensor, layout: Layout, factors: tuple[float | None, float | None], groups: tuple[Any, Any]
+    buffer: torch.Tensor,
+    layout: Layout,
+    factors: tuple[float | None, float | None],
+    groups: tuple[Any, Any],
+    in_reverse: bool,
 ) -> torch.Tensor:
     """``buffer`` (numel a multiple of the shard group's size) divided before, reduce-scattered over
     the shard group, all-reduced over the replicate group (if any), divided after, and gathered
-    back whole over the shard group."""
+    back whole over the shard group (``in_reverse``: summed by :func:`reverse_sum` instead)."""
     shard, replicate = groups
     size = dist.get_world_size(shard)
     op, pre, post = _op(layout, factors, groups)
     _divide(buffer, pre)
-    if _reversed:
+    if in_reverse:
         whole = reverse_sum(buffer, op)
         _divide(whole, post)
         return whole
@@ -231,10 +215,12 @@ def _scattered_and_gathered(
     return whole
 
 
-def _all_reduced(buffer: torch.Tensor, factors: tuple[float | None, float | None]) -> torch.Tensor:
+def _all_reduced(
+    buffer: torch.Tensor, factors: tuple[float | None, float | None], in_reverse: bool
+) -> torch.Tensor:
     pre, post = factors
     _divide(buffer, pre)
-    if _reversed:
+    if in_reverse:
         buffer = reverse_sum(buffer, dist.ReduceOp.SUM)
     else:
         dist.all_reduce(buffer)
@@ -266,11 +252,12 @@ def _fsdp2_bucket(
     layout: Layout,
     factors: tuple[float | None, float | None],
     groups: tuple[Any, Any],
+    in_reverse: bool,
 ) -> list[torch.Tensor]:
     world = dist.get_world_size(groups[0])  # the shard group's size
     rows = [g.reshape(1) if g.dim() == 0 else g for g in grads]
     chunked = torch._chunk_cat(rows, dim=0, num_chunks=world)  # (world, per-rank numel)
-    whole = _scattered_and_gathered(chunked.reshape(-1), layout, factors, groups).view(world, -1)
+    whole = _scattered_and_gathered(chunked.reshape(-1), layout, factors, groups, in_reverse).view(world, -1)
     out, offset = [], 0
     for grad, row in zip(grads, rows, strict=True):
         rows_per_rank = -(-row.shape[0] // world)
@@ -289,6 +276,7 @@ def _tp_bucket(
     layout: Layout,
     factors: tuple[float | None, float | None],
     groups: tuple[Any, Any],
+    in_reverse: bool,
 ) -> list[torch.Tensor]:
     """An FSDP2 bucket under tensor parallelism: TP rank ``c`` reduces over its ``dp`` group a
     buffer of its shares (each TP'd gradient's chunk ``c`` on its dim, the others whole), so the
@@ -304,6 +292,7 @@ def _tp_bucket(
             layout,
             factors,
             groups,
+            in_reverse,
         )
         for c in range(parts)
     ]
@@ -319,6 +308,7 @@ def _fsdp1_bucket(
     factors: tuple[float | None, float | None],
     layout: Layout,
     groups: tuple[Any, Any],
+    in_reverse: bool,
 ) -> list[torch.Tensor]:
     pieces: list[torch.Tensor] = []
     starts: list[int] = []
@@ -336,9 +326,9 @@ def _fsdp1_bucket(
             pieces.append(grads[0].new_zeros(padding))
     buffer = torch.cat(pieces)
     whole = (
-        _scattered_and_gathered(buffer, layout, factors, groups)
+        _scattered_and_gathered(buffer, layout, factors, groups, in_reverse)
         if layout.sharded
-        else _all_reduced(buffer, factors)
+        else _all_reduced(buffer, factors, in_reverse)
     )
     return [whole[s : s + g.numel()].view_as(g) for s, g in zip(starts, grads, strict=True)]
 
@@ -349,13 +339,20 @@ def reduce(
     grads: list[torch.Tensor | None],
     reduce_dtype: torch.dtype,
     factors: tuple[float | None, float | None],
+    *,
+    in_reverse: bool = False,
 ) -> list[torch.Tensor | None]:
     """``grads`` (one per parameter of ``params``, the layout's model's, ``None`` where a parameter
     has none) averaged over the ranks as the candidate averages them: cast to ``reduce_dtype``,
     divided by ``factors`` (before, after the sum), each bucket through the candidate's collective
     on the candidate's layout. A bucket whose parameters have no gradient is not reduced (FSDP
     skips it too); in an FSDP1 bucket a parameter without one is zeros in the flat gradient, and
-    stays without one."""
+    stays without one.
+
+    ``in_reverse``: each bucket's buffer is gathered from every rank and summed in reverse rank
+    order (:func:`reverse_sum`) instead of through the candidate's collective: another order, still
+    correct. The drift's second reference (``ranks/drift.py``) reduces so, to show the drift a
+    legitimate reordering alone produces; its engine says so (``Engine.summed_in_reverse``)."""
     out: list[torch.Tensor | None] = [None] * len(grads)
     device = next((g.device for g in grads if g is not None), torch.device("cpu"))
     groups = _groups(layout, device) if layout.engine in ("fsdp1", "fsdp2") else (dist.group.WORLD, None)
@@ -366,9 +363,11 @@ def reduce(
         if layout.engine == "fsdp2":
             cast = [grads[i].to(reduce_dtype) for i in held]  # type: ignore[union-attr]
             if layout.tp_dims:
-                reduced = _tp_bucket(cast, [layout.tp_dims[i] for i in held], layout, factors, groups)
+                reduced = _tp_bucket(
+                    cast, [layout.tp_dims[i] for i in held], layout, factors, groups, in_reverse
+                )
             else:
-                reduced = _fsdp2_bucket(cast, layout, factors, groups)
+                reduced = _fsdp2_bucket(cast, layout, factors, groups, in_reverse)
         elif layout.engine == "fsdp1":
             members = [
                 grads[i].to(reduce_dtype)
@@ -376,12 +375,12 @@ def reduce(
                 else torch.zeros(params[i].shape, dtype=reduce_dtype, device=device)
                 for i in bucket.params
             ]
-            whole = _fsdp1_bucket(members, bucket.align, factors, layout, groups)
+            whole = _fsdp1_bucket(members, bucket.align, factors, layout, groups, in_reverse)
             position = {index: at for at, index in enumerate(bucket.params)}
             reduced = [whole[position[i]] for i in held]
         else:
             cast = [grads[i].to(reduce_dtype) for i in held]  # type: ignore[union-attr]
-            flat = _all_reduced(torch._utils._flatten_dense_tensors(cast), factors)
+            flat = _all_reduced(torch._utils._flatten_dense_tensors(cast), factors, in_reverse)
             reduced = list(torch._utils._unflatten_dense_tensors(flat, cast))
         for index, grad in zip(held, reduced, strict=True):
             out[index] = grad

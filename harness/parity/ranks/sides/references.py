@@ -70,7 +70,12 @@ class LowPrecisionDDP(Engine):
             self.config.mesh.data_parallel_size(self.config.world_size),
         )
         twin.reduce_grads(
-            list(self.working.parameters()), list(self.module.parameters()), self.policy, factors, self.layout
+            list(self.working.parameters()),
+            list(self.module.parameters()),
+            self.policy,
+            factors,
+            self.layout,
+            in_reverse=self.summed_in_reverse,
         )
 
 
@@ -122,7 +127,9 @@ class MirroredDDP(Engine):
         factors = twin.divide_factors(
             engine, torch.float32, self.config.mesh.data_parallel_size(self.config.world_size)
         )
-        reduced = reduce_layout.reduce(layout, params, grads, torch.float32, factors)
+        reduced = reduce_layout.reduce(
+            layout, params, grads, torch.float32, factors, in_reverse=self.summed_in_reverse
+        )
         for param, grad in zip(params, reduced, strict=True):
             param.grad = None if grad is None else grad.to(param.dtype)
 

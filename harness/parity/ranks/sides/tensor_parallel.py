@@ -25,6 +25,8 @@ other style or module is refused with its name, before training.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -126,15 +128,33 @@ class _FanOut(torch.autograd.Function):
         return total, None
 
 
-_SHARES: dict[int, tuple[torch.Tensor, ...]] = {}
-"""The per-rank copies of a tensor an enclosing ``PrepareModuleInput`` made ``Replicate`` (by the
-``id`` of the copy its module's code receives), while that module runs: the column-split linears
-inside take their rank's copy, so each rank's partial gradients are summed before the ranks'."""
+class _Shares:
+    """The per-rank copies of the tensors the enclosing ``PrepareModuleInput`` modules made
+    ``Replicate``, while those modules run (one mirrored model's: :func:`mirror` makes one and
+    hands it to the forwards it installs): the column-split linears inside take their rank's copy,
+    so each rank's partial gradients are summed before the ranks'."""
+
+    def __init__(self) -> None:
+        self.running: list[tuple[torch.Tensor, ...]] = []
+        """One entry per replicated-input module running now, innermost last: its copies, the
+        first of which is what its module's code receives."""
+
+    def of(self, x: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+        """The copies whose first is ``x`` itself (not an equal tensor), if a running module made them."""
+        return next((shares for shares in self.running if shares[0] is x), None)
+
+    @contextlib.contextmanager
+    def held(self, shares: tuple[torch.Tensor, ...]) -> Iterator[None]:
+        self.running.append(shares)
+        try:
+            yield
+        finally:
+            self.running.pop()  # the modules nest: the innermost ends first
 
 
-def _columns(module: nn.Linear, parts: int) -> Any:
+def _columns(module: nn.Linear, parts: int, held: _Shares) -> Any:
     def forward(x: torch.Tensor) -> torch.Tensor:
-        shares = _SHARES.get(id(x)) or _FanOut.apply(x, parts)
+        shares = held.of(x) or _FanOut.apply(x, parts)
         weights = module.weight.chunk(parts, 0)
         biases = module.bias.chunk(parts, 0) if module.bias is not None else [None] * parts
         return torch.cat(
@@ -145,18 +165,15 @@ def _columns(module: nn.Linear, parts: int) -> Any:
     return forward
 
 
-def _replicated_input(module: nn.Module, parts: int) -> Any:
+def _replicated_input(module: nn.Module, parts: int, held: _Shares) -> Any:
     """A module whose ``PrepareModuleInput`` hands its code a ``Replicate`` DTensor: the TP
     reduction of its input's gradient happens here, once for every column-split linear inside."""
     inner = module.forward
 
     def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         shares = _FanOut.apply(x, parts)
-        _SHARES[id(shares[0])] = shares
-        try:
+        with held.held(shares):
             return inner(shares[0], *args, **kwargs)
-        finally:
-            del _SHARES[id(shares[0])]
 
     return forward
 
@@ -257,16 +274,17 @@ def mirror(model: nn.Module, plan: dict[str, Any], parts: int) -> list[tuple[str
     reduce-scatter's two addends) change no value, so a linear is mirrored by its split whatever
     its input and output layouts; a ``SequenceParallel`` module runs per sequence share."""
     modules = dict(model.named_modules())
+    held = _Shares()
     done = []
     for name, style in tp_plan.styled_modules(plan, model):
         module = modules[name]
         kind = _kind(name, module, style, parts)
         if kind == "colwise":
-            module.forward = _columns(module, parts)  # type: ignore[method-assign, arg-type]
+            module.forward = _columns(module, parts, held)  # type: ignore[method-assign, arg-type]
         elif kind == "rowwise":
             module.forward = _rows(module, parts)  # type: ignore[method-assign, arg-type]
         elif kind == "replicated":
-            module.forward = _replicated_input(module, parts)  # type: ignore[method-assign]
+            module.forward = _replicated_input(module, parts, held)  # type: ignore[method-assign]
         elif kind == "sequence":
             module.forward = _sequence(module, style.sequence_sharding[0].dim, parts)  # type: ignore[method-assign]
         done.append((name, kind))

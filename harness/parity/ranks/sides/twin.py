@@ -148,14 +148,24 @@ def reduce_grads(
     policy: PrecisionPolicy,
     factors: tuple[float | None, float | None],
     layout: reduce_layout.Layout,
+    *,
+    in_reverse: bool = False,
 ) -> None:
     """Average the working copy's gradients over the ranks in ``reduce`` as the candidate does
-    (``layout``: its collectives and buffers; ``factors``: before, after the sum) and hand them to
-    the masters in float32, or in ``param`` under ``keep_low_precision_grads``."""
+    (``layout``: its collectives and buffers; ``factors``: before, after the sum; ``in_reverse``:
+    the ranks summed in reverse order instead, ``reduce_layout.reduce``) and hand them to the
+    masters in float32, or in ``param`` under ``keep_low_precision_grads``."""
     grads = [low.grad for low in lows]
     if all(grad is None for grad in grads):
         return
-    reduced = reduce_layout.reduce(layout, list(lows), grads, DTYPES[policy.reduce_dtype], factors)  # type: ignore[index]
+    reduced = reduce_layout.reduce(
+        layout,
+        list(lows),
+        grads,
+        DTYPES[policy.reduce_dtype],  # type: ignore[index]
+        factors,
+        in_reverse=in_reverse,
+    )
     for low, master, grad in zip(lows, masters, reduced, strict=True):
         low.grad = None
         if grad is None:
