@@ -97,7 +97,7 @@ def plain_loops(workload_spec: str, steps: int) -> int:
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
 
-    from harness.parity.ranks.sides import gather
+    from harness.parity.ranks.sides.full import gather
     from harness.parity.workload import registry
     from harness.parity.workload import units as unit_rules
     from harness.rank import context

@@ -217,7 +217,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "the world size give each rank its own shape, the gather's sizes differ and gloo aborts a rank",
         edits=(
             _edit(
-                "ranks/sides/gather.py",
+                "ranks/sides/full/gather.py",
                 "        run_check=False,\n        shape=param.shape,\n        stride=param.stride(),\n",
                 "        run_check=False,  # planted: shape and stride inferred from the local shard\n",
             ),
@@ -318,7 +318,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "(the shape and dtype checked, the values not): every differing tensor would compare equal",
         edits=(
             _edit(
-                "ranks/sides/reuse.py",
+                "ranks/sides/full/reuse.py",
                 "        and torch.equal(want, got)\n",
                 "        # planted: values not compared\n",
             ),
@@ -331,7 +331,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "(a mixed-dtype batch) would be rounded before they are compared",
         edits=(
             _edit(
-                "ranks/sides/gather.py",
+                "ranks/sides/full/gather.py",
                 "    return torch.float32 if dtypes == {torch.float32} else torch.float64\n",
                 "    return torch.float32  # planted\n",
             ),

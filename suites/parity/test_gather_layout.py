@@ -14,7 +14,7 @@ def _gather_with_shape(rows_on_rank_1: int) -> str:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor, Shard
 
-    from harness.parity.ranks.sides import gather
+    from harness.parity.ranks.sides.full import gather
 
     mesh = gather.mesh("cpu", (dist.get_world_size(),), None)
     rows = 5 if dist.get_rank() == 0 else rows_on_rank_1
@@ -51,7 +51,7 @@ def _gather_dtypes(rank_1_dtype: str) -> tuple[str, bool]:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor, Shard
 
-    from harness.parity.ranks.sides import gather
+    from harness.parity.ranks.sides.full import gather
 
     mesh = gather.mesh("cpu", (dist.get_world_size(),), None)
     rank_1 = dist.get_rank() == 1
@@ -86,7 +86,7 @@ def _agreed_carrier() -> str:
     import torch
     import torch.distributed as dist
 
-    from harness.parity.ranks.sides import gather
+    from harness.parity.ranks.sides.full import gather
 
     proposed = torch.float32 if dist.get_rank() == 0 else torch.float64
     return str(gather.agree_on_layout([], 0, dist.group.WORLD, torch.device("cpu"), carrier=proposed))

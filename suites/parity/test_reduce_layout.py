@@ -121,7 +121,7 @@ def test_the_reference_reduces_over_the_groups_its_candidate_reduces_over(layout
     buffer is scattered over other ranks than the candidate's); TP reduces over ``dp`` alone (the
     whole world would add each TP rank's share into the others'); FSDP1's HYBRID_SHARD over its
     shard groups of 2, then across them. Its meshes stood in for: no process group."""
-    from harness.parity.ranks.sides import gather
+    from harness.parity.ranks.sides.full import gather
 
     made: list[tuple] = []
     monkeypatch.setattr(

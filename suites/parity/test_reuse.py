@@ -1,4 +1,4 @@
-"""Candidate tensors equal to the reference's travel once (``ranks/sides/reuse.py``): shared by object,
+"""Candidate tensors equal to the reference's travel once (``ranks/sides/full/reuse.py``): shared by object,
 sent once by pickle, and never shared where they differ, so verdicts cannot change."""
 
 import dataclasses
@@ -8,7 +8,7 @@ import torch
 
 from harness.parity.plan.config import Layout
 from harness.parity.ranks.measure.record import rank_run, rank_step
-from harness.parity.ranks.sides.reuse import share_equal_tensors
+from harness.parity.ranks.sides.full.reuse import share_equal_tensors
 from harness.parity.ranks.wire import RankRow, RankRun, StepTensors
 
 

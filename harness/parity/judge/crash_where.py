@@ -3,7 +3,7 @@
 Why: when a rank dies (a C++ abort, a segfault, the OOM killer) the report holds every rank's
 Python stack, dozens of lines each, and the question a user has is one line: what was each rank
 doing, and did the ranks run different collectives (a desync)? This module turns the stacks into
-``rank 1 in harness/parity/ranks/sides/gather.py full_tensors -> all_gather_into_tensor``, and, when the
+``rank 1 in harness/parity/ranks/sides/full/gather.py full_tensors -> all_gather_into_tensor``, and, when the
 ranks stopped in different places, into ``the ranks ran different collectives: rank 0 in ...,
 rank 1 in ...``. It reads text only, so it works on any report the pool, the pytest front door or
 torchrun produced.
@@ -35,7 +35,7 @@ def _frames_by_rank(report: str) -> dict[int, list[tuple[str, str]]]:
 
 
 def _short(path: str) -> str:
-    """``harness/parity/ranks/sides/gather.py`` for the project's files, the file name for anyone else's."""
+    """``harness/parity/ranks/sides/full/gather.py`` for the project's files, the file name for anyone else's."""
     for package in ("harness/", "scaler/", "fixtures/", "suites/"):
         index = path.rfind("/" + package)
         if index >= 0:

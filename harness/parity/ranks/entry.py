@@ -24,7 +24,7 @@ import torch.distributed as dist
 from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks import train
 from harness.parity.ranks.measure import stepcheck
-from harness.parity.ranks.sides import gather
+from harness.parity.ranks.sides.full import gather
 from harness.parity.ranks.wire import RankRow, RankRun, RankStep
 from harness.rank import context
 from harness.rank.subtests import agree, all_ranks, leave_group

@@ -54,7 +54,7 @@ from harness.parity.ranks import entry, train
 from harness.parity.ranks.measure import ops
 from harness.parity.ranks.sides import anchor as anchoring
 from harness.parity.ranks.sides import engines
-from harness.parity.ranks.sides.gather import module_names
+from harness.parity.ranks.sides.full.gather import module_names
 from harness.parity.ranks.wire import Probed, ProbedOps, ProbedSide
 from harness.rank import context
 from harness.rank.execute import prefix_lines

@@ -49,7 +49,8 @@ from harness.parity.plan.config import ParityConfig, poisoned_steps
 from harness.parity.ranks import entry, train
 from harness.parity.ranks.drift import reordering_drift
 from harness.parity.ranks.measure import bound, ulp
-from harness.parity.ranks.sides import accumulate, anchor, capture, checkpoint, gather, loop_state, roles
+from harness.parity.ranks.sides import accumulate, anchor, capture, checkpoint, loop_state, roles
+from harness.parity.ranks.sides.full import gather
 from harness.parity.ranks.sides.twin import DTYPES
 from harness.parity.ranks.wire import Bounded, Compared, StagedRun, StagedStep
 from harness.rank import context

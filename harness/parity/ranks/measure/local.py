@@ -28,7 +28,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.parity.ranks.sides import engines, flat, gather
+from harness.parity.ranks.sides import engines
+from harness.parity.ranks.sides.full import flat, gather
 
 _Pieces = dict[str, "Piece"]
 

@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_leaves
 from harness.parity.plan.profiles import ToleranceProfile
 from harness.parity.ranks.measure.distance import tensor_diff
 from harness.parity.ranks.sides import engines
-from harness.parity.ranks.sides.gather import module_names
+from harness.parity.ranks.sides.full.gather import module_names
 
 
 def split_key(key: str) -> tuple[str, int]:

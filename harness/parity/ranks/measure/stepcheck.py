@@ -27,7 +27,8 @@ import torch.distributed as dist
 from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig, poisoned_steps
 from harness.parity.ranks.measure import distance, gap, local, ulp
-from harness.parity.ranks.sides import engines, reuse
+from harness.parity.ranks.sides import engines
+from harness.parity.ranks.sides.full import reuse
 from harness.parity.ranks.wire import Gap, Meta, Partial, RankStep, StepTensors, Tensors
 
 

@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from harness.parity.ranks.sides import gather
+from harness.parity.ranks.sides.full import gather
 from harness.parity.workload import registry
 
 

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from harness.parity.ranks.sides import engines, gather
+from harness.parity.ranks.sides import engines
+from harness.parity.ranks.sides.full import gather
 
 
 def local_grads(engine: engines.Engine) -> dict[str, torch.Tensor]:

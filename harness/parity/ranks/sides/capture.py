@@ -46,7 +46,8 @@ from typing import Any
 
 import torch
 
-from harness.parity.ranks.sides import engines, gather
+from harness.parity.ranks.sides import engines
+from harness.parity.ranks.sides.full import gather
 
 TORCH_READ = "2.13"
 """The torch version whose sources every patch site here was read from."""

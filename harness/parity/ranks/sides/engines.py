@@ -21,7 +21,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks.sides import flat, gather, reduce_layout, twin
+from harness.parity.ranks.sides import reduce_layout, twin
+from harness.parity.ranks.sides.full import flat, gather
 from harness.parity.ranks.sides.optimizers import make_optimizer
 from harness.parity.ranks.sides.twin import DTYPES
 from harness.parity.workload import registry, units

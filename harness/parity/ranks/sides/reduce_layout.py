@@ -232,7 +232,7 @@ def _groups(layout: Layout, device: torch.device) -> tuple[Any, Any]:
     """``(shard group, replicate group or None)``: HYBRID_SHARD's mesh as the candidate builds it
     (``engines.FSDP1.wrap``: replicate x shard, shard groups of 2 ranks), FSDP2's 2-D meshes as
     ``Mesh.shape`` gives them (HSDP: shard, then replicate; TP: ``dp`` only)."""
-    from harness.parity.ranks.sides import gather
+    from harness.parity.ranks.sides.full import gather
 
     if layout.mesh is not None:
         shape, names = layout.mesh

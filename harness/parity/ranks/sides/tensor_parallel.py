@@ -33,8 +33,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from harness.parity.ranks.sides import gather
 from harness.parity.ranks.sides.engines import FSDP2, unit_modules
+from harness.parity.ranks.sides.full import gather
 from harness.parity.workload import tp_plan
 
 

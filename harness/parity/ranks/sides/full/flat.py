@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.parity.ranks.sides.gather import anywhere, clean_name, state_keys, to_cpu
+from harness.parity.ranks.sides.full.gather import anywhere, clean_name, state_keys, to_cpu
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
