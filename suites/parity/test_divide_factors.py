@@ -110,7 +110,7 @@ def _factors_asked(config: ParityConfig, monkeypatch: pytest.MonkeyPatch) -> lis
         monkeypatch.setattr(
             reduce_layout,
             "reduce",
-            lambda layout, params, grads, dtype, factors: asked.append(factors) or grads,
+            lambda layout, params, grads, dtype, factors, **_: asked.append(factors) or grads,
         )
     else:
         reference = references.LowPrecisionDDP.__new__(references.LowPrecisionDDP)
@@ -120,9 +120,9 @@ def _factors_asked(config: ParityConfig, monkeypatch: pytest.MonkeyPatch) -> lis
             "the candidate's layout",
         )
         monkeypatch.setattr(
-            twin, "reduce_grads", lambda lows, masters, policy, factors, layout: asked.append(factors)
+            twin, "reduce_grads", lambda lows, masters, policy, factors, layout, **_: asked.append(factors)
         )
-    reference.config, reference.module = config, module
+    reference.config, reference.module, reference.summed_in_reverse = config, module, False
     reference.after_backward()
     return asked
 
@@ -165,5 +165,7 @@ def test_the_hand_accumulation_divides_over_every_rank_of_its_candidate(fields, 
     from harness.parity.ranks.sides import accumulate
 
     config = ParityConfig.from_flat(**fields, world_size=4, accumulate=2)
-    engine = SimpleNamespace(module=nn.Linear(2, 2), candidate_layout=lambda: None, world_size=4)
+    engine = SimpleNamespace(
+        module=nn.Linear(2, 2), candidate_layout=lambda: None, world_size=4, summed_in_reverse=False
+    )
     assert accumulate.HandAccumulation(config, engine).factors == factors
