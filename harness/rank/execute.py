@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import importlib
 import pickle
-import re
 import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
 
+from harness.failure_text import headline, prefix_lines
 from harness.protocol import Placeholder
 
 
@@ -35,45 +35,6 @@ class ReportedOutcome(Exception):
         self.text = text
         self.headline = headline
         """For ``failed``: the headline of the exception behind it (:func:`headline`), or ``""``."""
-
-
-def headline(exc: BaseException) -> str:
-    """``Type: first line of the message``: how a failure is named in one line, as pytest's short
-    summary names it (``NotImplementedError: Could not run 'aten::eq.Tensor' ...``).
-
-    The type is qualified by its module unless it is a builtin, as in a traceback; the message line
-    is its first non-blank one (a message that starts with a newline still says something).
-    """
-    cls = type(exc)
-    name = (
-        cls.__qualname__
-        if cls.__module__ in ("builtins", "__main__")
-        else f"{cls.__module__}.{cls.__qualname__}"
-    )
-    try:
-        message = str(exc)
-    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the failure
-        message = "<exception str() failed>"
-    first = next((line.strip() for line in message.splitlines() if line.strip()), "")
-    return f"{name}: {first}" if first else name
-
-
-_RANK_PREFIX = re.compile(r"^\[rank \d+\] ?")
-
-
-def headline_of_text(text: str) -> str:
-    """The exception line of a formatted traceback (each line maybe prefixed ``[rank N]``), prefix
-    kept: the first unindented line after the last ``Traceback (most recent call last):``, which is
-    ``Type: first line of the message`` however many lines the message has. For text recorded where
-    the exception object is gone (a parity run's error); without a traceback header, the last line."""
-    lines = text.strip().splitlines()
-    bare = [_RANK_PREFIX.sub("", line) for line in lines]
-    starts = [i for i, line in enumerate(bare) if line.startswith("Traceback (most recent call last)")]
-    if starts:
-        for line, stripped in zip(lines[starts[-1] + 1 :], bare[starts[-1] + 1 :], strict=True):
-            if stripped and not stripped[0].isspace():
-                return line
-    return lines[-1] if lines else ""
 
 
 def resolve(target: str) -> Callable[..., Any]:
@@ -95,11 +56,6 @@ def add_sys_path(entries: tuple[str, ...]) -> None:
     """Put the controller's import path entries this process lacks in front, keeping their order."""
     missing = [entry for entry in entries if entry not in sys.path]
     sys.path[:0] = missing
-
-
-def prefix_lines(text: str, rank: int) -> str:
-    """Prefix each line with ``[rank N]``."""
-    return "\n".join(f"[rank {rank}] {line}" for line in text.rstrip("\n").splitlines())
 
 
 def _classify(exc: BaseException) -> str:

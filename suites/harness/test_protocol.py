@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import harness
+from harness.failure_text import headline, headline_of_text
 from harness.outcome import RankResult, describe_exit, judge
 from harness.protocol import (
     MESSAGE_TYPES,
@@ -25,7 +26,6 @@ from harness.protocol import (
     Shutdown,
     from_wire,
 )
-from harness.rank.execute import headline, headline_of_text
 from harness.spec import DistConfig, expand, from_marker
 
 EXAMPLES = [

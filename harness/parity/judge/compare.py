@@ -30,12 +30,12 @@ import math
 
 import torch
 
+from harness.failure_text import headline_of_text
 from harness.parity.judge import clip_norm
 from harness.parity.plan.profiles import ToleranceProfile
 from harness.parity.ranks.measure import ulp
 from harness.parity.ranks.measure.distance import TensorDiff, equal_diff, tensor_diff
 from harness.parity.ranks.measure.record import RunRecord, StepRecord
-from harness.rank.execute import headline_of_text
 
 _TENSOR_KINDS = ("grad", "param", "optim_state")
 

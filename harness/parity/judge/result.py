@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from harness.failure_text import headline_of_text
 from harness.parity.judge import causes, compare, measured, pinpoint
 from harness.parity.judge import staged as staged_check
 from harness.parity.judge.causes import two_d
@@ -23,7 +24,6 @@ from harness.parity.ranks.measure.record import RunRecord, joined, merge_rank_ru
 from harness.parity.ranks.sides.twin import DTYPES
 from harness.parity.ranks.wire import Gap, RankRow
 from harness.parity.workload import registry
-from harness.rank.execute import headline_of_text
 
 STATUSES = ("pass", "fail", "crash", "error", "skip")
 """``pass``: within the profile at every step; ``fail``: diverged; ``crash``: the candidate raised;

@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from harness.failure_text import prefix_lines
 from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks import entry, train
@@ -57,7 +58,6 @@ from harness.parity.ranks.sides import engines
 from harness.parity.ranks.sides.full.gather import module_names
 from harness.parity.ranks.wire import Probed, ProbedOps, ProbedSide
 from harness.rank import context
-from harness.rank.execute import prefix_lines
 from harness.rank.subtests import agree, leave_group
 
 

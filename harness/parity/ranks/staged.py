@@ -44,6 +44,7 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
+from harness.failure_text import prefix_lines
 from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig, poisoned_steps
 from harness.parity.ranks import entry, train
@@ -54,7 +55,6 @@ from harness.parity.ranks.sides.full import gather
 from harness.parity.ranks.sides.twin import DTYPES
 from harness.parity.ranks.wire import Bounded, Compared, StagedRun, StagedStep
 from harness.rank import context
-from harness.rank.execute import prefix_lines
 from harness.rank.subtests import agree, leave_group
 
 

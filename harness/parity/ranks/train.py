@@ -38,13 +38,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.failure_text import prefix_lines
 from harness.parity.plan.config import Fault, ParityConfig
 from harness.parity.ranks.measure import record, stepcheck
 from harness.parity.ranks.restart import reshard, resume
 from harness.parity.ranks.sides import accumulate, checkpoint, engines, loop_state, roles
 from harness.parity.ranks.wire import RankRun, RankStep, StepTensors
 from harness.rank import context
-from harness.rank.execute import prefix_lines
 
 
 def make_scaler(config: ParityConfig, role: str, device: torch.device) -> Any:
