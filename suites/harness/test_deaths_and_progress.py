@@ -142,8 +142,8 @@ def test_heartbeats_keep_a_slow_case_alive_past_its_deadline(pool):
     spec = CaseSpec(
         target=f"{__name__}:beat_for",
         config=DistConfig(world_size=2),
-        args=(6.0, 0.6),
-        deadline_s=3.0,
+        args=(3.0, 0.3),
+        deadline_s=1.5,
         collective_timeout_s=1.0,
     )
     results = pool.run(spec)
