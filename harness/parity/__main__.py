@@ -68,6 +68,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "beside the row's own, in parity.md and parity.png (two more reference runs per such row)",
     )
     parser.add_argument(
+        "--ground-truth",
+        action="store_true",
+        help="also check that each split (data-parallel ranks x microbatches, the loss's "
+        "normalization) computes the whole global batch's gradient, in float64 on one process: a "
+        "stage of its own in the reports, and exit status 1 when a split trains unlike the whole batch",
+    )
+    parser.add_argument(
         "--workload",
         action="append",
         default=[],
@@ -273,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             on_progress=_progress,
             finish=finish,
             drift=options.drift,
+            ground_truth=options.ground_truth,
         )
     from harness.controller.pool import PoolError, RankPool
 
@@ -286,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             keep_records=False,
             on_progress=_progress,
             drift=options.drift,
+            ground_truth=options.ground_truth,
         )
     except PoolError as error:
         print(f"parity: the ranks could not be started: {error}", file=sys.stderr)

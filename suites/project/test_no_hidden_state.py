@@ -28,6 +28,19 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("workload/registry.py", "cache fused_optimizer"): (
         "whether a workload's own optimizer is fused: a probe optimizer built once per spec, as resolve"
     ),
+    ("ranks/sides/items.py", "cache _count"): (
+        "a step's count of items over every rank and microbatch, drawn once per (workload, seed, "
+        "ranks, microbatches, step) in a process: every microbatch's loss of the step asks for it"
+    ),
+    ("ranks/truth/pieces.py", "dist.get_rank"): (
+        "the ground truth's pieces each see the process they stand for (a loss or a sampler reading "
+        "torch.distributed.get_rank() at call time), the whole batch a world of one; restored on "
+        "leaving (pieces.as_process), no collective runs inside"
+    ),
+    ("ranks/truth/pieces.py", "dist.get_world_size"): (
+        "as dist.get_rank: a loss dividing by the world size on top of DDP's average is a bug the "
+        "stage must see (microbatch_scaling)"
+    ),
     ("ranks/sides/capture.py", "setattr"): (
         "the one patch of torch (capture._patched): FSDP has no hook that sees gradients before it "
         "reduces them; the sites are declared with the torch version read (capture.PATCH_SITES) and "

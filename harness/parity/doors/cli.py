@@ -132,10 +132,15 @@ def write_reports(
     print(markdown.render_summary(results))
     print(f"\nparity: {wall:.1f}s wall; wrote {', '.join(str(p) for p in written)}")
     broken = [r for r in results if r.broken]
+    unlike = [found for found in render.splits(results) if not found.passed]
     if broken:
         print(
             f"parity: {len(broken)} configuration(s) broke their tolerance: "
             + ", ".join(r.config.id for r in broken)
         )
-        return 1
-    return 0
+    if unlike:
+        print(
+            f"parity: {len(unlike)} split(s) do not train like the whole batch (ground truth): "
+            + ", ".join(found.name for found in unlike)
+        )
+    return 1 if broken or unlike else 0

@@ -140,6 +140,7 @@ def run(
     on_progress: Callable[[Any], None] | None,
     finish: Callable[[list[Any]], int],
     drift: bool = False,
+    ground_truth: bool = False,
 ) -> int:
     """Run ``configs`` on the launched ranks; ``finish(results)`` (reports, verdict) runs on rank 0
     only and its status is every process's exit status."""
@@ -155,6 +156,7 @@ def run(
             keep_records=False,
             on_progress=on_progress if rank.rank == 0 else None,
             drift=drift,
+            ground_truth=ground_truth,
         )
         status = finish([outcome.result for outcome in outcomes]) if rank.rank == 0 else 0
         return rank.agree_on_exit(status)

@@ -104,13 +104,33 @@ def _parity_workload_outcomes(request: pytest.FixtureRequest, module_ranks: Any)
     from harness.parity.doors import runner
 
     wanted: dict[str, Any] = {}
+    truth: set[str] = set()  # the configurations whose test asked for the ground truth
     for item in request.session.items:
         callspec = getattr(item, "callspec", None)
         if item.module is request.module and callspec is not None and "parity" in callspec.params:
             if item.get_closest_marker("skip") is None:
                 config = callspec.params["parity"]
                 wanted.setdefault(config.id, config)
-    outcomes = runner.run(wanted.values(), ranks_executor(module_ranks), gpus=gpus(), batch_size=_BATCH)
+                marker = item.get_closest_marker(MARKER)
+                if marker is not None and marker.kwargs.get("ground_truth"):
+                    truth.add(config.id)
+    outcomes = (
+        runner.run(
+            [config for config in wanted.values() if config.id in truth],
+            ranks_executor(module_ranks),
+            gpus=gpus(),
+            batch_size=_BATCH,
+            ground_truth=True,
+        )
+        if truth
+        else []
+    )
+    outcomes += runner.run(
+        [config for config in wanted.values() if config.id not in truth],
+        ranks_executor(module_ranks),
+        gpus=gpus(),
+        batch_size=_BATCH,
+    )
     return {outcome.result.config.id: outcome for outcome in outcomes}
 
 

@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from harness.parity.doors import reshard
-from harness.parity.judge import pinpoint, staged
+from harness.parity.doors import ground_truths, reshard
+from harness.parity.judge import pinpoint, semantics, staged
 from harness.parity.judge import result as results
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan import profiles
@@ -71,8 +71,10 @@ class Outcome:
 
     @property
     def passed(self) -> bool:
-        """The configuration held its tolerance."""
-        return self.result.status == "pass"
+        """The configuration held its tolerance (and, when the ground truth was asked for, its
+        split trains like the whole batch, or the stage could not judge it: a skip)."""
+        found = self.result.semantics
+        return self.result.status == "pass" and (found is None or found.passed)
 
     @property
     def explanation(self) -> str:
@@ -89,6 +91,11 @@ def describe(outcome: Outcome) -> str:
         lines.append(f"worst tensor: step {result.worst.step}, {result.worst.describe()}")
     if outcome.candidate is not None and outcome.candidate.error:
         lines.append(outcome.candidate.error)
+    if result.semantics is not None and result.semantics.status != "pass":
+        lines.append(f"ground truth: {result.semantics.line()}")
+        if result.semantics.cause is not None:
+            lines.append(result.semantics.cause.describe())
+        lines += [ruled.describe() for ruled in result.semantics.ruled_out]
     return "\n".join(lines)
 
 
@@ -127,11 +134,14 @@ def run(
     localize: bool = True,
     keep_tensors: bool = False,
     drift: bool = False,
+    ground_truth: bool = False,
 ) -> list[Outcome]:
     """Judge every configuration (in the given order), localizing each failure unless
     ``localize`` is False; see the module docstring. The records hold full tensors only for the
     steps the known causes read, unless ``keep_tensors`` (every step: for tests that read them).
-    ``drift``: each row the staged check decides also gets the drift a reordering alone produces."""
+    ``drift``: each row the staged check decides also gets the drift a reordering alone produces.
+    ``ground_truth``: each row also gets its split's ground truth (``judge/semantics.py``), each
+    split measured once, before the rows run."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     configs = list(configs)
@@ -140,9 +150,15 @@ def run(
 
     runnable = [config for config in configs if unsupported_reason(config, gpus=gpus) is None]
     ran = 0
+    truths = ground_truths.measured(runnable, execute, BatchFailed) if ground_truth else {}
 
     def finish(outcome: Outcome) -> None:
         nonlocal ran
+        found = truths.get(semantics.key(outcome.result.config))
+        if found is not None:
+            outcome = dataclasses.replace(
+                outcome, result=dataclasses.replace(outcome.result, semantics=found)
+            )
         outcomes[outcome.result.config.id] = outcome
         ran += outcome.result.status != "skip"
         if on_progress is not None:

@@ -38,6 +38,7 @@ def parity_test(
     declared: Any = None,
     scale: Any = None,
     mesh: Any = None,
+    ground_truth: bool = False,
 ) -> Callable[[Any], Any]:
     """Expand the decorated test (which takes the ``parity`` fixture) over ``workload``'s matrix.
 
@@ -48,7 +49,9 @@ def parity_test(
     CLI's ``--recipe``, ``--clip``, ``--accumulate``, ``--sync``, ``--checkpoint``,
     ``--resume-at``); ``scale``: the candidate's ``Scale`` (``--scaler``); ``mesh``: a ``Mesh`` with
     ``tp`` for the workload's 2-D matrix instead (``--tp``: FSDP2 + TP of that degree over its
-    ``tp_plan``, and HSDP), which needs ``world_size=4`` or more."""
+    ``tp_plan``, and HSDP), which needs ``world_size=4`` or more; ``ground_truth``: each test also
+    fails when its split does not compute the whole batch's gradient (``--ground-truth``:
+    ``parity.result.semantics``)."""
     import pytest
 
     from harness.parity.plan.config import Mesh, Scale
@@ -62,6 +65,8 @@ def parity_test(
     ):
         if value is not None and not isinstance(value, kind):
             raise TypeError(f"parity_test({name}=...) takes a {kind.__name__}, got {value!r}")
+    if not isinstance(ground_truth, bool):
+        raise TypeError(f"parity_test(ground_truth=...) takes True or False, got {ground_truth!r}")
     tp = mesh.tp if mesh is not None else None
     if mesh is not None and (tp is None or tp < 1 or world_size < 4 or world_size % tp):
         raise ValueError(
@@ -79,6 +84,7 @@ def parity_test(
         declared=declared or Declared(),
         scale=scale or Scale(),
         tp=tp,
+        ground_truth=ground_truth,
     )
     return mark
 

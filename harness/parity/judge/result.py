@@ -14,6 +14,7 @@ import torch
 
 from harness.failure_text import headline_of_text
 from harness.parity.judge import causes, compare, measured, pinpoint
+from harness.parity.judge import semantics as semantics_check
 from harness.parity.judge import staged as staged_check
 from harness.parity.judge.causes import two_d
 from harness.parity.plan import profiles
@@ -108,6 +109,9 @@ class ParityResult:
     staged: staged_check.Staged | None = None
     """The staged check's verdict, for a row whose straight comparison was not bitwise: it decided
     the status (``judge/staged.py``)."""
+    semantics: semantics_check.Semantics | None = None
+    """The ground truth of the row's split (``judge/semantics.py``), when asked for: whether the
+    setup computes the whole batch's gradient, a verdict of its own beside :attr:`status`."""
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, self.status

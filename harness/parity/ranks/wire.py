@@ -298,3 +298,51 @@ class Probed:
     error: str | None = None
     """Why the probe could not run (the rank's text)."""
     duration_s: float = 0.0
+
+
+# -- the ground truth (truth/stage.py) ------------------------------------------------------------
+@_RECORD
+class TruthStep:
+    """One step of the ground truth: the split's gradient against the whole batch's, in float64,
+    from the whole batch's trajectory; at a step that differs, what can explain it."""
+
+    step: int
+    distance: float
+    """``max |split - whole|`` over ``max |whole|`` (``truth/gradients.relative``)."""
+    rounding: float
+    """The same distance between the whole batch and itself with its samples reversed: what a
+    reordering alone moves (the check of ``gradients.BOUND``'s assumption)."""
+    pieces: tuple[str, ...] = ()
+    """Each piece's name (``rank 1 microbatch 0``), in the order of :attr:`counts` and :attr:`weights`."""
+    counts: tuple[int, ...] = ()
+    """Each piece's count of items (``Workload.items``) or, undeclared, of samples."""
+    counted: str = "samples"
+    repeats: tuple[str, ...] = ()
+    """Samples a later piece repeats (left out of the whole batch)."""
+    as_served: float | None = None
+    """With repeats: the split's distance from the batch as served (repeats kept)."""
+    weights: tuple[float, ...] = ()
+    """The weights of the pieces' own gradients that come closest to the whole batch's."""
+    weights_residual: float | None = None
+    """How far the weighed pieces still are from the whole batch (``None``: not fitted)."""
+    factor: float = 1.0
+    """The weight the split gives every piece (``pieces.Split.factor``)."""
+    module: tuple[str, str, float] | None = None
+    """The first module whose outputs on the pieces differ from the whole batch's: name, class,
+    distance (``None``: every module agrees, or not measured)."""
+
+
+@_RECORD
+class TruthRun:
+    """The ground truth of one split (``truth/stage.py``)."""
+
+    split: str
+    """How the candidate's setup splits a step, in words."""
+    steps: tuple[TruthStep, ...] = ()
+    """Every step measured, up to and including the first that differs."""
+    unsupported: str = ""
+    """Why the stage cannot judge this workload (a skip)."""
+    error: str = ""
+    """The traceback of a stage that failed to run."""
+    duration_s: float = 0.0
+    parameters: int = 0

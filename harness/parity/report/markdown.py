@@ -16,7 +16,7 @@ from harness.parity.judge.result import ParityResult
 from harness.parity.plan import profiles
 from harness.parity.plan.config import SUITES, ParityConfig
 from harness.parity.ranks.measure.distance import format_ulp
-from harness.parity.report.render import label, summary
+from harness.parity.report.render import label, splits, summary
 
 _DETAIL_LINES = 30
 """How much of an error's or crash's full text parity.md shows (parity.json keeps all of it)."""
@@ -213,12 +213,40 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
             lines.append(f"- `{r.config.id}`: {r.staged.summary()}")  # type: ignore[union-attr]
             if r.staged.reordering_drift:  # type: ignore[union-attr]
                 lines.append(f"  - {drift_line(r)}")
+    lines += semantics_section(results)
     skipped = [r for r in results if r.status == "skip"]
     if skipped:
         lines += ["", "## Not run here", ""]
         reasons = Counter(r.reason for r in skipped)
         lines += [f"- {count} configuration(s): {reason}" for reason, count in reasons.items()]
     return "\n".join(lines) + "\n"
+
+
+def semantics_section(results: list[ParityResult]) -> list[str]:
+    """``--ground-truth``: does each split compute the whole batch's gradient (one line a split,
+    its cause and what was ruled out under a failed one)."""
+    found = splits(results)
+    if not found:
+        return []
+    lines = [
+        "",
+        "## Semantics: the whole batch on one device (float64)",
+        "",
+        "Each step's gradient as the rows' setup splits the global batch (data-parallel ranks, "
+        "microbatches, the loss's normalization, DDP's average), against the whole batch's, in "
+        "float64 on one process: a difference past the bound is what the training means, never "
+        "rounding. The verdicts above compare each row with a twin that splits the data the same "
+        "way, so they cannot see this.",
+        "",
+    ]
+    for verdict in found:
+        lines.append(f"- `{verdict.name}` {verdict.status}: {verdict.line().split(': ', 1)[-1]}")
+        if verdict.cause is not None:
+            lines.append(f"  - {verdict.cause.describe()}")
+        lines += [f"  - {ruled.describe()}" for ruled in verdict.ruled_out]
+    lines.append("")
+    lines.append(f"Stage time: {sum(v.duration_s for v in found):.2f}s for {len(found)} split(s).")
+    return lines
 
 
 def render_summary(results: list[ParityResult]) -> str:
@@ -238,4 +266,6 @@ def render_summary(results: list[ParityResult]) -> str:
         if r.broken:
             expected = " [expected]" if r.expected_failure else ""
             lines.append(f"{label(r)} {r.config.id}{expected}: {r.reason}")
+    for verdict in splits(results):
+        lines.append(f"ground truth {verdict.line()}")
     return "\n".join(lines)

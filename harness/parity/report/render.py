@@ -42,9 +42,16 @@
         "skipped_steps", "reference_skipped_steps", "counters", "time_s",
         "reference", "candidate",                      # what ran, in words
         "divergences": [{"step", "what", "message"}],
-        "curves": {"reference" | "candidate": {"loss": [[by rank] by step], "scale", "grad_norm", "skipped"}}
-      }]
+        "curves": {"reference" | "candidate": {"loss": [[by rank] by step], "scale", "grad_norm", "skipped"}},
+        "semantics": null | the name of the row's split in "semantics" below
+      }],
+      "semantics": [{                                  # --ground-truth: one per split, judge/semantics.py
+        "name", "status": "pass" | "fail" | "skip" | "error", "split", "step", "distance",
+        "rounding", "bound", "steps", "cause", "cause_text", "ruled_out": [{"name", "why"}],
+        "module", "reason", "seconds"}]
     }
+
+``summary`` then also holds ``"semantics": {"pass", "fail", "skip", "error"}`` (the splits' counts).
 
 Non-finite numbers are written as the strings ``"inf"``, ``"-inf"`` and ``"nan"`` so the file is
 strict JSON. ``parity.md`` has one row per configuration (grouped by suite), then the divergences
@@ -93,7 +100,22 @@ def summary(results: list[ParityResult]) -> dict[str, Any]:
         **{status: counts.get(status, 0) for status in ("pass", "fail", "crash", "error", "skip")},
         "expected_failures": sum(1 for r in results if r.expected_failure and r.broken),
         "closeness": closeness_counts(results),
+        **({"semantics": _semantics_counts(results)} if splits(results) else {}),
     }
+
+
+def splits(results: list[ParityResult]) -> list[Any]:
+    """Each ground-truth verdict once (``judge/semantics.Semantics``), in the rows' order."""
+    found = {}
+    for result in results:
+        if result.semantics is not None:
+            found.setdefault(result.semantics.name, result.semantics)
+    return list(found.values())
+
+
+def _semantics_counts(results: list[ParityResult]) -> dict[str, int]:
+    counts = Counter(found.status for found in splits(results))
+    return {status: counts.get(status, 0) for status in ("pass", "fail", "skip", "error")}
 
 
 def _closeness_order(label_: str) -> tuple[int, float]:
@@ -192,6 +214,7 @@ def result_to_json(result: ParityResult) -> dict[str, Any]:
             }
             for role, curves in result.curves.items()
         },
+        "semantics": result.semantics.name if result.semantics is not None else None,
     }
 
 
@@ -204,4 +227,5 @@ def to_json(results: list[ParityResult], run: dict[str, Any]) -> dict[str, Any]:
         "profiles": {name: {"rtol": p.rtol, "atol": p.atol} for name, p in profiles.PROFILES.items()},
         "summary": summary(results),
         "configs": [result_to_json(r) for r in results],
+        **({"semantics": [found.to_json() for found in splits(results)]} if splits(results) else {}),
     }

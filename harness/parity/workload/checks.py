@@ -77,9 +77,21 @@ def check(workload: Workload, *, seed: int = 0) -> None:
             "seeds per (seed, rank, step), or derive it from rank and step, not from a global counter, "
             "Python's random, numpy's RNG or the clock"
         )
+    num_items = None
+    if workload.takes_num_items:
+        assert workload.items is not None, "checked by Workload"
+        try:
+            num_items = int(workload.items(batch))
+        except Exception:  # noqa: BLE001
+            raise _raised(workload, "items(batch) at step 0") from None
+        if num_items < 1:
+            raise WorkloadError(
+                f"workload {workload.name!r}: items(batch) counts {num_items} items in rank 0's batch of "
+                "step 0; a loss divided by num_items needs a batch with items to count"
+            )
     try:
         with registry.seeded(registry.forward_seed(seed, 0, 0)):
-            loss = workload.loss(model, batch)
+            loss = workload.loss_of(model, batch, num_items)
     except Exception:  # noqa: BLE001
         raise _raised(workload, "loss(model, batch) at step 0") from None
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():

@@ -12,6 +12,7 @@ This module imports no torch, so ``from harness.parity import Workload`` stays c
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -54,11 +55,19 @@ class Workload:
     """``(rank, step) -> batch`` on the CPU (tensors, or tuples, lists and dicts of them). torch's
     global RNG is seeded per ``(seed, rank, step)`` around the call, so ``torch.randn`` here is
     deterministic; the batch must be the same every time it is asked for."""
-    loss: Callable[[nn.Module, Any], torch.Tensor]
+    loss: Callable[..., torch.Tensor]
     """``(model, batch) -> scalar loss``. ``model`` is the wrapped model (DDP or FSDP): call it,
     do not reach into it. In mixed precision its inputs are cast to the low dtype, as FSDP does;
     torch's RNG is seeded per ``(seed, rank, step)`` around the call, so dropout draws the same
-    masks under DDP and under FSDP."""
+    masks under DDP and under FSDP.
+
+    ``(model, batch, num_items) -> loss``: a loss with a parameter named ``num_items`` receives
+    the step's total count of :attr:`items` over the whole global batch (every data-parallel
+    rank's, every microbatch's), as transformers passes ``num_items_in_batch``: write it as a sum
+    over this batch's items divided by ``num_items``. Such a loss is each microbatch's share of
+    the whole batch's, so the engine neither divides it by the microbatch count nor lets the
+    data-parallel average shrink it: it multiplies it by ``accumulate x data-parallel size``,
+    which both undo (``harness.parity.ranks.sides.items``)."""
     units: tuple[type[nn.Module], ...] | str = ()
     """Module classes whose instances become FSDP units (FSDP1 ``ModuleWrapPolicy``; FSDP2
     ``fully_shard`` on each, innermost first); the root is always wrapped too. ``"auto"``: the
@@ -113,6 +122,11 @@ class Workload:
     """``(model, batches) -> one loss per batch`` from a single forward pass (for the sparse
     single-process reference, whose gradient must come out of one backward call)."""
 
+    items: Callable[[Any], int] | None = None
+    """``batch -> int``: how many items the loss averages over in one batch (tokens whose label is
+    not ignored, samples), for a loss that takes ``num_items``; the ground-truth stage also reads
+    it to say how unevenly a per-microbatch mean weighs the pieces. ``None``: not declared."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not NAME.match(self.name):
             raise WorkloadError(
@@ -140,6 +154,7 @@ class Workload:
                 f"or None, got {self.optimizer!r}"
             )
         self._check_checkpointing()
+        self._check_items()
         if (
             self.tp_plan is not None
             and self.tp_plan != "auto"
@@ -159,12 +174,45 @@ class Workload:
                 f"Workload {self.name!r}: steps must be an int >= 1 or None, got {self.steps!r}"
             )
 
-    def losses(self, model: nn.Module, batches: Iterable[Any]) -> list[torch.Tensor]:
+    @property
+    def takes_num_items(self) -> bool:
+        """Whether :attr:`loss` has a ``num_items`` parameter (the whole batch's count of items)."""
+        return _takes_num_items(self.loss)
+
+    def loss_of(self, model: nn.Module, batch: Any, num_items: int | None = None) -> torch.Tensor:
+        """:attr:`loss` on one batch, given ``num_items`` when it takes it."""
+        if self.takes_num_items:
+            if num_items is None:
+                raise WorkloadError(f"Workload {self.name!r}: its loss takes num_items, and none was given")
+            return self.loss(model, batch, num_items=num_items)
+        return self.loss(model, batch)
+
+    def losses(
+        self, model: nn.Module, batches: Iterable[Any], num_items: int | None = None
+    ) -> list[torch.Tensor]:
         """One loss per batch (the single-process reference trains on every rank's batch)."""
         batches = list(batches)
         if self.joint_losses is not None:
             return self.joint_losses(model, batches)
-        return [self.loss(model, batch) for batch in batches]
+        return [self.loss_of(model, batch, num_items) for batch in batches]
+
+    def _check_items(self) -> None:
+        """A loss that takes ``num_items`` needs :attr:`items` to count them."""
+        if self.items is not None and not callable(self.items):
+            raise WorkloadError(
+                f"Workload {self.name!r}: items must be a callable batch -> int or None, got {self.items!r}"
+            )
+        if self.takes_num_items and self.items is None:
+            raise WorkloadError(
+                f"Workload {self.name!r}: its loss takes num_items (the whole batch's count of items), "
+                "so the engine must count them: declare items=, e.g. "
+                "items=lambda batch: int((batch[1] != -100).sum())"
+            )
+        if self.takes_num_items and self.joint_losses is not None:
+            raise WorkloadError(
+                f"Workload {self.name!r}: a loss taking num_items with joint_losses is not supported; "
+                "drop one of them"
+            )
 
     def _check_checkpointing(self) -> None:
         """``save`` and ``load`` come as a pair of callables; ``scheduler`` is a callable."""
@@ -194,3 +242,10 @@ class Workload:
             raise WorkloadError(
                 f"Workload {self.name!r}: sync must be 'every', 'last' or None, got {self.sync!r}"
             )
+
+
+def _takes_num_items(loss: Callable[..., Any]) -> bool:
+    try:
+        return "num_items" in inspect.signature(loss).parameters
+    except (TypeError, ValueError):  # a builtin without a signature takes no keyword of ours
+        return False

@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks.sides import reduce_layout, twin
+from harness.parity.ranks.sides import items, reduce_layout, twin
 from harness.parity.ranks.sides.full import flat, gather
 from harness.parity.ranks.sides.optimizers import make_optimizer
 from harness.parity.ranks.sides.twin import DTYPES
@@ -144,8 +144,16 @@ class Engine:
         """``(loss to back-propagate, this rank's loss as recorded)``."""
         batch = to_device(self.finish(self.batch(step, self.data_rank), scale), self.device)
         with self.forward_rng(step), self.autocast():
-            loss = self.workload.loss(self.wrapped, batch)
+            loss = self.loss_of(self.wrapped, batch, step)
         return loss, loss.item()
+
+    def loss_of(self, model: nn.Module, batch: Any, step: int) -> torch.Tensor:
+        """The workload's loss on ``batch`` (batch index ``step``); a loss that takes ``num_items``
+        gets the whole step's count and is scaled as its share (``items.py``)."""
+        if not self.workload.takes_num_items:
+            return self.workload.loss(model, batch)
+        share = self.workload.loss_of(model, batch, items.global_count(self.config, step))
+        return share * items.share_factor(self.config)
 
     unscales_first = False
     """Whether the loop must call ``unscale_`` itself so that :meth:`before_step` sees unscaled grads."""

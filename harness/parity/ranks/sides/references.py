@@ -14,7 +14,7 @@ from torch import nn
 
 from harness.parity.plan.config import ParityConfig, resume
 from harness.parity.plan.precision import PrecisionPolicy
-from harness.parity.ranks.sides import reduce_layout, twin
+from harness.parity.ranks.sides import items, reduce_layout, twin
 from harness.parity.ranks.sides.engines import Engine, to_device, unit_modules
 
 
@@ -60,7 +60,7 @@ class LowPrecisionDDP(Engine):
                 low.copy_(master)
         batch = to_device(self.batch(step, self.data_rank), self.device)
         with self.forward_rng(step), self.autocast(), self.wrapped.no_sync():  # type: ignore[operator]
-            loss = self.workload.loss(self.wrapped, batch)  # reduced by hand in after_backward
+            loss = self.loss_of(self.wrapped, batch, step)  # reduced by hand in after_backward
         return loss, loss.item()
 
     def after_backward(self) -> None:
@@ -162,5 +162,10 @@ class SingleProcess(Engine):
             for rank in range(self.world_size)
         ]
         with self.forward_rng(step):
-            parts = self.workload.losses(self.module, batches)
+            if self.workload.takes_num_items:
+                total = items.global_count(self.config, step)
+                factor = items.share_factor(self.config)
+                parts = [p * factor for p in self.workload.losses(self.module, batches, total)]
+            else:
+                parts = self.workload.losses(self.module, batches)
         return torch.stack(parts).mean(), parts[self.rank].item()

@@ -67,9 +67,11 @@ def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def linear_loss(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """``sum(output * coefficient) / 4``: linear in the output, so its gradient is the coefficient."""
+    """``sum(output * coefficient)`` over the batch's rows, divided by their count (4 a rank: exact): linear
+    in the output, so its gradient is the coefficient; a mean over the rows, so the whole batch's
+    loss is the ranks' average (``judge/semantics.py``)."""
     inputs, coefficients = data
-    return (model(inputs).float() * coefficients).sum() / 4
+    return (model(inputs).float() * coefficients).sum() / inputs.shape[0]
 
 
 def sgd(params: list[torch.Tensor]) -> torch.optim.Optimizer:

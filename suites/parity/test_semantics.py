@@ -1,0 +1,112 @@
+"""The ground-truth stage (``ranks/truth/``, ``judge/semantics.py``): each step's gradient as the
+setup splits the global batch against the whole batch's, in float64 on one process. Each plant of
+``fixtures/semantic_workloads.py`` fails at the step it starts, named; each correct variant passes.
+In-process: the stage runs no collective."""
+
+import pytest
+
+from harness.parity.judge import semantics
+from harness.parity.plan.config import Layout, Loop, ParityConfig
+from harness.parity.ranks.truth import gradients, stage
+from harness.parity.workload.spec import Workload, WorkloadError
+
+_PLANTS = "fixtures.semantic_workloads"
+
+
+def _config(workload: str, world_size: int = 2, accumulate: int = 1) -> ParityConfig:
+    return ParityConfig(
+        engine="fsdp2",
+        workload=workload,
+        world_size=world_size,
+        layout=Layout(reshard_after_forward=True),
+        loop=Loop(accumulate=accumulate, sync="last" if accumulate > 1 else "every"),
+    )
+
+
+def _verdict(workload: str, world_size: int = 2, accumulate: int = 1) -> semantics.Semantics:
+    config = _config(workload, world_size, accumulate)
+    return semantics.judge(config, stage.run_one(config))
+
+
+def _named(verdict: semantics.Semantics) -> str | None:
+    return verdict.cause.name if verdict.cause is not None else None
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_a_per_rank_mean_over_uneven_token_counts_fails_at_step_0_as_loss_normalization(world_size):
+    verdict = _verdict(f"{_PLANTS}:tokens_mean", world_size)
+    assert (verdict.status, verdict.step, _named(verdict)) == ("fail", 0, "loss_normalization")
+    assert verdict.distance > 1e-3, verdict.line()
+
+
+def test_a_per_microbatch_mean_under_accumulation_fails_at_step_0_as_loss_normalization():
+    verdict = _verdict(f"{_PLANTS}:tokens_mean_accumulated", accumulate=2)
+    assert (verdict.status, verdict.step, _named(verdict)) == ("fail", 0, "loss_normalization")
+    assert "rank 1 microbatch 1" in verdict.cause.evidence  # every piece's weight is shown
+
+
+@pytest.mark.parametrize(("world_size", "accumulate"), [(2, 1), (2, 2), (4, 1), (4, 2)])
+def test_the_sum_over_items_divided_by_the_whole_batchs_count_passes(world_size, accumulate):
+    verdict = _verdict(f"{_PLANTS}:tokens_count", world_size, accumulate)
+    assert verdict.status == "pass", verdict.line()
+    assert verdict.distance <= gradients.BOUND and verdict.steps == _config("mlp").steps  # every step
+
+
+def test_a_per_microbatch_mean_over_equal_counts_passes():
+    assert _verdict(f"{_PLANTS}:tokens_equal", accumulate=2).status == "pass"
+
+
+def test_a_sampler_that_repeats_a_sample_to_even_out_the_ranks_is_named_sampler_padding():
+    verdict = _verdict(f"{_PLANTS}:sampler_padded")
+    assert (verdict.status, verdict.step, _named(verdict)) == ("fail", 0, "sampler_padding")
+    assert "served twice" in verdict.cause.evidence
+
+
+def test_a_sampler_that_drops_the_last_samples_passes():
+    assert _verdict(f"{_PLANTS}:sampler_dropped").status == "pass"
+
+
+def test_batchnorm_over_each_ranks_share_is_named_batchnorm_per_rank_with_syncbatchnorm_as_the_way_out():
+    verdict = _verdict(f"{_PLANTS}:batchnorm_local")
+    assert (verdict.status, verdict.step, _named(verdict)) == ("fail", 0, "batchnorm_per_rank")
+    assert "SyncBatchNorm" in verdict.cause.explanation and verdict.module == "1 (BatchNorm1d)"
+
+
+def test_a_per_sample_norm_passes():
+    assert _verdict(f"{_PLANTS}:layernorm").status == "pass"
+
+
+def test_a_loss_divided_by_the_world_size_on_top_of_the_average_is_named_microbatch_scaling():
+    verdict = _verdict(f"{_PLANTS}:tokens_over_world")
+    assert (verdict.status, verdict.step, _named(verdict)) == ("fail", 0, "microbatch_scaling")
+    assert "0.5 times" in verdict.cause.evidence and "world size" in verdict.cause.evidence
+
+
+@pytest.mark.parametrize("workload", ["mlp", "transformer", "frozen", "llama", "convnet", "uneven", "canary"])
+def test_the_built_in_workloads_train_like_the_whole_batch(workload):
+    verdict = _verdict(workload)
+    assert verdict.status == "pass", verdict.line()
+    assert verdict.rounding <= gradients.BOUND * gradients.ROUNDING_ROOM
+
+
+def test_a_workload_whose_data_depends_on_the_loss_scale_is_skipped_with_why():
+    config = ParityConfig(engine="ddp", reference="single", workload="embedding")
+    verdict = semantics.judge(config, stage.run_one(config))
+    assert verdict.status == "skip" and "loss scale" in verdict.reason
+
+
+def test_a_forward_that_draws_random_numbers_outside_dropout_modules_is_skipped_with_why():
+    verdict = _verdict(f"{_PLANTS}:functional_dropout")
+    assert verdict.status == "skip" and "random numbers" in verdict.reason
+
+
+def test_splits_of_one_workload_size_and_microbatch_count_share_one_measurement():
+    sgd, adam = _config("mlp"), _config("mlp").with_(optimizer="adam_fused")
+    assert semantics.key(sgd) == semantics.key(adam)
+    assert semantics.key(sgd) != semantics.key(_config("mlp", accumulate=2))
+    assert semantics.name(_config("mlp", 4, 2)) == "mlp-dp4-acc2"
+
+
+def test_a_loss_that_takes_num_items_needs_items_to_count_them():
+    with pytest.raises(WorkloadError, match="declare items="):
+        Workload(name="bad", model=object, batch=lambda r, s: None, loss=lambda model, batch, num_items: 0)
