@@ -45,8 +45,8 @@ SCALER     = ours
 REPORTS    = reports
 K          =
 WORKLOAD   =
-parity: setup ## the parity matrix against DDP; writes reports/parity.{json,md,png}; exits 1 if a configuration broke its tolerance
-	$(PY) -m harness.parity --backend $(BACKEND) --world-size $(WORLD_SIZE) --scaler $(SCALER) --out $(REPORTS) $(if $(K),-k "$(K)") $(if $(WORKLOAD),--workload "$(WORKLOAD)")
+parity: setup ## the parity matrix against DDP and the whole batch's float64 ground truth; writes reports/parity.{json,md,png}; exits 1 if a configuration broke its tolerance or a split trains unlike the whole batch
+	$(PY) -m harness.parity --ground-truth --backend $(BACKEND) --world-size $(WORLD_SIZE) --scaler $(SCALER) --out $(REPORTS) $(if $(K),-k "$(K)") $(if $(WORKLOAD),--workload "$(WORKLOAD)")
 
 test: setup ## all suites on CPU/gloo but the end-to-end, world-size and 2-D tiers and the drawn property sample, in under 5 minutes (.ci/run runs exactly this)
 	$(PY) -m pytest suites -q -m "not e2e and not world_sizes and not two_d and not property"

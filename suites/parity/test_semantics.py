@@ -110,3 +110,15 @@ def test_splits_of_one_workload_size_and_microbatch_count_share_one_measurement(
 def test_a_loss_that_takes_num_items_needs_items_to_count_them():
     with pytest.raises(WorkloadError, match="declare items="):
         Workload(name="bad", model=object, batch=lambda r, s: None, loss=lambda model, batch, num_items: 0)
+
+
+def test_the_readmes_mean_per_microbatch_is_named_and_its_sum_over_all_tokens_passes(tmp_path, monkeypatch):
+    from suites import doc_pages
+
+    (tmp_path / "my_tokens_readme.py").write_text(
+        doc_pages.block_starting("README.md", "# my_tokens.py").code
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mean = _verdict("my_tokens_readme:tokens_mean", accumulate=2)
+    assert (mean.status, mean.step, _named(mean)) == ("fail", 0, "loss_normalization")
+    assert _verdict("my_tokens_readme:tokens_sum", accumulate=2).status == "pass"

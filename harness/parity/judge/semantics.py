@@ -80,14 +80,18 @@ class Semantics:
         return self.status in ("pass", "skip")
 
     def line(self) -> str:
-        """One line for the terminal and the report."""
+        """One line for the terminal: the split, its status and :meth:`says`."""
         head = f"{self.name} ({self.split})" if self.split else self.name
+        return f"{head}: {self.status}: {self.says()}"
+
+    def says(self) -> str:
+        """What the verdict says, without the split's name and status."""
         if self.status == "pass":
             return (
-                f"{head}: pass, {self.steps} steps within {self.distance:.2g} of the whole batch "
-                f"(bound {self.bound:.0e}; a reordering alone: {self.rounding:.2g}), {self.duration_s:.2f}s"
+                f"{self.steps} steps within {self.distance:.2g} of the whole batch (bound "
+                f"{self.bound:.0e}; a reordering alone: {self.rounding:.2g}), {self.duration_s:.2f}s"
             )
-        return f"{head}: {self.status}: {self.reason}"
+        return self.reason
 
     def to_json(self) -> dict[str, Any]:
         return {

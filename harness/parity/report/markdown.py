@@ -240,7 +240,8 @@ def semantics_section(results: list[ParityResult]) -> list[str]:
         "",
     ]
     for verdict in found:
-        lines.append(f"- `{verdict.name}` {verdict.status}: {verdict.line().split(': ', 1)[-1]}")
+        split = f" ({verdict.split})" if verdict.split else ""
+        lines.append(f"- `{verdict.name}`{split} **{verdict.status}**: {verdict.says()}")
         if verdict.cause is not None:
             lines.append(f"  - {verdict.cause.describe()}")
         lines += [f"  - {ruled.describe()}" for ruled in verdict.ruled_out]

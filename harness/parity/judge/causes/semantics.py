@@ -122,17 +122,22 @@ def _scaling(step: TruthStep, split: Split) -> Cause | None:
     ratio = step.factor / step.weights[0]
     if abs(ratio - 1.0) <= UNIFORM:
         return None
-    named = {
-        1.0
-        / split.ranks: f"1 / {split.ranks} data-parallel ranks: divided by the world size on top of the average",
-        float(split.ranks): f"{split.ranks} data-parallel ranks: summed over the ranks, not averaged",
-        1.0
-        / split.microbatches: f"1 / {split.microbatches} microbatches: divided by the microbatch count twice",
-        float(
-            split.microbatches
-        ): f"{split.microbatches} microbatches: summed over microbatches, not averaged",
-    }
-    words = next((w for value, w in named.items() if abs(ratio / value - 1.0) <= UNIFORM), "")
+    named = (
+        (
+            1.0 / split.ranks,
+            f"1 / {split.ranks} data-parallel ranks: divided by the world size on top of the average",
+        ),
+        (float(split.ranks), f"{split.ranks} data-parallel ranks: summed over the ranks, not averaged"),
+        (
+            1.0 / split.microbatches,
+            f"1 / {split.microbatches} microbatches: divided by the microbatch count twice",
+        ),
+        (
+            float(split.microbatches),
+            f"{split.microbatches} microbatches: summed over microbatches, not averaged",
+        ),
+    )
+    words = " or ".join(w for value, w in named if value != 1.0 and abs(ratio / value - 1.0) <= UNIFORM)
     return Cause(
         name="microbatch_scaling",
         evidence=(
@@ -145,7 +150,7 @@ def _scaling(step: TruthStep, split: Split) -> Cause | None:
             "data-parallel reduction already averages the ranks: the learning rate silently changes "
             "with the number of ranks or microbatches"
         ),
-        reference="README, The loss the user means",
+        reference="README, Does it train like the whole batch?",
     )
 
 
@@ -161,15 +166,33 @@ def _normalization(step: TruthStep, split: Split) -> Cause | None:
         name="loss_normalization",
         evidence=(
             f"the whole batch weighs the pieces' gradients unequally where the split weighs them alike "
-            f"(relative weights {shown}; fit within {step.weights_residual:.2g})"
+            f"(relative weights {shown}; fit within {step.weights_residual:.2g}): "
+            + _against_counts(relative, step)
         ),
         explanation=(
             "a mean per microbatch or per rank over uneven counts of items: each piece's items weigh "
             "1 / its own count instead of 1 / the whole batch's; way out: a loss that takes num_items "
             "and divides the sum over its items by it (transformers' num_items_in_batch)"
         ),
-        reference="README, The loss the user means",
+        reference="README, Does it train like the whole batch?",
     )
+
+
+def _against_counts(relative: list[float], step: TruthStep) -> str:
+    """Whether the weights follow the pieces' counts (what a per-piece mean over them gives)."""
+    mean = sum(step.counts) / len(step.counts)
+    proportional = all(
+        abs(w - count / mean) <= 1e-6 * max(1.0, abs(w))
+        for w, count in zip(relative, step.counts, strict=True)
+    )
+    if proportional:
+        return f"each in proportion to its count of {step.counted}, as the whole batch's mean weighs them"
+    if step.counted == "samples":
+        return (
+            "not in proportion to the pieces' samples, so to some other count per piece (tokens whose "
+            "label is not ignored?): declare Workload.items to see it"
+        )
+    return f"not in proportion to the pieces' counts of {step.counted}"
 
 
 CAUSES: tuple[SemanticCause, ...] = (

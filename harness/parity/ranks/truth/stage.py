@@ -52,7 +52,16 @@ def split_of(config: ParityConfig, workload: Workload) -> pieces.Split:
 def run_batch(requests: list[ParityConfig]) -> list[TruthRun | None]:
     """This rank's share of ``requests`` measured (``None`` for another rank's)."""
     rank, world = dist.get_rank(), dist.get_world_size()
+    warm_up()
     return [run_one(config) if index % world == rank else None for index, config in enumerate(requests)]
+
+
+def warm_up() -> None:
+    """One optimizer step on a scalar: a process's first step imports torch's optimizer machinery
+    (measured: 2 to 4 s), which every training row pays too; kept out of a split's reported time."""
+    param = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
+    param.grad = torch.zeros_like(param)
+    make_optimizer("sgd", [param]).step()
 
 
 def run_one(config: ParityConfig) -> TruthRun:
