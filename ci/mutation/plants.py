@@ -18,6 +18,7 @@ from ci.mutation.edits import Edit, Plant, PlantError, apply
 from ci.mutation.engine_plants import ENGINE_PLANTS
 from ci.mutation.premise_plants import PREMISE_PLANTS
 from ci.mutation.resume_plants import RESUME_PLANTS
+from ci.mutation.semantics_plants import SEMANTICS_PLANTS
 from ci.mutation.staged_plants import STAGED_PLANTS
 from ci.mutation.two_d_plants import TWO_D_PLANTS
 from ci.mutation.world_size_plants import WORLD_SIZE_PLANTS
@@ -421,5 +422,6 @@ PLANTS: tuple[Plant, ...] = (
     *PREMISE_PLANTS,
     *RESUME_PLANTS,
     *TWO_D_PLANTS,
+    *SEMANTICS_PLANTS,
 )
 """Every plant: the scaler's, then the parity engine's."""
