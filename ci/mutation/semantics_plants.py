@@ -99,6 +99,19 @@ SEMANTICS_PLANTS: tuple[Plant, ...] = (
         tests=(_CAUSES,),
     ),
     Plant(
+        name="truth_syncbatchnorm_per_piece",
+        bug="the stage's SyncBatchNorm normalizes each piece by its own statistics: the whole batch's "
+        "statistics, which SyncBatchNorm's all-reduce gives, are not what the split computes",
+        edits=(
+            _edit(
+                "ranks/truth/lockstep.py",
+                "        together = meeting.inputs[calls]  # type: ignore[assignment]\n",
+                "        together = [x]  # planted\n",
+            ),
+        ),
+        tests=(f"{_STAGE}::test_syncbatchnorm_over_every_ranks_share_passes",),
+    ),
+    Plant(
         name="num_items_loss_not_scaled",
         bug="a loss that takes num_items is not multiplied by ranks x microbatches: the engine's "
         "division and DDP's average shrink each share, on both sides alike",

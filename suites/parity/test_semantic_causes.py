@@ -70,6 +70,8 @@ def test_sampler_padding_is_ruled_out_when_the_batch_as_served_differs_too():
     assert "something more than the repeats differs" in ruled_out[0].why
 
 
-def test_a_syncbatchnorm_is_not_named_batchnorm_per_rank():
+def test_a_syncbatchnorm_is_named_only_for_its_statistics_per_microbatch():
+    one = causes.Split(ranks=2, microbatches=1)
+    assert causes.weigh(_step(module=("bn", "SyncBatchNorm", 0.3)), one)[0] is None
     found, _ = causes.weigh(_step(module=("bn", "SyncBatchNorm", 0.3)), _SPLIT)
-    assert found is None
+    assert found is not None and "each of the 2 microbatches" in found.evidence

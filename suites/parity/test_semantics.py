@@ -4,10 +4,12 @@ setup splits the global batch against the whole batch's, in float64 on one proce
 In-process: the stage runs no collective."""
 
 import pytest
+import torch
+from torch import nn
 
 from harness.parity.judge import semantics
 from harness.parity.plan.config import Layout, Loop, ParityConfig
-from harness.parity.ranks.truth import gradients, stage
+from harness.parity.ranks.truth import gradients, lockstep, stage
 from harness.parity.workload.spec import Workload, WorkloadError
 
 _PLANTS = "fixtures.semantic_workloads"
@@ -70,6 +72,26 @@ def test_batchnorm_over_each_ranks_share_is_named_batchnorm_per_rank_with_syncba
     verdict = _verdict(f"{_PLANTS}:batchnorm_local")
     assert (verdict.status, verdict.step, _named(verdict)) == ("fail", 0, "batchnorm_per_rank")
     assert "SyncBatchNorm" in verdict.cause.explanation and verdict.module == "1 (BatchNorm1d)"
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_syncbatchnorm_over_every_ranks_share_passes(world_size):
+    assert _verdict(f"{_PLANTS}:syncbatchnorm", world_size).status == "pass"
+
+
+def test_syncbatchnorm_under_accumulation_is_named_for_its_statistics_per_microbatch():
+    verdict = _verdict(f"{_PLANTS}:syncbatchnorm_accumulated", accumulate=2)
+    assert (verdict.status, verdict.step, _named(verdict)) == ("fail", 0, "batchnorm_per_rank")
+    assert "each of the 2 microbatches by its own statistics" in verdict.cause.evidence
+
+
+def test_the_stages_syncbatchnorm_normalizes_one_input_as_torchs_batch_norm_does():
+    torch.manual_seed(0)
+    synced, plain = nn.SyncBatchNorm(3).double(), nn.BatchNorm1d(3).double()
+    lockstep.install(synced)
+    x = torch.randn(5, 3, 4, dtype=torch.float64)
+    assert gradients.relative(synced(x), plain(x)) < 1e-14
+    assert gradients.relative(synced.running_var, plain.running_var) < 1e-14
 
 
 def test_a_per_sample_norm_passes():

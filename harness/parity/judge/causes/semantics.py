@@ -94,9 +94,26 @@ def _only_repeats(step: TruthStep) -> str | None:
 
 
 def _batchnorm(step: TruthStep, split: Split) -> Cause | None:
-    if step.module is None or "BatchNorm" not in step.module[1] or step.module[1] == "SyncBatchNorm":
+    if step.module is None or "BatchNorm" not in step.module[1]:
         return None
     name, kind, distance = step.module
+    if kind == "SyncBatchNorm":
+        if split.microbatches == 1:
+            return None  # its statistics span every rank: the whole batch's
+        return Cause(
+            name="batchnorm_per_rank",
+            evidence=(
+                f"module {name} (SyncBatchNorm) is the first whose outputs differ from the whole batch's "
+                f"(relative {distance:.3g}): under accumulation it normalizes each of the "
+                f"{split.microbatches} microbatches by its own statistics (its all-reduce spans the ranks, "
+                "not the microbatches)"
+            ),
+            explanation=(
+                "a batch norm's statistics are those of one microbatch's share of the batch; way out: no "
+                "accumulation across a batch norm (a larger batch per rank), or a per-sample norm"
+            ),
+            reference="torch.nn.SyncBatchNorm",
+        )
     return Cause(
         name="batchnorm_per_rank",
         evidence=(

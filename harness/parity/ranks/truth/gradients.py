@@ -55,7 +55,7 @@ def trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
 
 
-def gradient(model: nn.Module, loss: Callable[[], torch.Tensor]) -> torch.Tensor:
+def gradient(model: nn.Module, loss: Callable[[], torch.Tensor], retain_graph: bool = False) -> torch.Tensor:
     """The gradient of ``loss()`` over the trainable parameters, flattened into one float64 vector
     (parameters the loss does not reach count as zero)."""
     named = trainable(model)
@@ -64,7 +64,7 @@ def gradient(model: nn.Module, loss: Callable[[], torch.Tensor]) -> torch.Tensor
     value = loss()
     if not isinstance(value, torch.Tensor) or value.numel() != 1:
         raise ValueError("the loss must be a scalar tensor")
-    value.backward()
+    value.backward(retain_graph=retain_graph)
     parts = []
     for _, param in named:
         grad = param.grad
@@ -76,9 +76,20 @@ def gradient(model: nn.Module, loss: Callable[[], torch.Tensor]) -> torch.Tensor
     return torch.cat(parts)
 
 
+def gradients_of(model: nn.Module, losses: list[torch.Tensor]) -> list[torch.Tensor]:
+    """:func:`gradient` of each of ``losses``, computed already in one graph (a lockstep's pieces
+    share their ``SyncBatchNorm`` statistics): each backward keeps the graph for the next."""
+    found = []
+    for number, value in enumerate(losses):
+        last = number == len(losses) - 1
+        found.append(gradient(model, lambda value=value: value, retain_graph=not last))
+    return found
+
+
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     """``max |a - b|`` over ``max |b|``: the distance of ``a`` from ``b`` relative to ``b``'s largest
     element (0 where both are zero)."""
+    a, b = a.detach(), b.detach()
     scale = float(b.abs().max()) if b.numel() else 0.0
     gap = float((a - b).abs().max()) if b.numel() else 0.0
     if scale == 0.0:

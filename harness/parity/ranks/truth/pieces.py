@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -198,29 +199,60 @@ def reversed_rows(batch: Any) -> Any:
     return _map(batch, lambda t: t.flip(0) if t.dim() > 0 else t)
 
 
+_VIEW = threading.local()
+"""The calling thread's ``(rank, world size)`` while :func:`as_process` holds it (a lockstep's
+pieces run side by side in threads, ``lockstep.py``)."""
+
+
+def _view() -> tuple[int, int] | None:
+    return getattr(_VIEW, "value", None)
+
+
 @contextlib.contextmanager
-def as_process(rank: int, world_size: int) -> Iterator[None]:
-    """``torch.distributed.get_rank``/``get_world_size`` and ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``
-    as a process ``rank`` of ``world_size`` sees them, inside (restored after)."""
-    saved_functions = (dist.get_rank, dist.get_world_size)
-    saved_env = {name: os.environ.get(name) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+def _viewed() -> Iterator[None]:
+    """``torch.distributed.get_rank``/``get_world_size`` answering the calling thread's view (the
+    ones they replace outside any view), inside; entered by the main thread only, so nested
+    entries restore in the order they were made."""
+    outer_rank, outer_world = dist.get_rank, dist.get_world_size
 
     def get_rank(group: Any = None) -> int:
-        return rank
+        view = _view()
+        return view[0] if view is not None else outer_rank(group)
 
     def get_world_size(group: Any = None) -> int:
-        return world_size
+        view = _view()
+        return view[1] if view is not None else outer_world(group)
 
     dist.get_rank = get_rank  # type: ignore[assignment]
     dist.get_world_size = get_world_size  # type: ignore[assignment]
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     try:
         yield
     finally:
-        dist.get_rank = saved_functions[0]  # type: ignore[assignment]
-        dist.get_world_size = saved_functions[1]  # type: ignore[assignment]
-        for name, value in saved_env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        dist.get_rank = outer_rank  # type: ignore[assignment]
+        dist.get_world_size = outer_world  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def as_process(rank: int, world_size: int) -> Iterator[None]:
+    """``torch.distributed.get_rank``/``get_world_size`` as a process ``rank`` of ``world_size``
+    sees them, in the calling thread, inside (restored after); in the main thread also
+    ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (the environment is the process's: a lockstep's threads
+    leave it to the main thread's view, and answer through the functions the main thread put in
+    place, ``lockstep.losses`` running them inside its own view)."""
+    saved_view = _view()
+    main = threading.current_thread() is threading.main_thread()
+    saved_env = {name: os.environ.get(name) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    with _viewed() if main else contextlib.nullcontext():
+        _VIEW.value = (rank, world_size)
+        if main:
+            os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+        try:
+            yield
+        finally:
+            _VIEW.value = saved_view
+            if main:
+                for name, value in saved_env.items():
+                    if value is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value

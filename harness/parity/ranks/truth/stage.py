@@ -30,7 +30,7 @@ import torch.distributed as dist
 from harness.failure_text import prefix_lines
 from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks.sides.optimizers import make_optimizer
-from harness.parity.ranks.truth import gradients, pieces
+from harness.parity.ranks.truth import gradients, lockstep, pieces
 from harness.parity.ranks.wire import TruthRun, TruthStep
 from harness.parity.workload import registry
 from harness.parity.workload.spec import Workload
@@ -110,14 +110,11 @@ def _measure(
             f"{parameters:,} parameters: too large for float64 on one process (the stage stops at "
             f"{MAX_PARAMETERS:,})"
         )
-    if any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules()):
-        raise pieces.Unsupported(
-            "SyncBatchNorm: its statistics over the ranks are not emulated on one process yet"
-        )
+    synced = lockstep.install(model)  # SyncBatchNorm: a microbatch's pieces share statistics
     optimizer = _optimizer(workload, [p for _, p in named])
     measured = []
     for step in range(config.steps):
-        found, whole_gradient = _step(model, workload, config.seed, split, step)
+        found, whole_gradient = _step(model, workload, config.seed, split, step, synced)
         measured.append(found)
         context.heartbeat()
         if found.distance > gradients.BOUND:
@@ -140,7 +137,7 @@ def _count(workload: Workload, batch: Any) -> int:
 
 
 def _step(
-    model: torch.nn.Module, workload: Workload, seed: int, split: pieces.Split, step: int
+    model: torch.nn.Module, workload: Workload, seed: int, split: pieces.Split, step: int, synced: bool
 ) -> tuple[TruthStep, torch.Tensor]:
     served = pieces.step_pieces(workload, seed, split, step)
     whole = pieces.whole_batch(served)
@@ -157,10 +154,14 @@ def _step(
         reordered = gradients.gradient(
             model, _loss(workload, model, pieces.reversed_rows(whole.batch), whole_items)
         )
-    own = []
-    for piece in served:
-        with pieces.as_process(piece.rank, split.ranks):
-            own.append(gradients.gradient(model, _loss(workload, model, piece.batch, num_items)))
+    if synced:
+        losses = lockstep.losses(served, split, lambda piece: workload.loss_of(model, piece.batch, num_items))
+        own = gradients.gradients_of(model, losses)
+    else:
+        own = []
+        for piece in served:
+            with pieces.as_process(piece.rank, split.ranks):
+                own.append(gradients.gradient(model, _loss(workload, model, piece.batch, num_items)))
     split_gradient = _weighed(own, split.factor)
     found = TruthStep(
         step=step,
@@ -175,7 +176,7 @@ def _step(
     if found.distance <= gradients.BOUND:
         return found, whole_gradient
     explained = _explained(
-        found, model, workload, served, split, own, split_gradient, whole_gradient, num_items
+        found, model, workload, served, split, synced, own, split_gradient, whole_gradient, num_items
     )
     return explained, whole_gradient
 
@@ -193,6 +194,7 @@ def _explained(
     workload: Workload,
     served: list[pieces.Piece],
     split: pieces.Split,
+    synced: bool,
     own: list[torch.Tensor],
     split_gradient: torch.Tensor,
     whole_gradient: torch.Tensor,
@@ -213,7 +215,7 @@ def _explained(
         weights=tuple(weights),
         weights_residual=residual,
         as_served=as_served,
-        module=_first_module(model, workload, served, split, num_items),
+        module=_first_module(model, workload, served, split, synced, num_items),
     )
 
 
@@ -222,18 +224,26 @@ def _first_module(
     workload: Workload,
     served: list[pieces.Piece],
     split: pieces.Split,
+    synced: bool,
     num_items: int | None,
 ) -> tuple[str, str, float] | None:
     """The first module whose outputs on the pieces, concatenated, differ from its outputs on the
-    batch as served (repeats kept, so row for row)."""
-    whole = pieces.whole_batch(served, drop_repeats=False)
+    batch as served (repeats kept, so row for row). With a ``SyncBatchNorm`` a microbatch's pieces
+    go through together (its statistics span the ranks), one microbatch after the other."""
+    if synced:
+        ordered = sorted(served, key=lambda piece: (piece.microbatch, piece.rank))
+        units = [[p for p in ordered if p.microbatch == k] for k in range(split.microbatches)]
+    else:
+        ordered, units = served, [[piece] for piece in served]
+    whole = pieces.whole_batch(ordered, drop_repeats=False)
     whole_items = _count(workload, whole.batch) if num_items is not None else None
     with torch.no_grad():
         with gradients.outputs(model) as on_whole, pieces.as_process(0, 1):
             workload.loss_of(model, whole.batch, whole_items)
-        on_pieces = []
-        for piece in served:
-            with gradients.outputs(model) as found, pieces.as_process(piece.rank, split.ranks):
-                workload.loss_of(model, piece.batch, num_items)
-            on_pieces.append(list(found))
-    return gradients.first_differing_module(model, list(on_whole), on_pieces)
+        on_units = []
+        for unit in units:
+            batch = pieces.whole_batch(unit, drop_repeats=False).batch
+            with gradients.outputs(model) as found, pieces.as_process(unit[0].rank, split.ranks):
+                workload.loss_of(model, batch, num_items)
+            on_units.append(list(found))
+    return gradients.first_differing_module(model, list(on_whole), on_units)
