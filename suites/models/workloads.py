@@ -13,6 +13,7 @@ Run one: ``python -m harness.parity --workload suites.models.workloads:llama``.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -90,6 +91,16 @@ def mixtral() -> Workload:
         loss=_causal_lm_loss,
         units="auto",
     )
+
+
+def mixtral_without_router_loss() -> Workload:
+    """:func:`mixtral` without the router's load-balancing loss: a sum over tokens alone."""
+    t = _need()
+    base = mixtral()
+    config = base.model().config
+    config.router_aux_loss_coef = 0.0
+    config.output_router_logits = False
+    return dataclasses.replace(base, name="hf_mixtral_plain", model=lambda: t.MixtralForCausalLM(config))
 
 
 def gpt2() -> Workload:

@@ -212,6 +212,26 @@ def _against_counts(relative: list[float], step: TruthStep) -> str:
     return f"not in proportion to the pieces' counts of {step.counted}"
 
 
+def _coupled(step: TruthStep, split: Split) -> Cause | None:
+    if step.weights_residual is None or _fitted(step) or step.repeats:
+        return None
+    return Cause(
+        name="loss_couples_samples",
+        evidence=(
+            f"every module's outputs on the pieces equal the whole batch's, yet no weighing of the pieces' "
+            f"own gradients gives the whole batch's (closest within {step.weights_residual:.2g}): the loss "
+            "is not a sum over its samples"
+        ),
+        explanation=(
+            "the loss computes a statistic of the batch it is given (an MoE router's load-balancing loss, "
+            "a contrastive or batch-normalized loss), so per rank or per microbatch it means another thing "
+            "than over the whole batch; way out: compute the statistic over the global batch (gather its "
+            "counts across ranks and microbatches), or accept it as the per-piece statistic it is"
+        ),
+        reference="README, Does it train like the whole batch?",
+    )
+
+
 CAUSES: tuple[SemanticCause, ...] = (
     SemanticCause(
         name="sampler_padding",
@@ -235,6 +255,12 @@ CAUSES: tuple[SemanticCause, ...] = (
         name="loss_normalization",
         premise="every module's outputs on the pieces to equal the whole batch's",
         pattern=_normalization,
+        refutes=_forward_agrees,
+    ),
+    SemanticCause(
+        name="loss_couples_samples",
+        premise="every module's outputs on the pieces to equal the whole batch's",
+        pattern=_coupled,
         refutes=_forward_agrees,
     ),
 )

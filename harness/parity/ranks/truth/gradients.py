@@ -6,10 +6,12 @@ percent or more (measured: 8.5e-16 against 0.69 for a per-microbatch mean over u
 counts). So the distance between the split and the whole batch says what the training means, and
 :data:`BOUND` separates the two with room on both sides (its derivation is in its docstring).
 
-Dropout: each process draws its own masks, and no whole batch draws the masks its split would:
-``nn.Dropout`` modules are put in eval mode on both sides (identity), and a forward that still
-draws random numbers (functional dropout) is :class:`~pieces.Unsupported`, checked by running the
-whole batch under two seeds.
+Dropout: each process draws its own masks, and no whole batch draws the masks its split would, so
+the model runs in eval mode on both sides (dropout modules and the attention dropout that reads
+``self.training`` are identities) but for its batch norms, which go on normalizing by their
+batch's statistics (that is what they mean in training). A forward that still draws random numbers
+(``F.dropout(..., training=True)``) is :class:`~pieces.Unsupported`, checked by running the whole
+batch under two seeds.
 """
 
 from __future__ import annotations
@@ -43,11 +45,17 @@ ROUNDING_ROOM = 1e-3
 
 
 def float64_model(workload: Workload, seed: int) -> nn.Module:
-    """The workload's model from ``seed`` in float64, its ``nn.Dropout`` modules in eval mode."""
+    """The workload's model from ``seed`` in float64, in eval mode but for its batch norms; a
+    Hugging Face mixture of experts computes its experts eagerly (its grouped matmul has no float64
+    kernel on the CPU; the eager loop computes the same)."""
     model = registry.build_model(workload, seed).double()
+    model.eval()
     for module in model.modules():
-        if isinstance(module, nn.modules.dropout._DropoutNd):
-            module.eval()
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.train()
+    experts = getattr(getattr(model, "config", None), "_experts_implementation", None)
+    if experts not in (None, "eager") and hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")
     return model
 
 
@@ -138,15 +146,26 @@ def outputs(model: nn.Module) -> Iterator[list[tuple[str, torch.Tensor]]]:
             handle.remove()
 
 
+def _called_once(outputs: list[tuple[str, torch.Tensor]]) -> set[str]:
+    names = [name for name, _ in outputs]
+    return {name for name in names if names.count(name) == 1}
+
+
 def first_differing_module(
     model: nn.Module, whole: list[tuple[str, torch.Tensor]], pieces: list[list[tuple[str, torch.Tensor]]]
 ) -> tuple[str, str, float] | None:
     """The first module (in forward order) whose output on the whole batch differs, beyond
     :data:`BOUND`, from its outputs on the pieces concatenated: ``(name, class, distance)``;
-    ``None`` when every module that can be compared so agrees (a difference in the loss only)."""
+    ``None`` when every module that can be compared so agrees (a difference in the loss only).
+    Compared: modules called once per forward, whose outputs on the pieces concatenate to the
+    whole's shape (an expert's activation, called once per expert on the tokens routed to it, does
+    not line up row for row, and is left out)."""
     modules = dict(model.named_modules())
+    once = {name for name in _called_once(whole) if all(name in _called_once(outs) for outs in pieces)}
     per_piece = [dict(outs) for outs in pieces]
     for name, output in whole:
+        if name not in once:
+            continue
         parts = [outs.get(name) for outs in per_piece]
         if any(part is None for part in parts):
             continue
