@@ -80,6 +80,20 @@ _OPS = wire.ProbedOps(
     module="inner.0", reference=(("aten.addmm.default", _T.clone()),), candidate=(("aten.mm.default", _T),)
 )
 
+_TRUTH_STEP = wire.TruthStep(
+    step=2,
+    distance=0.04,
+    rounding=3e-16,
+    pieces=("rank 0 microbatch 0", "rank 1 microbatch 0"),
+    counts=(30, 27),
+    counted="items",
+    repeats=("rank 1 microbatch 0 row 3 = rank 0 microbatch 0 row 0",),
+    as_served=1e-16,
+    weights=(0.53, 0.47),
+    weights_residual=4e-16,
+    factor=0.5,
+    module=("blocks.1.norm", "BatchNorm1d", 0.4),
+)
 SAMPLES: dict[type, Any] = {
     wire.Partial: _PARTIAL,
     wire.StepTensors: _TENSORS,
@@ -113,6 +127,15 @@ SAMPLES: dict[type, Any] = {
         ops=_OPS,
         error="[rank 0] the candidate raised",
         duration_s=0.25,
+    ),
+    wire.TruthStep: _TRUTH_STEP,
+    wire.TruthRun: wire.TruthRun(
+        split="2 data-parallel ranks x 2 microbatches",
+        steps=(_TRUTH_STEP,),
+        unsupported="a forward that draws random numbers",
+        error="[rank 1] boom",
+        duration_s=0.5,
+        parameters=1234,
     ),
 }
 """One record of every type, every field set (a field with a default: not to its default)."""
