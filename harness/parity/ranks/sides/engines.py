@@ -34,17 +34,17 @@ def unit_modules(module: nn.Module, classes: tuple[type[nn.Module], ...]) -> lis
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
-    return _tree_map(batch, lambda t: t.to(device))
+    return tree_map(batch, lambda t: t.to(device))
 
 
-def _tree_map(batch: Any, func: Any) -> Any:
+def tree_map(batch: Any, func: Any) -> Any:
     """``func`` applied to every tensor of ``batch`` (through dicts, lists and tuples)."""
     if isinstance(batch, torch.Tensor):
         return func(batch)
     if isinstance(batch, dict):
-        return {key: _tree_map(value, func) for key, value in batch.items()}
+        return {key: tree_map(value, func) for key, value in batch.items()}
     if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
-        return type(batch)(_tree_map(value, func) for value in batch)
+        return type(batch)(tree_map(value, func) for value in batch)
     return batch
 
 

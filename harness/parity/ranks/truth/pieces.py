@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.parity.ranks.sides.engines import tree_map
 from harness.parity.workload import registry
 from harness.parity.workload.spec import Workload
 
@@ -93,17 +94,7 @@ def step_pieces(workload: Workload, seed: int, split: Split, step: int) -> list[
 
 def to_float64(batch: Any) -> Any:
     """``batch`` with its floating-point tensors in float64 (integers stay: token ids, labels)."""
-    return _map(batch, lambda t: t.double() if t.is_floating_point() else t)
-
-
-def _map(batch: Any, func: Any) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return func(batch)
-    if isinstance(batch, dict):
-        return {key: _map(value, func) for key, value in batch.items()}
-    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
-        return type(batch)(_map(value, func) for value in batch)
-    return batch
+    return tree_map(batch, lambda t: t.double() if t.is_floating_point() else t)
 
 
 def _leaves(batch: Any, path: str = "batch") -> list[tuple[str, Any]]:
@@ -196,7 +187,7 @@ def whole_batch(pieces: list[Piece], drop_repeats: bool = True) -> Whole:
 
 def reversed_rows(batch: Any) -> Any:
     """``batch`` with its samples in reverse order: the same mathematics, summed in another order."""
-    return _map(batch, lambda t: t.flip(0) if t.dim() > 0 else t)
+    return tree_map(batch, lambda t: t.flip(0) if t.dim() > 0 else t)
 
 
 _VIEW = threading.local()
