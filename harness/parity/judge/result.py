@@ -108,6 +108,10 @@ class ParityResult:
     staged: staged_check.Staged | None = None
     """The staged check's verdict, for a row whose straight comparison was not bitwise: it decided
     the status (``judge/staged.py``)."""
+    compile_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    """A compiled row (``config.compile``): what compiling cost each side that compiled
+    (``reference``, ``candidate``), its first step's time beyond the median of the others, on its
+    slowest rank. A reference shared with an earlier row keeps the cost it paid there."""
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, self.status
@@ -314,6 +318,11 @@ def verdict(
         distances=comparison.steps,
         at_first=comparison.at_first,
         expected_gap=expected_gap,
+        compile_s={
+            role: run.compile_s
+            for role, run in (("reference", reference), ("candidate", candidate))
+            if run.compile_s is not None
+        },
         **common,
     )
     return explained(result, reference, candidate), reference, candidate

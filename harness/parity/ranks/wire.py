@@ -143,6 +143,9 @@ class RankRun:
     """The failure text, prefixed ``[rank N]``; the steps stop there."""
     duration_s: float
     """This rank's training time (not the time it waited for a reference run in lockstep)."""
+    compile_s: float | None = None
+    """What compiling cost this rank's run (``sides/compiled.py``): its first step's time beyond
+    the median of the others; ``None``: it compiled nothing."""
 
 
 @_RECORD

@@ -110,6 +110,9 @@ class RunRecord:
     error: str | None = None
     """The failure text when the run raised on some rank (``[rank N]``-prefixed); steps stop there."""
     duration_s: float = 0.0
+    compile_s: float | None = None
+    """What compiling cost the run (``config.compile``): its first step's time beyond the median
+    of the others, on its slowest rank; ``None``: it compiled nothing."""
 
     def to_wire(self) -> dict[str, Any]:
         """Plain dicts, lists and tensors (what pickle and the JSON-free archive carry)."""
@@ -195,10 +198,23 @@ def rank_step(
 
 
 def rank_run(
-    *, rank: int, steps: list[RankStep], counters: dict[str, int], error: str | None, duration_s: float
+    *,
+    rank: int,
+    steps: list[RankStep],
+    counters: dict[str, int],
+    error: str | None,
+    duration_s: float,
+    compile_s: float | None = None,
 ) -> RankRun:
     """One rank's part of one run, as sent to the controller."""
-    return RankRun(rank=rank, steps=tuple(steps), counters=counters, error=error, duration_s=duration_s)
+    return RankRun(
+        rank=rank,
+        steps=tuple(steps),
+        counters=counters,
+        error=error,
+        duration_s=duration_s,
+        compile_s=compile_s,
+    )
 
 
 def merge_rank_runs(role: str, description: str, parts: list[RankRun], *, first_step: int = 0) -> RunRecord:
@@ -241,6 +257,7 @@ def merge_rank_runs(role: str, description: str, parts: list[RankRun], *, first_
         counters=tuple(part.counters for part in parts),
         error="\n".join(errors) if errors else None,
         duration_s=max(part.duration_s for part in parts),
+        compile_s=max((p.compile_s for p in parts if p.compile_s is not None), default=None),
     )
 
 
