@@ -78,8 +78,8 @@ property: setup ## the judge's property on a large drawn sample (-m property): o
 # make compile [REPORTS=reports]; reports in $(REPORTS)/compile/block and $(REPORTS)/compile/whole.
 # inductor's caches are shared by every rank and run (TORCHINDUCTOR_CACHE_DIR, else /tmp/torchinductor_$USER).
 compile: setup ## torch.compile with inductor: every engine and its DDP twin compiled per block and whole, then the tests marked compile
-	$(PY) -m harness.parity --compile block --out $(REPORTS)/compile/block
-	$(PY) -m harness.parity --compile whole --out $(REPORTS)/compile/whole
+	$(PY) -m harness.parity --compile block --workload mlp --workload transformer --out $(REPORTS)/compile/block
+	$(PY) -m harness.parity --compile whole --workload mlp --workload transformer --out $(REPORTS)/compile/whole
 	$(PY) -m pytest suites -q -m compile
 
 models: setup ## the real-model tier: tiny Llama, Mixtral, GPT-2, BERT and T5 (transformers) through every engine and precision

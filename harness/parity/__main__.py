@@ -19,7 +19,7 @@ import time
 from harness.parity.doors import cli, launched, runner
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan.config import BACKENDS, SCALERS, unsupported_reason
-from harness.parity.plan.config.axes import COMPILE_BACKENDS, COMPILE_MODES
+from harness.parity.plan.config.axes import COMPILE_BACKENDS, COMPILE_MODES, COMPILE_TWINS
 from harness.parity.plan.recipe import RECIPES
 from harness.parity.plan.select import ExpressionError, select
 from harness.parity.ranks import entry
@@ -152,6 +152,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="with --compile: the torch.compile backend, 'inductor' (default) or 'aot_eager' "
         "(traced, run by eager kernels: fast to compile)",
     )
+    parser.add_argument(
+        "--compile-twin",
+        default=None,
+        metavar="TWIN",
+        help="with --compile: the reference, 'compiled' as its candidate (default: a difference is "
+        "sharding's) or 'eager' (compile's own difference shows, named compile_changes_numerics)",
+    )
     options = parser.parse_args(argv)
     _check_compile(parser, options)
     if options.deadline is None:
@@ -243,7 +250,15 @@ def _check_compile(parser: argparse.ArgumentParser, options: argparse.Namespace)
             f"--compile-backend must be one of {', '.join(COMPILE_BACKENDS)}, got "
             f"{options.compile_backend!r}; e.g. --compile-backend aot_eager"
         )
+    if options.compile_twin is not None and options.compile is None:
+        parser.error(f"--compile-twin {options.compile_twin} needs --compile MODE; e.g. --compile block")
+    if options.compile_twin is not None and options.compile_twin not in COMPILE_TWINS:
+        parser.error(
+            f"--compile-twin must be one of {', '.join(COMPILE_TWINS)}, got {options.compile_twin!r}; "
+            "e.g. --compile-twin eager"
+        )
     options.compile_backend = options.compile_backend or "inductor"
+    options.compile_twin = options.compile_twin or "compiled"
     clashes = [flag for flag, on in (("--reshard", options.reshard), ("--tp", options.tp is not None)) if on]
     if options.compile is not None and clashes:
         parser.error(f"--compile runs the compiled rows; not with {clashes[0]} (their rows are not compiled)")

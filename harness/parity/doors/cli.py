@@ -87,8 +87,12 @@ def _compiled(options: argparse.Namespace, where: dict[str, object]) -> list[Par
     for name in options.workload or ["mlp"]:
         try:
             configs += compile_matrix.rows(
-                mode=options.compile, compile_backend=options.compile_backend, workload=name, **where
-            )  # type: ignore[arg-type]
+                mode=options.compile,
+                compile_backend=options.compile_backend,
+                twin=options.compile_twin,
+                workload=name,
+                **where,  # type: ignore[arg-type]
+            )
         except WorkloadError as error:
             raise BadWorkload(str(error)) from None
     if options.scaler != "ours":

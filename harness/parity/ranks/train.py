@@ -229,7 +229,7 @@ class Run:
         """What compiling cost this run: its first step's time beyond the median of the later
         steps' (``None``: it compiled nothing, or ran one step). Compiling is lazy, so the first
         step traces and generates every graph (or reads it from the cache)."""
-        if self.engine is None or not compiled.recorded(self.engine) or len(self.step_s) < 2:
+        if not compiled.count(self.engine) or len(self.step_s) < 2:
             return None
         return max(0.0, self.step_s[0] - statistics.median(self.step_s[1:]))
 
@@ -297,6 +297,7 @@ class Run:
             clip_norm=clip_norm,
             accumulated_in=accumulate.accumulated_in(config, hand),
             checkpoint=checkpoint.recorded(config, self.role),
+            compiled=compiled.recorded(engine, config),
             tensors=tensors,
             buffers=engine.own_buffers() if check is None and self.record else None,
         )

@@ -117,13 +117,15 @@ _FLAT = {
     "growth_interval": ("scale", "growth_interval"),
     "compile": ("compile", "mode"),
     "compile_backend": ("compile", "backend"),
+    "compile_twin": ("compile", "twin"),
 }
 """Each part's field under its flat name (``parity.json``'s, ``-k field=value``'s, ``with_``'s)."""
 _FLAT_ORDER = (
     "engine", "suite", "sharding", "use_orig_params", "reshard_after_forward", "hsdp", "tp", "precision",
     "mixed", "recipe", "optimizer", "offload", "workload", "path", "clip", "accumulate", "sync",
     "checkpoint", "faults", "scaler", "reference", "world_size", "backend", "steps", "resume_at",
-    "resume_method", "resume_layout", "resume_world_size", "init_scale", "growth_interval", "seed", "compile", "compile_backend",
+    "resume_method", "resume_layout", "resume_world_size", "init_scale", "growth_interval", "seed",
+    "compile", "compile_backend", "compile_twin",
 )  # fmt: skip
 """The order ``parity.json`` records the fields in (that of the flat type they were once)."""
 

@@ -3,8 +3,8 @@ inductor or ``aot_eager``.
 
 Why a part: compiling may legitimately change the numbers (inductor's generated kernels fuse and
 round differently from eager ops), so the reference keeps it: the candidate's unsharded twin is
-compiled the same way, the same modules with the same options (docs/architecture.md, section 4.7
-of the design: what the reference keeps and drops). Then a compiled row stays bitwise where its
+compiled the same way, the same modules with the same options (docs/architecture.md, section 4.2:
+what the reference keeps and drops). Then a compiled row stays bitwise where its
 eager row is, and a difference is sharding's. The part owns which modules are compiled, by which
 backend, its words in the id and its share of the reference key (an eager reference and a compiled
 one are different runs).
@@ -16,7 +16,7 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING
 
-from harness.parity.plan.config.axes import COMPILE_BACKENDS, COMPILE_MODES, choice
+from harness.parity.plan.config.axes import COMPILE_BACKENDS, COMPILE_MODES, COMPILE_TWINS, choice
 
 if TYPE_CHECKING:
     from harness.parity.plan.config import ParityConfig
@@ -52,10 +52,17 @@ class Compile:
     """The ``torch.compile`` backend: ``inductor`` (generated kernels, its own rounding) or
     ``aot_eager`` (the graph traced and run by eager kernels: the same rounding as eager, and fast to
     compile); named in the id when it is not ``inductor``."""
+    twin: str = "compiled"
+    """The reference: ``compiled`` as its candidate (the twin: what may change the numbers is kept),
+    or ``eager`` (``eager_twin`` in the id): the candidate's difference is then compile's own plus
+    sharding's, which a known cause (``compile_changes_numerics``) tells apart."""
 
     def __post_init__(self) -> None:
         choice("compile", self.mode, COMPILE_MODES)
         choice("compile_backend", self.backend, COMPILE_BACKENDS)
+        choice("compile_twin", self.twin, COMPILE_TWINS)
+        if self.mode is None and self.twin != "compiled":
+            raise ValueError(f"compile_twin={self.twin!r} needs a compile mode (compile='block' or 'whole')")
         if self.mode is None and self.backend != "inductor":
             raise ValueError(
                 f"compile_backend={self.backend!r} needs a compile mode (compile='block' or 'whole')"
@@ -79,11 +86,15 @@ class Compile:
         return self.mode is not None
 
     def id_parts(self) -> list[str]:
-        """``compile_block``, ``compile_whole``, then ``aot_eager`` when that is the backend."""
+        """``compile_block``, ``compile_whole``, then ``aot_eager`` when that is the backend, and
+        ``eager_twin`` when the reference is not compiled."""
         if self.mode is None:
             return []
-        return [f"compile_{self.mode}", *([self.backend] if self.backend != "inductor" else [])]
+        backend = [self.backend] if self.backend != "inductor" else []
+        return [f"compile_{self.mode}", *backend, *(["eager_twin"] if self.twin == "eager" else [])]
 
     def reference_key(self) -> tuple[object, ...]:
-        """The reference is compiled as its candidate is."""
-        return (self.mode, self.backend if self.mode is not None else None)
+        """The reference is compiled as its candidate is (an eager twin is the eager rows' reference)."""
+        if self.mode is None or self.twin == "eager":
+            return (None, None)
+        return (self.mode, self.backend)

@@ -33,14 +33,16 @@ def rows(
     *,
     mode: str,
     compile_backend: str = "inductor",
+    twin: str = "compiled",
     workload: str = "mlp",
     world_size: int = 2,
     backend: str = "gloo",
 ) -> list[ParityConfig]:
     """``workload``'s compiled rows: every engine of :data:`ENGINES` x precision x optimizer, the
-    candidate and its twin compiled in ``mode`` (``block``, ``whole``) with ``compile_backend``."""
+    candidate and its twin compiled in ``mode`` (``block``, ``whole``) with ``compile_backend``
+    (``twin="eager"``: the reference left eager, so that compile's own difference shows)."""
     spec = registry.get(workload)
-    part = Compile(mode=mode, backend=compile_backend)
+    part = Compile(mode=mode, backend=compile_backend, twin=twin)
     return [
         ParityConfig(
             engine=engine,
@@ -60,12 +62,11 @@ def rows(
     ]
 
 
-def tier(*, world_size: int = 2, backend: str = "gloo") -> list[ParityConfig]:
-    """What ``make compile`` runs: the MLP's rows per block and whole, with inductor."""
-    return [
-        *rows(mode="block", world_size=world_size, backend=backend),
-        *rows(mode="whole", world_size=world_size, backend=backend),
-    ]
+TIER_WORKLOADS = ("mlp", "transformer")
+"""What ``make compile`` compiles: the MLP (linears and ReLU, which inductor leaves to the same
+matmul kernels: even an eager twin stays bitwise) and the tied-weight transformer (LayerNorm,
+softmax, GELU: fused by inductor, so an eager twin differs from step 0 and only the compiled twin
+is bitwise)."""
 
 
 def sample() -> list[ParityConfig]:

@@ -92,6 +92,9 @@ def install(engine: engines.Engine, config: ParityConfig, role: str) -> None:
     if part.mode is None:
         return
     settle()
+    if role == "reference" and part.twin == "eager":
+        engine.description += ", eager (its candidate compiled: compile's own difference shows)"
+        return
     model = engine.trained_module()
     chosen = targets(model, engine.units, part.mode, workload=config.workload)
     apply(chosen, backend=part.backend)
@@ -99,6 +102,13 @@ def install(engine: engines.Engine, config: ParityConfig, role: str) -> None:
     engine.description += f", {what} compiled ({part.backend})"
 
 
-def recorded(engine: engines.Engine | None) -> int:
-    """What a run records of it: the number of modules of its trained module that run compiled."""
+def count(engine: engines.Engine | None) -> int:
+    """How many modules of ``engine``'s trained module run compiled (0: none, or no engine yet)."""
     return 0 if engine is None else compiled_modules(engine.trained_module())
+
+
+def recorded(engine: engines.Engine, config: ParityConfig) -> str | None:
+    """What a step records of it, read off the modules: ``3 modules, inductor`` (``None``: none
+    runs compiled, whatever the configuration asked)."""
+    found = count(engine)
+    return f"{found} module{'s' if found != 1 else ''}, {config.compile.backend}" if found else None
