@@ -27,6 +27,7 @@ def _row(mode: str, engine: str, twin: str = "compiled", orig: bool | None = Non
 
 _ROWS = {
     "fsdp2_block": _row("block", "fsdp2"),
+    "fsdp2_whole": _row("whole", "fsdp2"),
     "fsdp1_orig_whole": _row("whole", "fsdp1", orig=True),
     "fsdp2_block_eager_twin": _row("block", "fsdp2", twin="eager"),
 }
@@ -43,11 +44,20 @@ def test_the_tier_compiles_a_model_inductor_fuses():
     assert "transformer" in compile_matrix.TIER_WORKLOADS
 
 
-@pytest.mark.parametrize("name", ["fsdp2_block", "fsdp1_orig_whole"])
+@pytest.mark.parametrize("name", ["fsdp2_block", "fsdp2_whole"])
 def test_an_inductor_candidate_trains_bitwise_like_its_inductor_twin(inductor, name):
     outcome = inductor[name]
     assert outcome.passed, describe(outcome)
     assert outcome.result.closeness == "bitwise"
+
+
+def test_an_inductor_fsdp1_candidate_holds_at_every_stage_where_not_bitwise(inductor):
+    """FSDP1 swaps each unit's parameters for views of its flat parameter, so dynamo may trace
+    another graph than the twin's, which inductor may round otherwise: measured, one ulp in one
+    rank's loss at step 0 in some runs (bitwise in others), every stage held from a common state."""
+    outcome = inductor["fsdp1_orig_whole"]
+    assert outcome.passed, describe(outcome)
+    assert outcome.result.closeness in ("bitwise", "staged")
 
 
 def test_an_inductor_candidate_differs_from_an_eager_twin_from_step_0(inductor):
