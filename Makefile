@@ -17,7 +17,7 @@ export MKL_NUM_THREADS ?= 1
 export PYTHONUNBUFFERED := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup parity test e2e world-sizes reshard two-d property test-gpu models gate kernels mutation bench demo lint clean
+.PHONY: help setup parity test e2e world-sizes reshard two-d property compile test-gpu models gate kernels mutation bench demo lint clean
 
 help: ## list the targets and what each does
 	@echo "usage: make <target> [VARIABLE=value ...]"
@@ -48,8 +48,8 @@ WORKLOAD   =
 parity: setup ## the parity matrix against DDP and the whole batch's float64 ground truth; writes reports/parity.{json,md,png}; exits 1 if a configuration broke its tolerance or a split trains unlike the whole batch
 	$(PY) -m harness.parity --ground-truth --backend $(BACKEND) --world-size $(WORLD_SIZE) --scaler $(SCALER) --out $(REPORTS) $(if $(K),-k "$(K)") $(if $(WORKLOAD),--workload "$(WORKLOAD)")
 
-test: setup ## all suites on CPU/gloo but the end-to-end, world-size and 2-D tiers and the drawn property sample, in under 5 minutes (.ci/run runs exactly this)
-	$(PY) -m pytest suites -q -m "not e2e and not world_sizes and not two_d and not property"
+test: setup ## all suites on CPU/gloo but the end-to-end, world-size, 2-D and compiled tiers and the drawn property sample, in under 5 minutes (.ci/run runs exactly this)
+	$(PY) -m pytest suites -q -m "not e2e and not world_sizes and not two_d and not property and not compile"
 
 e2e: setup ## the end-to-end tests make test leaves out (-m e2e): inner sessions, CLI and gate runs, torchrun launches
 	$(PY) -m pytest suites -q -m e2e
@@ -74,6 +74,13 @@ two-d: setup ## 2-D layouts at world size 4: HSDP (2x2, 4x1) and FSDP2 + tensor 
 
 property: setup ## the judge's property on a large drawn sample (-m property): one element moved anywhere turns its row red
 	$(PY) -m pytest suites -q -m property --hypothesis-show-statistics
+
+# make compile [REPORTS=reports]; reports in $(REPORTS)/compile/block and $(REPORTS)/compile/whole.
+# inductor's caches are shared by every rank and run (TORCHINDUCTOR_CACHE_DIR, else /tmp/torchinductor_$USER).
+compile: setup ## torch.compile with inductor: every engine and its DDP twin compiled per block and whole, then the tests marked compile
+	$(PY) -m harness.parity --compile block --workload mlp --workload transformer --out $(REPORTS)/compile/block
+	$(PY) -m harness.parity --compile whole --workload mlp --workload transformer --out $(REPORTS)/compile/whole
+	$(PY) -m pytest suites -q -m compile
 
 models: setup ## the real-model tier: tiny Llama, Mixtral, GPT-2, BERT and T5 (transformers) through every engine and precision
 	SHARDSCALE_MODELS=all $(PY) -m pytest suites/models -q

@@ -29,6 +29,7 @@ _RECIPE_PARITY = "suites/parity/test_recipe_parity.py"
 _CLIP = "suites/parity/test_clip_norm.py"
 _ACCUMULATE = "suites/parity/test_accumulate.py"
 _CHECKPOINT = "suites/parity/test_checkpoint.py"
+_COMPILE = "suites/parity/test_compile.py"
 _EVERY_ELEMENT = "suites/parity/test_every_element_judged.py"
 """The judge's property (its fixed sample): a moved element of any kind, anywhere, is seen."""
 
@@ -577,6 +578,19 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         tests=(
             f"{_CHECKPOINT}::test_checkpointing_without_replay_under_dropout_fails_at_step_0_in_the_gradients",
         ),
+    ),
+    Plant(
+        name="parity_compile_reference_left_eager",
+        bug="the candidate is compiled and its twin is not, so a compiled row compares inductor's "
+        "rounding with eager's (or, under aot_eager, passes without the twin it claims)",
+        edits=(
+            _edit(
+                "ranks/sides/compiled.py",
+                "    if part.mode is None:\n        return\n    settle()\n",
+                '    if part.mode is None or role == "reference":  # planted\n        return\n    settle()\n',
+            ),
+        ),
+        tests=(f"{_COMPILE}::test_both_sides_ran_compiled_modules_and_say_what_it_cost",),
     ),
     Plant(
         name="parity_checkpoint_rng_cause_silent",

@@ -31,6 +31,7 @@ _BLAMING = (
     ("clip_unscale_order", "loop.py", '{"clip"}'),
     ("accumulation_dtype", "loop.py", '{"local", "gradients"}'),
     ("checkpoint_rng", "loop.py", '{"local", "gradients"}'),
+    ("compile_changes_numerics", "compiled.py", '{"loss", "local", "gradients"}'),
     ("divide_factor", "reduction.py", '{"reduction", "gradients"}'),
     ("reduced_in_lower_dtype", "reduction.py", '{"reduction", "gradients"}'),
     ("reduction_differs", "reduction.py", '{"reduction"}'),

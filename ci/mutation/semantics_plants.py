@@ -1,5 +1,5 @@
 """Plants in the ground truth (``harness/parity/ranks/truth/``, ``judge/semantics.py``,
-``judge/causes/semantics.py``) and in what a ``num_items`` loss trains (``ranks/sides/items.py``).
+``judge/causes/semantics.py``) and in what a ``num_items`` loss trains (``workload/items.py``).
 
 Why: the stage is the one check that sees a bug DDP shares, so a stage that compares the split
 with itself, forgives a real difference as rounding, lets a repeated sample into the whole batch or
@@ -117,8 +117,8 @@ SEMANTICS_PLANTS: tuple[Plant, ...] = (
         "division and DDP's average shrink each share, on both sides alike",
         edits=(
             _edit(
-                "ranks/sides/items.py",
-                "    return float(config.loop.accumulate * data_parallel_size(config))\n",
+                "workload/items.py",
+                "    return float(microbatches * ranks)\n",
                 "    return 1.0  # planted\n",
             ),
         ),

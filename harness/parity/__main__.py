@@ -19,6 +19,7 @@ import time
 from harness.parity.doors import cli, launched, runner
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan.config import BACKENDS, SCALERS, unsupported_reason
+from harness.parity.plan.config.axes import COMPILE_BACKENDS, COMPILE_MODES, COMPILE_TWINS
 from harness.parity.plan.recipe import RECIPES
 from harness.parity.plan.select import ExpressionError, select
 from harness.parity.ranks import entry
@@ -57,7 +58,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--list", action="store_true", help="print the selected configuration ids and exit")
     parser.add_argument("--batch-size", type=int, default=8, help="configurations per rank call (default 8)")
     parser.add_argument(
-        "--deadline", type=float, default=60.0, help="seconds allowed per configuration (default 60)"
+        "--deadline",
+        type=float,
+        default=None,
+        help="seconds allowed per configuration (default 60; 600 with --compile, whose first step compiles)",
     )
     parser.add_argument("--no-plot", action="store_true", help="do not write parity.png")
     parser.add_argument(
@@ -140,7 +144,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the resharded resume rows instead of the embedded matrix: saved at world size 4 and "
         "loaded at 2, and 2 -> 4 (two rank calls each, so --world-size does not apply; not under torchrun)",
     )
+    parser.add_argument(
+        "--compile",
+        default=None,
+        metavar="MODE",
+        help="the compiled rows instead of the embedded matrix (of the MLP, or of each --workload): "
+        "every engine and its DDP twin compiled the same way, MODE 'block' (each innermost FSDP unit, "
+        "module.compile()) or 'whole' (the model)",
+    )
+    parser.add_argument(
+        "--compile-backend",
+        default=None,
+        metavar="BACKEND",
+        help="with --compile: the torch.compile backend, 'inductor' (default) or 'aot_eager' "
+        "(traced, run by eager kernels: fast to compile)",
+    )
+    parser.add_argument(
+        "--compile-twin",
+        default=None,
+        metavar="TWIN",
+        help="with --compile: the reference, 'compiled' as its candidate (default: a difference is "
+        "sharding's) or 'eager' (compile's own difference shows, named compile_changes_numerics)",
+    )
     options = parser.parse_args(argv)
+    _check_compile(parser, options)
+    if options.deadline is None:
+        options.deadline = 600.0 if options.compile else 60.0
     if options.reshard and (options.workload or launched.launched()):
         parser.error(
             "--reshard runs the embedded resharded rows on the rank pool: not with --workload or torchrun"
@@ -209,6 +238,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not options.configs:
         parser.error(f"-k {options.expression!r} selects no configuration; see --list for the ids")
     return options
+
+
+def _check_compile(parser: argparse.ArgumentParser, options: argparse.Namespace) -> None:
+    """``--compile MODE [--compile-backend BACKEND]``, each value named in its error with the fix."""
+    modes = [mode for mode in COMPILE_MODES if mode is not None]
+    if options.compile is not None and options.compile not in modes:
+        parser.error(
+            f"--compile must be one of {', '.join(modes)}, got {options.compile!r}; e.g. --compile block"
+        )
+    if options.compile_backend is not None and options.compile is None:
+        parser.error(
+            f"--compile-backend {options.compile_backend} needs --compile MODE; e.g. --compile block "
+            f"--compile-backend {options.compile_backend}"
+        )
+    if options.compile_backend is not None and options.compile_backend not in COMPILE_BACKENDS:
+        parser.error(
+            f"--compile-backend must be one of {', '.join(COMPILE_BACKENDS)}, got "
+            f"{options.compile_backend!r}; e.g. --compile-backend aot_eager"
+        )
+    if options.compile_twin is not None and options.compile is None:
+        parser.error(f"--compile-twin {options.compile_twin} needs --compile MODE; e.g. --compile block")
+    if options.compile_twin is not None and options.compile_twin not in COMPILE_TWINS:
+        parser.error(
+            f"--compile-twin must be one of {', '.join(COMPILE_TWINS)}, got {options.compile_twin!r}; "
+            "e.g. --compile-twin eager"
+        )
+    options.compile_backend = options.compile_backend or "inductor"
+    options.compile_twin = options.compile_twin or "compiled"
+    clashes = [flag for flag, on in (("--reshard", options.reshard), ("--tp", options.tp is not None)) if on]
+    if options.compile is not None and clashes:
+        parser.error(f"--compile runs the compiled rows; not with {clashes[0]} (their rows are not compiled)")
 
 
 def _gpus(backend: str) -> int:

@@ -131,6 +131,12 @@ CASES: dict[str, Case] = {
         holds=_at("local"),
         refutes=(_at("reduction"), DRIFTED),
     ),
+    "compile_changes_numerics": Case(
+        reference=[step(0)],
+        candidate=[replace_step(step(0, grad=0.5), compiled="2 modules, inductor")],
+        holds=_at("local"),
+        refutes=(_at("reduction"), DRIFTED),
+    ),
     "reduced_in_lower_dtype": Case(
         reference=[_fine(step(0))],
         candidate=[_rounded(_fine(step(0)))],

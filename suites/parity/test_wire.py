@@ -48,6 +48,7 @@ _STEP = wire.RankStep(
     clip_norm=0.125,
     accumulated_in="float32",
     checkpoint="replay",
+    compiled="3 modules, inductor",
     meta={
         "grad": {"w": ((4,), torch.float32)},
         "buffer": {"bn.running_mean [rank 1]": ((4,), torch.float64)},
@@ -57,7 +58,12 @@ _STEP = wire.RankStep(
     resume=_AUDIT,
 )
 _RUN = wire.RankRun(
-    rank=1, steps=(_STEP, _STEP), counters={"steps": 2, "growths": 1}, error=None, duration_s=1.5
+    rank=1,
+    steps=(_STEP, _STEP),
+    counters={"steps": 2, "growths": 1},
+    error=None,
+    duration_s=1.5,
+    compile_s=0.5,
 )
 _GAP = wire.Gap(loss_max_abs=0.1, loss_max_rel=0.2, param_max_abs=0.3, param_max_rel=0.4)
 _COMPARED = wire.Compared(elements=8, differing=2, max_ulp=3.0, outside_fp32=1)

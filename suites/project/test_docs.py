@@ -27,6 +27,7 @@ def test_make_help_lists_every_target_with_one_line():
         "reshard",
         "two-d",
         "property",
+        "compile",
         "models",
         "test-gpu",
         "gate",

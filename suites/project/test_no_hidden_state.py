@@ -28,7 +28,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("workload/registry.py", "cache fused_optimizer"): (
         "whether a workload's own optimizer is fused: a probe optimizer built once per spec, as resolve"
     ),
-    ("ranks/sides/items.py", "cache _count"): (
+    ("workload/items.py", "cache _count"): (
         "a step's count of items over every rank and microbatch, drawn once per (workload, seed, "
         "ranks, microbatches, step) in a process: every microbatch's loss of the step asks for it"
     ),

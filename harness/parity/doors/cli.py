@@ -15,6 +15,8 @@ from pathlib import Path
 
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan.config import ParityConfig, Scale, unique
+from harness.parity.plan.config.compile import cache_folder
+from harness.parity.plan.matrices import compile as compile_matrix
 from harness.parity.plan.matrices import default as matrix
 from harness.parity.plan.matrices import resume as resume_matrix
 from harness.parity.plan.matrices import two_d as two_d_matrix
@@ -35,6 +37,8 @@ def configs_for(options: argparse.Namespace) -> list[ParityConfig]:
     if options.reshard:
         resharded = matrix.reshard(backend=options.backend)
         return [c.with_(scaler=options.scaler) for c in resharded] if options.scaler != "ours" else resharded
+    if getattr(options, "compile", None) is not None:
+        return _compiled(options, where)
     if not options.workload:
         return matrix.default_matrix(**where, scaler=options.scaler)
     scale = Scale(scaler=options.scaler)
@@ -77,6 +81,25 @@ def configs_for(options: argparse.Namespace) -> list[ParityConfig]:
     return unique(configs)
 
 
+def _compiled(options: argparse.Namespace, where: dict[str, object]) -> list[ParityConfig]:
+    """``--compile MODE``: the compiled rows of the MLP, or of each ``--workload``."""
+    configs = []
+    for name in options.workload or ["mlp"]:
+        try:
+            configs += compile_matrix.rows(
+                mode=options.compile,
+                compile_backend=options.compile_backend,
+                twin=options.compile_twin,
+                workload=name,
+                **where,  # type: ignore[arg-type]
+            )
+        except WorkloadError as error:
+            raise BadWorkload(str(error)) from None
+    if options.scaler != "ours":
+        configs = [c.with_(scaler=options.scaler) for c in configs]
+    return unique(configs)
+
+
 def list_workloads() -> list[str]:
     """The lines ``--list`` ends with: every registered workload and where it comes from."""
     lines = ["", "workloads (--workload NAME, or --workload module:function for your own):"]
@@ -110,6 +133,7 @@ def write_reports(
         "recipes": getattr(options, "recipes", {}),
         "loops": getattr(options, "loops", {}),
         "tp_plans": getattr(options, "tp_plans", {}),
+        **({"compile_cache": cache_folder()} if any(r.config.compile.compiled for r in results) else {}),
         "launcher": launcher,
         "torch": torch.__version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -112,6 +112,10 @@ class ParityResult:
     semantics: semantics_check.Semantics | None = None
     """The ground truth of the row's split (``judge/semantics.py``), when asked for: whether the
     setup computes the whole batch's gradient, a verdict of its own beside :attr:`status`."""
+    compile_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    """A compiled row (``config.compile``): what compiling cost each side that compiled
+    (``reference``, ``candidate``), its first step's time beyond the median of the others, on its
+    slowest rank. A reference shared with an earlier row keeps the cost it paid there."""
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, self.status
@@ -318,6 +322,11 @@ def verdict(
         distances=comparison.steps,
         at_first=comparison.at_first,
         expected_gap=expected_gap,
+        compile_s={
+            role: run.compile_s
+            for role, run in (("reference", reference), ("candidate", candidate))
+            if run.compile_s is not None
+        },
         **common,
     )
     return explained(result, reference, candidate), reference, candidate

@@ -50,7 +50,7 @@ from harness.parity.plan.config import ParityConfig, poisoned_steps
 from harness.parity.ranks import entry, train
 from harness.parity.ranks.drift import reordering_drift
 from harness.parity.ranks.measure import bound, ulp
-from harness.parity.ranks.sides import accumulate, anchor, capture, checkpoint, loop_state, roles
+from harness.parity.ranks.sides import accumulate, anchor, capture, checkpoint, compiled, loop_state, roles
 from harness.parity.ranks.sides.full import gather
 from harness.parity.ranks.sides.twin import DTYPES
 from harness.parity.ranks.wire import Bounded, Compared, StagedRun, StagedStep
@@ -64,6 +64,7 @@ class _Side:
     def __init__(self, config: ParityConfig, role: str, device: torch.device) -> None:
         self.engine = roles.build(config, role, device)
         checkpoint.install(self.engine, config, role)
+        compiled.install(self.engine, config, role)
         self.groups = self.engine.param_groups(2 if config.loop.path == "two_optimizers" else 1)
         self.optimizers = [self.engine.make_optimizer(group) for group in self.groups]
         self.scaler = train.make_scaler(config, role, device)

@@ -20,7 +20,9 @@ size, ``reshard.py``): the first trains up to ``resume_at`` and saves, the secon
 loads and trains on.
 
 The units' activations are checkpointed on both sides when ``config.loop.checkpoint`` says so
-(``checkpoint.install``, once the engine is built).
+(``checkpoint.install``, once the engine is built), and the model is compiled on both sides when
+``config.compile`` says so (``compiled.install``); a compiled run measures what its first step took
+beyond the median of the others (``compile_s``: what compiling cost it).
 
 A run never raises: a failure is recorded as the run's ``error`` (prefixed ``[rank N]``) with the
 steps before it, so a candidate that crashes (torch's scaler on some paths) still gets a row.
@@ -29,6 +31,7 @@ steps before it, so a candidate that crashes (torch's scaler on some paths) stil
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -42,7 +45,7 @@ from harness.failure_text import prefix_lines
 from harness.parity.plan.config import Fault, ParityConfig
 from harness.parity.ranks.measure import record, stepcheck
 from harness.parity.ranks.restart import reshard, resume
-from harness.parity.ranks.sides import accumulate, checkpoint, engines, loop_state, roles
+from harness.parity.ranks.sides import accumulate, checkpoint, compiled, engines, loop_state, roles
 from harness.parity.ranks.wire import RankRun, RankStep, StepTensors
 from harness.rank import context
 
@@ -145,6 +148,8 @@ class Run:
         self.description = role
         self.counters: dict[str, int] = {}
         self.duration_s = 0.0
+        self.step_s: list[float] = []
+        """Each step's own time, in order (what ``compile_s`` reads)."""
         self.slim: Callable[[RankStep], RankStep] | None = None
         self.rank = dist.get_rank()  # kept: a failed run's rank leaves the group before it reports
         self.loop = loop_state.LoopState(config, device)
@@ -176,6 +181,7 @@ class Run:
                 engine = roles.build(self.config, self.role, self.device)
                 engine.summed_in_reverse = self.summed_in_reverse
                 checkpoint.install(engine, self.config, self.role)
+                compiled.install(engine, self.config, self.role)
                 self.description = engine.description
                 groups = engine.param_groups(2 if self.config.loop.path == "two_optimizers" else 1)
                 optimizers = [engine.make_optimizer(group) for group in groups]
@@ -194,7 +200,9 @@ class Run:
                     self.engine, self.optimizers, self.scaler = engine, optimizers, scaler
                 if restart is not None:
                     restart.before_step(step, engine)
+                timed = time.perf_counter()
                 found = self._step(step, rank, engine, groups, optimizers, scaler, hand)
+                self.step_s.append(time.perf_counter() - timed)
                 if restart is not None:
                     found = restart.after_step(step, found)
                 self.steps.append(self.slim(found) if self.slim is not None else found)
@@ -215,6 +223,15 @@ class Run:
             if restart is not None:
                 restart.close()
             self.duration_s += time.perf_counter() - started
+
+    @property
+    def compile_s(self) -> float | None:
+        """What compiling cost this run: its first step's time beyond the median of the later
+        steps' (``None``: it compiled nothing, or ran one step). Compiling is lazy, so the first
+        step traces and generates every graph (or reads it from the cache)."""
+        if not compiled.count(self.engine) or len(self.step_s) < 2:
+            return None
+        return max(0.0, self.step_s[0] - statistics.median(self.step_s[1:]))
 
     def _new_scaler(self) -> Any:
         return make_scaler(self.config, self.role, self.device)
@@ -280,6 +297,7 @@ class Run:
             clip_norm=clip_norm,
             accumulated_in=accumulate.accumulated_in(config, hand),
             checkpoint=checkpoint.recorded(config, self.role),
+            compiled=compiled.recorded(engine, config),
             tensors=tensors,
             buffers=engine.own_buffers() if check is None and self.record else None,
         )
@@ -295,6 +313,7 @@ class Run:
             counters=self.counters if self.error is None else {},
             error=self.error,
             duration_s=self.duration_s - (self.check.waited_s if self.check is not None else 0.0),
+            compile_s=self.compile_s,
         )
 
 

@@ -115,6 +115,8 @@ class RankStep:
     """The dtype unreduced microbatch gradients were summed in (``None``: none were)."""
     checkpoint: str | None = None
     """How checkpointed units were recomputed (``replay``, ``no_replay``; ``None``: none were)."""
+    compiled: str | None = None
+    """What ran compiled, read off the modules (``3 modules, inductor``; ``None``: nothing did)."""
     meta: dict[str, Meta] | None = None
     """By kind (``grad``, ``param``, ``optim_state``: rank 0; ``buffer``: this rank's own), each
     tensor's full shape and dtype by the judge's name; ``None``: read them off :attr:`tensors`."""
@@ -143,6 +145,9 @@ class RankRun:
     """The failure text, prefixed ``[rank N]``; the steps stop there."""
     duration_s: float
     """This rank's training time (not the time it waited for a reference run in lockstep)."""
+    compile_s: float | None = None
+    """What compiling cost this rank's run (``sides/compiled.py``): its first step's time beyond
+    the median of the others; ``None``: it compiled nothing."""
 
 
 @_RECORD

@@ -38,6 +38,8 @@ def _loop_words(config: ParityConfig) -> str:
         words.append(f"acc{config.loop.accumulate}" + (" synclast" if config.loop.sync == "last" else ""))
     if config.loop.checkpoint is not None:
         words.append("ckpt" if config.loop.checkpoint == "replay" else "ckpt without RNG replay")
+    if config.compile.mode is not None:
+        words.append(f"compiled {config.compile.mode}, {config.compile.backend}")
     return f" ({', '.join(words)})" if words else ""
 
 
@@ -49,6 +51,30 @@ def drift_line(result: ParityResult) -> str:
         f"drift by step, straight through (the largest distance of any tensor): this row {own}; "
         f"the reference against itself summing in another order {alone}"
     )
+
+
+def compiled_lines(results: list[ParityResult], run: dict[str, Any]) -> list[str]:
+    """The compiled rows' section: what compiling cost each side of each row, and where inductor's
+    cache is (empty when no row compiled)."""
+    rows = [r for r in results if r.config.compile.mode is not None and r.status != "skip"]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Compiled",
+        "",
+        "Both sides compiled the same modules with the same backend. What compiling cost each side: "
+        "its first step's time beyond the median of its later steps, on its slowest rank (a reference "
+        "shared with an earlier row, or graphs already compiled in the rank or read from inductor's "
+        "cache, cost less)"
+        + (f"; inductor's cache: `{run['compile_cache']}`" if run.get("compile_cache") else "")
+        + ".",
+        "",
+    ]
+    for r in rows:
+        costs = ", ".join(f"{role} {seconds:.2f}s" for role, seconds in r.compile_s.items()) or "not measured"
+        lines.append(f"- `{r.config.id}`: {costs}")
+    return lines
 
 
 def _fmt(value: float) -> str:
@@ -213,6 +239,7 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
             lines.append(f"- `{r.config.id}`: {r.staged.summary()}")  # type: ignore[union-attr]
             if r.staged.reordering_drift:  # type: ignore[union-attr]
                 lines.append(f"  - {drift_line(r)}")
+    lines += compiled_lines(results, run)
     lines += semantics_section(results)
     skipped = [r for r in results if r.status == "skip"]
     if skipped:

@@ -8,7 +8,8 @@
               "units": {workload name: the FSDP units chosen, in words},
               "recipes": {workload name: the recipe it declares},
               "loops": {workload name: the loop it declares, in words},
-              "tp_plans": {workload name: its tensor-parallel plan, in words (``--tp``)}},
+              "tp_plans": {workload name: its tensor-parallel plan, in words (``--tp``)},
+              "compile_cache": inductor's cache folder, when a row compiled (``--compile``)},
       "profiles": {"exact": {"rtol": 0.0, "atol": 0.0}, ...},
       "summary": {"total", "pass", "fail", "crash", "error", "skip", "expected_failures",
                   "closeness": {"bitwise" | "≤ N ulp" | "staged" | "toleranced": count}},
@@ -40,6 +41,7 @@
             "findings": [{"step", "stage", "what", "detail", "rank"}]},
                                                        # rows whose straight comparison was not bitwise
         "skipped_steps", "reference_skipped_steps", "counters", "time_s",
+        "compile_s": {"reference" | "candidate": seconds},   # compiled rows: the first step's extra time
         "reference", "candidate",                      # what ran, in words
         "divergences": [{"step", "what", "message"}],
         "curves": {"reference" | "candidate": {"loss": [[by rank] by step], "scale", "grad_norm", "skipped"}},
@@ -202,6 +204,7 @@ def result_to_json(result: ParityResult) -> dict[str, Any]:
         "reference_skipped_steps": list(result.reference_skipped_steps),
         "counters": list(result.counters),
         "time_s": round(result.time_s, 4),
+        "compile_s": {role: round(seconds, 4) for role, seconds in result.compile_s.items()},
         "reference": result.reference,
         "candidate": result.candidate,
         "divergences": [dataclasses.asdict(d) for d in result.divergences],

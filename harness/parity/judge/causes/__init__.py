@@ -19,6 +19,7 @@ One module a family, in the order a step runs:
 * ``update``: skip_desync, optimizer_only, buffers_only
 * ``rounding``: reduce_order, noise_gradient (named only when the staged check held everywhere)
 * ``resume``: resume_* (the candidate's own audit after the load)
+* ``compiled``: compile_changes_numerics (a candidate compiled otherwise than its reference)
 * ``two_d``: tp_grad_not_reduced; tp_partial_not_reduced (localization); tp_plan_incomplete (a
   crash); divide_factor's explanation under HSDP
 """
@@ -30,7 +31,7 @@ from typing import Any
 
 import torch
 
-from harness.parity.judge.causes import forward, loop, reduction, resume, rounding, two_d, update
+from harness.parity.judge.causes import compiled, forward, loop, reduction, resume, rounding, two_d, update
 from harness.parity.judge.compare import Comparison
 from harness.parity.judge.evidence import Cause, Evidence, KnownCause, RuledOut
 from harness.parity.judge.measured import Measured, from_straight
@@ -51,6 +52,7 @@ FAMILIES: tuple[KnownCause, ...] = (
     *rounding.CAUSES,
     *resume.CAUSES,
     *two_d.CAUSES,
+    *compiled.CAUSES,
     *forward.FROM_LOCALIZATION,
     *two_d.FROM_LOCALIZATION,
 )
@@ -59,6 +61,7 @@ _LISTED = (
     *(known.name for known in resume.CAUSES),  # a resume row's headline first
     "skip_desync",
     "divide_factor",
+    "compile_changes_numerics",  # before forward_differs: the more specific reading of a step-0 loss
     "forward_differs",
     "clip_norm_sharded",
     "clip_unscale_order",

@@ -44,6 +44,7 @@ from harness.parity.plan.config.axes import (
     SYNCS,
     choice,
 )
+from harness.parity.plan.config.compile import Compile
 from harness.parity.plan.config.fault import Fault
 from harness.parity.plan.config.layout import Layout
 from harness.parity.plan.config.loop import Loop
@@ -68,6 +69,7 @@ __all__ = [
     "SCALERS",
     "SUITES",
     "SYNCS",
+    "Compile",
     "Fault",
     "Layout",
     "Loop",
@@ -89,6 +91,7 @@ _PARTS = {
     "loop": Loop,
     "resume": Resume,
     "scale": Scale,
+    "compile": Compile,
 }
 _FLAT = {
     "sharding": ("layout", "sharding"),
@@ -112,6 +115,9 @@ _FLAT = {
     "resume_world_size": ("resume", "world_size"),
     "init_scale": ("scale", "init_scale"),
     "growth_interval": ("scale", "growth_interval"),
+    "compile": ("compile", "mode"),
+    "compile_backend": ("compile", "backend"),
+    "compile_twin": ("compile", "twin"),
 }
 """Each part's field under its flat name (``parity.json``'s, ``-k field=value``'s, ``with_``'s)."""
 _FLAT_ORDER = (
@@ -119,6 +125,7 @@ _FLAT_ORDER = (
     "mixed", "recipe", "optimizer", "offload", "workload", "path", "clip", "accumulate", "sync",
     "checkpoint", "faults", "scaler", "reference", "world_size", "backend", "steps", "resume_at",
     "resume_method", "resume_layout", "resume_world_size", "init_scale", "growth_interval", "seed",
+    "compile", "compile_backend", "compile_twin",
 )  # fmt: skip
 """The order ``parity.json`` records the fields in (that of the flat type they were once)."""
 
@@ -155,6 +162,8 @@ class ParityConfig:
     """The candidate's scaler and the schedule both sides scale by."""
     faults: tuple[Fault, ...] = ()
     """Non-finite values planted into gradients (the forced-inf suite)."""
+    compile: Compile = Compile()
+    """``torch.compile`` of the model on both sides (``plan/config/compile.py``; none by default)."""
 
     def __post_init__(self) -> None:
         for name, kind in _PARTS.items():
@@ -174,10 +183,8 @@ class ParityConfig:
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         self.layout.check(self.engine)
-        self.loop.check(self)
-        self.resume.check(self)
-        self.mesh.check(self)
-        self.precision.check(self)
+        for part in (self.loop, self.resume, self.mesh, self.precision, self.compile):
+            part.check(self)  # each part's rules against the rest, in this order
         workload = registry.get(self.workload)
         if self.optimizer == "own" and workload.optimizer is None:
             raise ValueError(
@@ -217,6 +224,7 @@ class ParityConfig:
         parts += [fault.id for fault in self.faults]
         parts += self.resume.id_parts()
         parts += self.scale.id_parts()
+        parts += self.compile.id_parts()
         parts.append(f"w{self.world_size}" + self.resume.to_world_size())
         if self.backend != "gloo":
             parts.append(self.backend)
@@ -249,6 +257,7 @@ class ParityConfig:
         if self.resume.world_size is not None:
             words |= {"resharded", f"{self.world_size}to{self.resume.world_size}"}
         words |= {self.precision.name, f"recipe={self.precision.name}"}
+        words |= {"compiled"} if self.compile.compiled else set()
         return frozenset(words)
 
     @property
@@ -290,6 +299,7 @@ class ParityConfig:
             self.steps,
             self.resume.reference_key(),
             self.seed,
+            self.compile.reference_key(),
         )
 
     def reduce_layout_key(self) -> tuple[object, ...]:
@@ -325,8 +335,9 @@ def _routed(changes: dict[str, object], base: ParityConfig | None) -> dict[str, 
     core: dict[str, object] = {}
     parts: dict[str, dict[str, object]] = {}
     for name, value in changes.items():
-        if name == "precision" and isinstance(value, str):
-            parts.setdefault("precision", {})["dtype"] = value
+        if name in ("precision", "compile") and not isinstance(value, _PARTS[name]):
+            part, field = _FLAT[name]  # a part's name is also its main field's flat name
+            parts.setdefault(part, {})[field] = value
         elif name in _FLAT and name not in _PARTS:
             part, field = _FLAT[name]
             parts.setdefault(part, {})[field] = value

@@ -34,6 +34,13 @@ CHECKPOINTS = (None, "replay", "no_replay")
 """Activation checkpointing of the units: none, with the RNG state replayed in the recompute
 (``preserve_rng_state=True``), or without (a bug under dropout)."""
 FAULT_VALUES = ("inf", "nan")
+COMPILE_MODES = (None, "block", "whole")
+"""``torch.compile`` of the model on both sides: none, every innermost FSDP unit, the whole model."""
+COMPILE_BACKENDS = ("inductor", "aot_eager")
+"""The ``torch.compile`` backends a row compiles with (``plan/config/compile.py``)."""
+COMPILE_TWINS = ("compiled", "eager")
+"""The reference of a compiled candidate: compiled the same way (its twin), or eager (compile's own
+difference, which the twin hides, shows)."""
 
 
 def choice(name: str, value: object, allowed: Iterable[object]) -> None:

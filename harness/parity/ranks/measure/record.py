@@ -65,6 +65,9 @@ class StepRecord:
     checkpoint: str | None = None
     """How the run recomputed its checkpointed units: ``replay`` (the RNG state replayed),
     ``no_replay``; ``None``: it did not checkpoint."""
+    compiled: str | None = None
+    """What of the run's model ran compiled, as rank 0 read it off the modules (``3 modules,
+    inductor``); ``None``: nothing did (``sides/compiled.py``)."""
     resume: tuple[ResumeAudit | None, ...] = ()
     """By rank, from a resume row's resumed step on: the audit ``ranks/restart/resume.py``
     recorded (:class:`~harness.parity.ranks.wire.ResumeAudit`); empty on every other step."""
@@ -110,6 +113,9 @@ class RunRecord:
     error: str | None = None
     """The failure text when the run raised on some rank (``[rank N]``-prefixed); steps stop there."""
     duration_s: float = 0.0
+    compile_s: float | None = None
+    """What compiling cost the run (``config.compile``): its first step's time beyond the median
+    of the others, on its slowest rank; ``None``: it compiled nothing."""
 
     def to_wire(self) -> dict[str, Any]:
         """Plain dicts, lists and tensors (what pickle and the JSON-free archive carry)."""
@@ -143,6 +149,7 @@ def _step_from_dict(data: dict[str, Any]) -> StepRecord:
         clip_norms=tuple(data.get("clip_norms", ())),
         accumulated_in=data.get("accumulated_in"),
         checkpoint=data.get("checkpoint"),
+        compiled=data.get("compiled"),
         resume=tuple(_audit_from_wire(audit) for audit in data.get("resume", ())),
     )
 
@@ -175,11 +182,13 @@ def rank_step(
     clip_norm: float | None = None,
     accumulated_in: str | None = None,
     checkpoint: str | None = None,
+    compiled: str | None = None,
 ) -> RankStep:
     """One rank's part of one step; ``tensors`` on rank 0 only, ``buffers`` (this rank's own) on
     every rank; ``clip_norm``: what this rank's ``clip_grad_norm_`` returned (``None``: no clip);
     ``accumulated_in``: the dtype unreduced microbatch gradients were summed in (``None``: none
-    were); ``checkpoint``: how checkpointed units were recomputed (``None``: none were)."""
+    were); ``checkpoint``: how checkpointed units were recomputed (``None``: none were);
+    ``compiled``: what ran compiled (``None``: nothing)."""
     return RankStep(
         loss=loss,
         scale=scale,
@@ -191,14 +200,28 @@ def rank_step(
         clip_norm=clip_norm,
         accumulated_in=accumulated_in,
         checkpoint=checkpoint,
+        compiled=compiled,
     )
 
 
 def rank_run(
-    *, rank: int, steps: list[RankStep], counters: dict[str, int], error: str | None, duration_s: float
+    *,
+    rank: int,
+    steps: list[RankStep],
+    counters: dict[str, int],
+    error: str | None,
+    duration_s: float,
+    compile_s: float | None = None,
 ) -> RankRun:
     """One rank's part of one run, as sent to the controller."""
-    return RankRun(rank=rank, steps=tuple(steps), counters=counters, error=error, duration_s=duration_s)
+    return RankRun(
+        rank=rank,
+        steps=tuple(steps),
+        counters=counters,
+        error=error,
+        duration_s=duration_s,
+        compile_s=compile_s,
+    )
 
 
 def merge_rank_runs(role: str, description: str, parts: list[RankRun], *, first_step: int = 0) -> RunRecord:
@@ -231,6 +254,7 @@ def merge_rank_runs(role: str, description: str, parts: list[RankRun], *, first_
                 clip_norms=_clip_norms(per_rank),
                 accumulated_in=per_rank[0].accumulated_in,
                 checkpoint=per_rank[0].checkpoint,
+                compiled=per_rank[0].compiled,
                 resume=tuple(s.resume for s in per_rank) if any(s.resume for s in per_rank) else (),
             )
         )
@@ -241,6 +265,7 @@ def merge_rank_runs(role: str, description: str, parts: list[RankRun], *, first_
         counters=tuple(part.counters for part in parts),
         error="\n".join(errors) if errors else None,
         duration_s=max(part.duration_s for part in parts),
+        compile_s=max((p.compile_s for p in parts if p.compile_s is not None), default=None),
     )
 
 

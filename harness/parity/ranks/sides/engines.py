@@ -21,11 +21,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks.sides import items, reduce_layout, twin
+from harness.parity.ranks.sides import reduce_layout, twin
 from harness.parity.ranks.sides.full import flat, gather
 from harness.parity.ranks.sides.optimizers import make_optimizer
 from harness.parity.ranks.sides.twin import DTYPES
-from harness.parity.workload import registry, units
+from harness.parity.workload import items, registry, units
 
 
 def unit_modules(module: nn.Module, classes: tuple[type[nn.Module], ...]) -> list[nn.Module]:
@@ -149,11 +149,23 @@ class Engine:
 
     def loss_of(self, model: nn.Module, batch: Any, step: int) -> torch.Tensor:
         """The workload's loss on ``batch`` (batch index ``step``); a loss that takes ``num_items``
-        gets the whole step's count and is scaled as its share (``items.py``)."""
+        gets the whole step's count and is scaled as its share (``workload/items.py``)."""
         if not self.workload.takes_num_items:
             return self.workload.loss(model, batch)
-        share = self.workload.loss_of(model, batch, items.global_count(self.config, step))
-        return share * items.share_factor(self.config)
+        share = self.workload.loss_of(model, batch, self.num_items(step))
+        return share * items.share_factor(self.data_parallel_size, self.config.loop.accumulate)
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Over how many ranks the gradients are averaged (the world, or under TP its ``dp`` size)."""
+        return self.config.mesh.data_parallel_size(self.config.world_size)
+
+    def num_items(self, step: int) -> int:
+        """The items of the optimizer step that trains on batch ``step`` (``workload/items.py``)."""
+        config = self.config
+        return items.global_count(
+            config.workload, config.seed, self.data_parallel_size, config.loop.accumulate, step
+        )
 
     unscales_first = False
     """Whether the loop must call ``unscale_`` itself so that :meth:`before_step` sees unscaled grads."""

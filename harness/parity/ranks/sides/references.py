@@ -14,8 +14,9 @@ from torch import nn
 
 from harness.parity.plan.config import ParityConfig, resume
 from harness.parity.plan.precision import PrecisionPolicy
-from harness.parity.ranks.sides import items, reduce_layout, twin
+from harness.parity.ranks.sides import reduce_layout, twin
 from harness.parity.ranks.sides.engines import Engine, to_device, unit_modules
+from harness.parity.workload import items
 
 
 class LowPrecisionDDP(Engine):
@@ -163,8 +164,8 @@ class SingleProcess(Engine):
         ]
         with self.forward_rng(step):
             if self.workload.takes_num_items:
-                total = items.global_count(self.config, step)
-                factor = items.share_factor(self.config)
+                total = self.num_items(step)
+                factor = items.share_factor(self.data_parallel_size, self.config.loop.accumulate)
                 parts = [p * factor for p in self.workload.losses(self.module, batches, total)]
             else:
                 parts = self.workload.losses(self.module, batches)

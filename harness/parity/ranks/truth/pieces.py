@@ -49,7 +49,7 @@ class Split:
     ranks: int
     microbatches: int
     num_items: bool
-    """The loss takes ``num_items`` (multiplied by ``ranks x microbatches``, ``sides/items.py``)."""
+    """The loss takes ``num_items`` (multiplied by ``ranks x microbatches``, ``workload/items.py``)."""
 
     @property
     def factor(self) -> float:

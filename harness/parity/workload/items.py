@@ -1,4 +1,4 @@
-"""A loss that takes ``num_items``: the whole batch's count of items, and how the engine scales it.
+"""A loss that takes ``num_items``: the whole step's count of items, and how the engine scales it.
 
 Why: a per-microbatch (or per-rank) mean over uneven counts of items (tokens whose label is not
 ignored) trains unlike the whole batch, whatever the sharding (transformers' gradient
@@ -6,8 +6,8 @@ accumulation until it passed ``num_items_in_batch``). A workload whose loss take
 gets the step's total over every data-parallel rank's and every microbatch's batch, and writes its
 loss as this batch's sum over its items divided by that total: each microbatch's loss is then its
 share of the whole batch's. The engine divides every microbatch's loss by the microbatch count
-(``accumulate.py``) and the data-parallel reduction averages the ranks; a share must be summed,
-not averaged, so the engine multiplies it by both (:func:`share_factor`), as transformers
+(``ranks/sides/accumulate.py``) and the data-parallel reduction averages the ranks; a share must be
+summed, not averaged, so the engine multiplies it by both (:func:`share_factor`), as transformers
 multiplies by the process count and skips its division by the accumulation steps.
 
 Every rank counts the items itself, from the batches it can draw (``registry.make_batch`` is
@@ -18,27 +18,21 @@ from __future__ import annotations
 
 import functools
 
-from harness.parity.plan.config import ParityConfig
 from harness.parity.workload import registry
 from harness.parity.workload.spec import Workload
 
 
-def data_parallel_size(config: ParityConfig) -> int:
-    """Over how many ranks the gradients are averaged (the world, or under TP its ``dp`` size)."""
-    return config.mesh.data_parallel_size(config.world_size)
-
-
-def share_factor(config: ParityConfig) -> float:
+def share_factor(ranks: int, microbatches: int) -> float:
     """What a ``num_items`` loss is multiplied by: the microbatch count times the data-parallel
     size, which the accumulation's division and the ranks' average then undo."""
-    return float(config.loop.accumulate * data_parallel_size(config))
+    return float(microbatches * ranks)
 
 
-def global_count(config: ParityConfig, batch_index: int) -> int:
+def global_count(workload: str, seed: int, ranks: int, microbatches: int, batch_index: int) -> int:
     """The items of the optimizer step that trains on batch ``batch_index`` (microbatch ``i`` of
-    step ``s`` is batch ``s * accumulate + i``), over every data-parallel rank and microbatch."""
-    count = config.loop.accumulate
-    return _count(config.workload, config.seed, data_parallel_size(config), count, batch_index // count)
+    step ``s`` is batch ``s * microbatches + i``), over ``ranks`` data-parallel ranks and every
+    microbatch; ``workload`` by its name or spec."""
+    return _count(workload, seed, ranks, microbatches, batch_index // microbatches)
 
 
 @functools.lru_cache(maxsize=64)
