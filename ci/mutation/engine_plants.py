@@ -30,6 +30,7 @@ _CLIP = "suites/parity/test_clip_norm.py"
 _ACCUMULATE = "suites/parity/test_accumulate.py"
 _CHECKPOINT = "suites/parity/test_checkpoint.py"
 _EVERY_ELEMENT = "suites/parity/test_every_element_judged.py"
+_FUSED = "suites/parity/test_fused_optimizer.py"
 """The judge's property (its fixed sample): a moved element of any kind, anywhere, is seen."""
 
 
@@ -602,6 +603,20 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
             ),
         ),
         tests=("suites/parity/test_loop_declared.py",),
+    ),
+    Plant(
+        name="parity_fused_reference_steps_whole_tensors",
+        bug="a fused optimizer's reference steps whole parameters again, not the candidate's shards: "
+        "an element its kernel rounds in the vector body on one side is in the scalar tail on the "
+        "other, and the update is a last bit apart from the first step (what the fp32 fallback hid)",
+        edits=(
+            _edit(
+                "ranks/sides/step_pieces.py",
+                '    if not optimizer.defaults.get("fused"):\n        return optimizer\n',
+                "    if True:  # planted: whole tensors, as before the mirror\n        return optimizer\n",
+            ),
+        ),
+        tests=(f"{_FUSED}::test_a_fused_adam_row_passes_bitwise_straight_through",),
     ),
 )
 """The engine's plants, in the order ``make mutation`` runs them (after the scaler's)."""

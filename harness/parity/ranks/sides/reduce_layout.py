@@ -138,15 +138,6 @@ def of(config: ParityConfig, model: nn.Module, units: list[nn.Module], param_dty
     )
 
 
-def shard_size(layout: Layout) -> int:
-    """How many ranks a sharded candidate splits each buffer over: the world, FSDP1
-    ``HYBRID_SHARD``'s shard groups of 2, an FSDP2 mesh's ``shard`` (HSDP) or ``dp`` (TP) dimension."""
-    if layout.mesh is not None:
-        (rows, columns), names = layout.mesh
-        return rows if names == ("dp", "tp") else columns
-    return 2 if layout.hybrid else dist.get_world_size()
-
-
 def flat_starts(numels: list[int], align: int, shards: int | None) -> tuple[list[int], int]:
     """Where each of a FSDP1 unit's parameters (``numels``, in the flat parameter's order) starts in
     its flat buffer, and the buffer's length: each start a multiple of ``align`` (0: packed; zeros

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from harness.parity.ranks.sides import reduce_layout
 
@@ -87,7 +88,7 @@ def pieces(layout: reduce_layout.Layout | None, shapes: list[torch.Size]) -> tup
     ``layout`` (``None``: whole tensors, as DDP steps them)."""
     if layout is None or layout.engine not in ("fsdp1", "fsdp2"):
         return None
-    shards = reduce_layout.shard_size(layout)
+    shards = _shard_size(layout)
     found: list[Piece] = []
     for bucket in layout.buckets:
         if layout.engine == "fsdp2":
@@ -97,6 +98,15 @@ def pieces(layout: reduce_layout.Layout | None, shapes: list[torch.Size]) -> tup
         else:
             found += _fsdp1(bucket, [math.prod(shapes[i]) for i in bucket.params], shards, layout)
     return tuple(piece for piece in found if math.prod(piece.shape))
+
+
+def _shard_size(layout: reduce_layout.Layout) -> int:
+    """How many ranks a sharded candidate splits each parameter over: the world, FSDP1
+    ``HYBRID_SHARD``'s shard groups of 2, an FSDP2 mesh's ``shard`` (HSDP) or ``dp`` (TP) dimension."""
+    if layout.mesh is not None:
+        (rows, columns), names = layout.mesh
+        return rows if names == ("dp", "tp") else columns
+    return 2 if layout.hybrid else dist.get_world_size()
 
 
 def _rows(size: int, parts: int) -> list[tuple[int, int]]:
