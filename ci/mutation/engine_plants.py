@@ -616,7 +616,10 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
                 "    if True:  # planted: whole tensors, as before the mirror\n        return optimizer\n",
             ),
         ),
-        tests=(f"{_FUSED}::test_a_fused_adam_row_passes_bitwise_straight_through",),
+        tests=(
+            f"{_FUSED}::test_a_fused_adam_row_passes_bitwise_straight_through",
+            "suites/parity/test_step_pieces.py::test_a_step_over_the_pieces_is_bitwise_a_fused_step_over_each_shard_alone",
+        ),
     ),
 )
 """The engine's plants, in the order ``make mutation`` runs them (after the scaler's)."""

@@ -58,7 +58,9 @@ class LowPrecisionDDP(Engine):
         """The optimizer over the float32 masters; a fused one steps the candidate's shards of them
         (``step_pieces.py``: its kernel rounds an element by its offset in the tensor it is given)."""
         masters = list(self.module.parameters())
-        return step_pieces.mirror(super().make_optimizer(params), masters, lambda: self.layout)
+        return step_pieces.mirror(
+            super().make_optimizer(params), masters, lambda: self.layout, self.world_size
+        )
 
     def losses(self, step: int, scale: float) -> tuple[torch.Tensor, float]:
         with torch.no_grad():
@@ -120,7 +122,9 @@ class MirroredDDP(Engine):
         parameters, in the layout of the current phase (``step_pieces.py``: its kernel rounds an
         element by its offset in the tensor it is given)."""
         model = list(self.module.parameters())
-        return step_pieces.mirror(super().make_optimizer(params), model, lambda: self._phase[2])
+        return step_pieces.mirror(
+            super().make_optimizer(params), model, lambda: self._phase[2], self.world_size
+        )
 
     def losses(self, step: int, scale: float) -> tuple[torch.Tensor, float]:
         self._phase = [phase for phase in self.phases if phase[0] <= step][-1]

@@ -48,7 +48,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from harness.parity.ranks.sides import reduce_layout
 
@@ -83,12 +82,15 @@ class Piece:
     shape: tuple[int, ...]
 
 
-def pieces(layout: reduce_layout.Layout | None, shapes: list[torch.Size]) -> tuple[Piece, ...] | None:
+def pieces(
+    layout: reduce_layout.Layout | None, shapes: list[torch.Size], world_size: int
+) -> tuple[Piece, ...] | None:
     """Every rank's pieces of the parameters (``shapes``, ``parameters()`` order) under
-    ``layout`` (``None``: whole tensors, as DDP steps them)."""
+    ``layout`` at ``world_size`` (``None``: whole tensors, as DDP steps them); a rank's empty shard
+    is no piece (the candidate steps nothing there)."""
     if layout is None or layout.engine not in ("fsdp1", "fsdp2"):
         return None
-    shards = _shard_size(layout)
+    shards = _shard_size(layout, world_size)
     found: list[Piece] = []
     for bucket in layout.buckets:
         if layout.engine == "fsdp2":
@@ -100,13 +102,13 @@ def pieces(layout: reduce_layout.Layout | None, shapes: list[torch.Size]) -> tup
     return tuple(piece for piece in found if math.prod(piece.shape))
 
 
-def _shard_size(layout: reduce_layout.Layout) -> int:
+def _shard_size(layout: reduce_layout.Layout, world_size: int) -> int:
     """How many ranks a sharded candidate splits each parameter over: the world, FSDP1
     ``HYBRID_SHARD``'s shard groups of 2, an FSDP2 mesh's ``shard`` (HSDP) or ``dp`` (TP) dimension."""
     if layout.mesh is not None:
         (rows, columns), names = layout.mesh
         return rows if names == ("dp", "tp") else columns
-    return 2 if layout.hybrid else dist.get_world_size()
+    return 2 if layout.hybrid else world_size
 
 
 def _rows(size: int, parts: int) -> list[tuple[int, int]]:
@@ -164,16 +166,17 @@ def mirror(
     optimizer: torch.optim.Optimizer,
     params: list[torch.Tensor],
     layout_now: Callable[[], reduce_layout.Layout | None],
+    world_size: int,
 ) -> torch.optim.Optimizer:
     """``optimizer`` (over some of ``params``, the reference's parameters in ``parameters()``
-    order), made to step over the candidate's pieces if it is fused; returned as it is otherwise.
-    ``layout_now``: the candidate's layout at the current step (a resume row's reference changes
-    layout where its candidate resumes in another).
+    order), made to step over the candidate's pieces at ``world_size`` if it is fused; returned as
+    it is otherwise. ``layout_now``: the candidate's layout at the current step (a resume row's
+    reference changes layout where its candidate resumes in another).
 
     Its ``step`` becomes a method of the optimizer's (an LR scheduler re-binds it to wrap it)."""
     if not optimizer.defaults.get("fused"):
         return optimizer
-    stepper = PieceStep(optimizer, params, layout_now)
+    stepper = PieceStep(optimizer, params, layout_now, world_size)
 
     def step(self: torch.optim.Optimizer, closure: Any = None) -> Any:
         return stepper(closure)
@@ -191,8 +194,10 @@ class PieceStep:
         optimizer: torch.optim.Optimizer,
         params: list[torch.Tensor],
         layout_now: Callable[[], reduce_layout.Layout | None],
+        world_size: int,
     ) -> None:
         self.optimizer = optimizer
+        self.world_size = world_size
         self.own_step = optimizer.step
         self.params = params
         self.layout_now = layout_now
@@ -202,7 +207,7 @@ class PieceStep:
     def __call__(self, closure: Any = None) -> Any:
         layout = self.layout_now()
         if id(layout) not in self._cut:
-            cut = pieces(layout, [p.shape for p in self.params])
+            cut = pieces(layout, [p.shape for p in self.params], self.world_size)
             tensors = [] if cut is None else [self._new(piece) for piece in cut]
             self._cut[id(layout)] = (cut, tensors, collections.defaultdict(dict))
         cut, tensors, state = self._cut[id(layout)]
