@@ -13,9 +13,10 @@ Write a record (after a change that is meant to change verdicts, say why in the 
     python -m harness.parity --world-size 4 --out reports/ws4
     python -m ci.record write default-w4 reports/ws4/parity.json
 
-One difference is allowed, by the CPU and not by the engine: a fused optimizer's kernel rounds a
-shard's elements by its vector lanes, so on gloo a fused row is ``bitwise`` on one ISA and
-``staged`` on another (AVX2 against AVX-512); its status, profile and causes still must match.
+No difference is allowed, a fused optimizer's row included: its kernel rounds an element by its
+offset in the tensor it is given, and its reference steps the candidate's shards
+(``harness/parity/ranks/sides/step_pieces.py``), so it is ``bitwise`` on every ISA (it once was
+``staged`` on one and ``bitwise`` on another, and the record let the label swap).
 """
 
 from __future__ import annotations
@@ -104,9 +105,8 @@ def write(name: str, rows: list[tuple[str, ...]]) -> None:
     path(name).write_text("\n".join(text + ["\t".join(row) for row in rows]) + "\n")
 
 
-def differences(recorded: list[tuple[str, ...]], found: list[tuple[str, ...]], fused: set[str]) -> list[str]:
-    """Each way ``found`` differs from ``recorded``, in words (``fused``: the ids of rows whose
-    ``bitwise``/``staged`` label may swap with the CPU's ISA)."""
+def differences(recorded: list[tuple[str, ...]], found: list[tuple[str, ...]]) -> list[str]:
+    """Each way ``found`` differs from ``recorded``, in words."""
     if [r[0] for r in recorded] != [f[0] for f in found]:
         missing = sorted({r[0] for r in recorded} - {f[0] for f in found})
         extra = sorted({f[0] for f in found} - {r[0] for r in recorded})
@@ -114,7 +114,7 @@ def differences(recorded: list[tuple[str, ...]], found: list[tuple[str, ...]], f
     said = []
     for want, got in zip(recorded, found, strict=True):
         for field, a, b in zip(HEADER[1:], want[1:], got[1:], strict=True):
-            if a == b or (field == "closeness" and want[0] in fused and {a, b} <= {"bitwise", "staged"}):
+            if a == b:
                 continue
             said.append(f"{want[0]}: {field} {b!r}, recorded {a!r}")
     return said
@@ -131,8 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         write(options.name, rows)
         print(f"record: wrote {path(options.name)} ({len(rows)} configurations)")
         return 0
-    fused = {c.id for c in MATRICES[options.name]() if c.fused}
-    found = differences(read(options.name), rows, fused)
+    found = differences(read(options.name), rows)
     print("\n".join(found) or f"record: {options.name} as recorded ({len(rows)} configurations)")
     return 1 if found else 0
 

@@ -31,6 +31,7 @@ _ACCUMULATE = "suites/parity/test_accumulate.py"
 _CHECKPOINT = "suites/parity/test_checkpoint.py"
 _COMPILE = "suites/parity/test_compile.py"
 _EVERY_ELEMENT = "suites/parity/test_every_element_judged.py"
+_FUSED = "suites/parity/test_fused_optimizer.py"
 """The judge's property (its fixed sample): a moved element of any kind, anywhere, is seen."""
 
 
@@ -616,6 +617,23 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
             ),
         ),
         tests=("suites/parity/test_loop_declared.py",),
+    ),
+    Plant(
+        name="parity_fused_reference_steps_whole_tensors",
+        bug="a fused optimizer's reference steps whole parameters again, not the candidate's shards: "
+        "an element its kernel rounds in the vector body on one side is in the scalar tail on the "
+        "other, and the update is a last bit apart from the first step (what the fp32 fallback hid)",
+        edits=(
+            _edit(
+                "ranks/sides/step_pieces.py",
+                '    if not optimizer.defaults.get("fused"):\n        return optimizer\n',
+                "    if True:  # planted: whole tensors, as before the mirror\n        return optimizer\n",
+            ),
+        ),
+        tests=(
+            f"{_FUSED}::test_a_fused_adam_row_passes_bitwise_straight_through",
+            "suites/parity/test_step_pieces.py::test_a_step_over_the_pieces_is_bitwise_a_fused_step_over_each_shard_alone",
+        ),
     ),
 )
 """The engine's plants, in the order ``make mutation`` runs them (after the scaler's)."""

@@ -185,7 +185,7 @@ PREMISE_PLANTS: tuple[Plant, ...] = (
     Plant(
         name="localization_never_reanchored",
         bug="a failed row is localized by replaying both sides straight through: after a few steps of "
-        "drift (a fused kernel's lanes) the first module drift moved is named, not the planted one",
+        "drift (a reduction summed in another order) the first module drift moved is named, not the planted one",
         edits=(
             _edit(
                 "doors/runner.py",

@@ -74,11 +74,15 @@ WORLD_SIZE_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "plan/config/__init__.py",
-                '        if self.world_size <= 2 or self.reference != "ddp":\n',
+                '        if self.reference != "ddp" or (self.world_size <= 2 and not self.fused):\n',
                 "        if True:  # planted\n",
             ),
         ),
-        tests=(_WORLD_SIZE,),
+        tests=(
+            _WORLD_SIZE,
+            # a fused optimizer's reference steps the candidate's shards: its layout counts at 2 ranks too
+            "suites/parity/test_fused_optimizer.py::test_a_fused_adam_row_passes_bitwise_straight_through",
+        ),
     ),
     Plant(
         name="parity_resume_reference_keeps_its_first_layout",

@@ -330,7 +330,8 @@ def test_a_tp_candidate_that_raised_on_a_shape_mismatch_is_named_plan_incomplete
 
 
 def test_a_row_the_staged_check_failed_is_explained_from_its_first_finding():
-    """Straight through, step 0 drifted a float32 ulp (inside ``fp32``: a fused kernel's last bit),
+    """Straight through, step 0 drifted a float32 ulp (a last bit, as a reduction summed in another
+    order leaves),
     so step 1 began from no common state; re-anchored, the staged check found step 1's loss
     differing from the same state: that, not the drift, is what the row measured."""
     from harness.parity.judge import result as results

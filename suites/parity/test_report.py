@@ -97,9 +97,9 @@ gloo, world size 2, scaler ours, torch 2.13.0+cpu
 
 1 pass, 1 fail, 1 crash, 1 skip of 4 (expected failures: 1)
 
-Measured (passing configurations): 1 bitwise. `bitwise`: every value equal; `<= N ulp`: at most N units in the last place apart; `staged`: not bitwise straight through, and every step held from a common state (local gradients bitwise, each reduced element within the order-free bound, the update bitwise or within a fused kernel's stated ulps); `toleranced`: farther apart, within the profile's rtol/atol.
+Measured (passing configurations): 1 bitwise. `bitwise`: every value equal; `<= N ulp`: at most N units in the last place apart; `staged`: not bitwise straight through, and every step held from a common state (local gradients bitwise, each reduced element within the order-free bound, the update bitwise); `toleranced`: farther apart, within the profile's rtol/atol.
 
-Profiles: `exact` bitwise; `fp32` rtol 1.3e-06, atol 1e-05; `bf16` rtol 0.016, atol 0.001; `fp16` rtol 0.001, atol 0.001. Every profile but `exact` is a fallback tolerance (fused optimizers and clipping under FSDP; NCCL): a pass under it says how close, not that sharding changed nothing.
+Profiles: `exact` bitwise; `fp32` rtol 1.3e-06, atol 1e-05; `bf16` rtol 0.016, atol 0.001; `fp16` rtol 0.001, atol 0.001. Every profile but `exact` is a fallback tolerance (clipping under FSDP; NCCL): a pass under it says how close, not that sharding changed nothing.
 
 Recipes (how the precision is applied; each row's is in its `recipe` column): `fp32` 3, `pure-bf16` 1.
 

@@ -13,7 +13,7 @@ import torch
 
 from fixtures import candidate_steps
 from harness.parity.judge import result as results
-from harness.parity.plan.config import Fault, Layout, ParityConfig, Precision
+from harness.parity.plan.config import Fault, Layout, Loop, ParityConfig, Precision
 from harness.parity.ranks import entry
 from harness.parity.ranks.measure import local, stepcheck
 from harness.parity.ranks.wire import RankRow, RankStep, StepTensors
@@ -224,7 +224,11 @@ def test_full_tensors_travel_for_the_origin_and_the_first_failing_step_only(monk
     )
     reference = stepcheck.ReferenceSteps([_reference_step(1.0) for _ in wanted])
     check = stepcheck.Check(
-        ParityConfig(engine="fsdp2", optimizer="adam_fused", layout=Layout(reshard_after_forward=True)),
+        ParityConfig(  # clipped under FSDP: held to the fp32 profile (the clip-order fallback)
+            engine="fsdp2",
+            layout=Layout(reshard_after_forward=True),
+            loop=Loop(path="unscale_clip", clip=0.05),
+        ),
         reference,
     )
     sent = []

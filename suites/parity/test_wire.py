@@ -66,7 +66,7 @@ _RUN = wire.RankRun(
     compile_s=0.5,
 )
 _GAP = wire.Gap(loss_max_abs=0.1, loss_max_rel=0.2, param_max_abs=0.3, param_max_rel=0.4)
-_COMPARED = wire.Compared(elements=8, differing=2, max_ulp=3.0, outside_fp32=1)
+_COMPARED = wire.Compared(elements=8, differing=2, max_ulp=3.0)
 _BOUNDED = wire.Bounded(elements=8, violations=1, worst_ratio=1.5)
 _STAGED_STEP = wire.StagedStep(
     loss=(1.5, 1.25),

@@ -161,10 +161,8 @@ the staged check judges it too, and must not let it through)."""
 
 def _check_correct(result) -> None:
     assert result.status == "pass", f"{result.config.id}: {result.reason}"
-    assert result.profile == "fp32"  # fused Adam: its kernel's last bit
-    assert result.closeness in ("bitwise", "staged"), result.closeness
-    if result.closeness == "staged":  # decided from a common state: the update alone, in ulps
-        assert result.staged.passed and result.staged.update_fallback == "fp32"
+    assert result.profile == "exact"  # fused Adam too: its reference steps the candidate's shards
+    assert result.closeness == "bitwise", (result.closeness, result.staged)
 
 
 def _check_planted(result, case: str) -> None:

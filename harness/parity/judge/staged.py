@@ -1,13 +1,13 @@
 """The staged check's verdict (controller side, pure): what every rank measured, stage by stage.
 
 Why it decides a row: the straight-through comparison is a proof where it is bitwise; where it
-is not (a candidate that reduces in another order than its reference; a fused kernel; a clip
-norm summed otherwise) a tolerance used to decide, wrong both ways. The staged check
+is not (a candidate that reduces in another order than its reference; a clip norm summed
+otherwise) a tolerance used to decide, wrong both ways. The staged check
 (``ranks/staged.py``) re-anchors the reference each step and judges each stage by what is
 *known*: local gradients and losses bitwise; each reduced element within the order-free bound of
 the exact mean (``ranks/measure/bound.py``: a proof for any order); the clip norm within what any
-order of summing its squares gives (``clip_norm.order_free_bound``); the update bitwise, or
-within the ``fp32`` profile for a fused optimizer (:data:`FUSED_FALLBACK`, marked as a fallback);
+order of summing its squares gives (``clip_norm.order_free_bound``); the update bitwise (a fused
+optimizer's too: its reference steps the candidate's shards, ``ranks/sides/step_pieces.py``);
 each rank's buffers (running statistics) bitwise; the scale and growth tracker equal. A row whose
 straight comparison was not bitwise passes when every stage holds at every step, and fails with
 the first stage that does not, named.
@@ -24,16 +24,6 @@ from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks.wire import StagedRun, StagedStep
 from harness.parity.workload import registry
-
-FUSED_FALLBACK = profiles.FP32
-"""What a fused optimizer's update is held to, from a common state: a fallback tolerance, named
-in the report. Its CPU kernel vectorises over each tensor it is given, and FSDP gives it shards (or
-FSDP1's flat shard) where the reference gives it whole tensors, so an element can land in the
-vectorised body on one side and the scalar tail on the other and round otherwise (measured on the
-user's ``tiny_conv`` at world size 4, re-anchored: 1 to 16 float32 ulp, on a handful of elements
-whose first moment is the small difference of two larger terms; 0 with
-``ATEN_CPU_CAPABILITY=default``). No bound short of an error analysis of each optimizer's formula
-covers that cancellation, so this stage alone falls back; the others stay proofs."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -77,8 +67,6 @@ class Staged:
     """Reduced elements whose bits differ from the reference's mirror of the candidate's own
     reduction (another order of summation than the mirrored one: legitimate within the bound)."""
     update_max_ulp: float = 0.0
-    update_fallback: str = ""
-    """The profile a fused optimizer's update was held to (empty: bitwise was required)."""
     reordering_drift: tuple[float, ...] = ()
     """On request (``--drift``): per step, the largest ulp distance of any parameter between the
     reference trained straight through twice, once summing its ranks in reverse order: the drift a
@@ -96,8 +84,6 @@ class Staged:
             else ("local gradients not observable (DDP's reducer)")
         )
         update = "bitwise" if self.update_max_ulp == 0 else f"{self.update_max_ulp:g} ulp apart"
-        if self.update_fallback:
-            update += f" (fused kernel: within the {self.update_fallback} profile, a fallback)"
         return (
             f"staged check passed over {self.steps} steps: {local}; {self.reduced_elements} reduced "
             f"elements within the order-free bound (worst {self.worst_ratio:.2g} of it; "
@@ -141,7 +127,6 @@ def judge(config: ParityConfig, parts: list[StagedRun]) -> Staged:
     errors = [p.error for p in parts if p.error]
     if errors:
         return Staged(passed=False, error=errors[0], steps=min(len(p.steps) for p in parts))
-    fallback = FUSED_FALLBACK.name if config.fused else ""
     findings: dict[str, Finding] = {}
     local_elements = reduced = reordered = 0
     worst = update_ulp = 0.0
@@ -178,7 +163,7 @@ def judge(config: ParityConfig, parts: list[StagedRun]) -> Staged:
             )
         reordered += head.reordered
         _clip(index, parts, found)
-        update_ulp = max(update_ulp, _update(index, head, bool(fallback), found))
+        update_ulp = max(update_ulp, _update(index, head, found))
         for rank, part in enumerate(parts):
             _scalars(index, rank, part.steps[index], found)
     ordered = tuple(sorted(findings.values(), key=lambda f: (f.step, _ORDER.index(f.stage))))
@@ -191,7 +176,6 @@ def judge(config: ParityConfig, parts: list[StagedRun]) -> Staged:
         worst_ratio=worst,
         reordered=reordered,
         update_max_ulp=update_ulp,
-        update_fallback=fallback,
         reordering_drift=tuple(parts[0].drift or ()),
     )
 
@@ -272,21 +256,19 @@ def _clip(index: int, parts: list[StagedRun], found: Found) -> None:
             )
 
 
-def _update(index: int, head: StagedStep, fused: bool, found: Found) -> float:
+def _update(index: int, head: StagedStep, found: Found) -> float:
     worst = 0.0
     for name, update in head.update.items():
         worst = max(worst, update.max_ulp)
-        wrong = update.outside_fp32 if fused else update.differing
-        if wrong:
-            held = f"the {FUSED_FALLBACK.name} profile ({FUSED_FALLBACK.describe()})" if fused else "bitwise"
+        if update.differing:
             found(
                 Finding(
                     step=index,
                     stage="update",
                     what=name,
                     detail=(
-                        f"{wrong} of {update.elements} elements differ after the optimizer step from "
-                        f"the same state and gradients (max {update.max_ulp:g} ulp; held to {held})"
+                        f"{update.differing} of {update.elements} elements differ after the optimizer step "
+                        f"from the same state and gradients (max {update.max_ulp:g} ulp; held to bitwise)"
                     ),
                 )
             )

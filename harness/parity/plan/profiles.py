@@ -7,16 +7,16 @@ asks every element to be equal (NaN at the same places; ``-0.0`` equals ``0.0``)
 
 | profile | rtol | atol | used for |
 |---|---|---|---|
-| ``exact`` | 0 | 0 | gloo at any world size: measured bit-exact (every precision; from 3 ranks on, the reference reduces as its candidate does) |
-| ``fp32`` | 1.3e-6 | 1e-5 | fused optimizers and clipping under FSDP (a kernel or a norm that rounds otherwise); float32 on NCCL (fallback) |
+| ``exact`` | 0 | 0 | gloo at any world size: measured bit-exact (every precision, fused optimizers included; from 3 ranks on, the reference reduces as its candidate does, and a fused optimizer's reference steps the candidate's shards) |
+| ``fp32`` | 1.3e-6 | 1e-5 | clipping under FSDP (a norm summed in another order); float32 on NCCL (fallback) |
 | ``bf16`` | 1.6e-2 | 1e-3 | bfloat16 mixed precision on NCCL (fallback) |
 | ``fp16`` | 1e-3 | 1e-3 | float16 mixed precision on NCCL (fallback) |
 
 The ``rtol`` values are torch.testing's defaults for each dtype. They decide no gloo row of a
-non-fused, non-clipping loop: those are ``exact`` at every world size. And they no longer decide a
-row whose straight comparison is not bitwise: the staged check does (``judge/staged.py``: the
-reference re-anchored each step; local gradients bitwise, each reduced element within the
-order-free bound, the update bitwise), where only a fused optimizer's update falls back to ``fp32``. Where a tolerance decides,
+non-clipping loop: those are ``exact`` at every world size. And they no longer decide a row whose
+straight comparison is not bitwise: the staged check does (``judge/staged.py``: the reference
+re-anchored each step; local gradients bitwise, each reduced element within the order-free bound,
+the update bitwise). Where a tolerance decides,
 the report says so (``toleranced``, the profile's name) rather than calling the row bitwise. A
 tolerance is a fallback, not a proof: a relative tolerance of ``bf16``'s size lets a systematic
 0.5 % error through, which is why gloo rows no longer use one. Discrete state (the scale, the
@@ -74,12 +74,12 @@ def profile_for(config: ParityConfig) -> ToleranceProfile:
     the order, and from 3 on the reference reduces through the candidate's own collectives on its
     buffer layout (``ranks/sides/reduce_layout.py``), so every element is summed in the same order on
     both sides (gloo's ring is deterministic), and FSDP's divisions by its divide factors are the
-    same operations. Except with a fused optimizer: its CPU kernel vectorises over each tensor,
-    so one flat FSDP1 parameter and the reference's per-parameter tensors round some elements
-    differently (last bit, relative 1e-7), and ``fp32`` applies (the master weights are float32 in
-    every precision). The same for an FSDP engine on path ``unscale_clip``: it sums the total norm
-    in another order than the reference (``judge/clip_norm.py``: measured 1 to 2 float32 ulp
-    apart), so where the clip bites every gradient is multiplied by a coefficient an ulp off
+    same operations. A fused optimizer too: its CPU kernel rounds an element by its offset in the
+    tensor it is given (the vector body or the scalar tail), and the reference steps the
+    candidate's shards as tensors of their own (``ranks/sides/step_pieces.py``), so every element
+    takes the same path on every CPU. Except for an FSDP engine on path ``unscale_clip``: it sums
+    the total norm in another order than the reference (``judge/clip_norm.py``: measured 1 to 2
+    float32 ulp apart), so where the clip bites every gradient is multiplied by a coefficient an ulp off
     (measured: the MLP clipped at 0.05 fails ``exact`` from step 3 to 5 in every precision under
     FSDP1, and in fp16 and bf16 under FSDP2, and passes ``fp32``; a DDP candidate clips as its
     reference does). Elsewhere (NCCL: its algorithm and channel count, not the buffer alone, set
@@ -90,7 +90,7 @@ def profile_for(config: ParityConfig) -> ToleranceProfile:
         return EXACT  # the canary: every sum exact in any order, on any backend
     if config.backend == "gloo":
         clip_order = config.loop.path == "unscale_clip" and config.engine != "ddp"
-        return FP32 if config.fused or clip_order else EXACT
+        return FP32 if clip_order else EXACT
     return {"fp32": FP32, "bf16": BF16, "fp16": FP16}[config.precision.dtype]
 
 

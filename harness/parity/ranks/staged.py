@@ -17,8 +17,8 @@ optimizer state, buffers and scale, and the step is checked in the order it runs
 3. **the update**: the reference adopts the candidate's reduced gradients (and, on path
    ``unscale_clip``, clips them by the candidate's own total norm, itself checked against the
    reference's measure of the same gradients), steps its optimizer and scaler, and the two
-   parameter sets, optimizer states, scales and each rank's buffers are compared (bitwise; a
-   fused optimizer's update within the ``fp32`` profile, a named fallback: ``judge/staged.py``).
+   parameter sets, optimizer states, scales and each rank's buffers are compared, bitwise (a
+   fused optimizer's too: the reference steps the candidate's shards, ``sides/step_pieces.py``).
 
 The runner asks for it (``STAGED_TARGET``) only for rows whose straight comparison was not
 bitwise, so a bitwise matrix costs nothing more. Rows it cannot judge (a resume, a sparse
@@ -45,7 +45,6 @@ import torch
 import torch.distributed as dist
 
 from harness.failure_text import prefix_lines
-from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig, poisoned_steps
 from harness.parity.ranks import entry, train
 from harness.parity.ranks.drift import reordering_drift
@@ -135,29 +134,6 @@ def _compared(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> di
             max_ulp=float(apart.max()) if a.numel() else 0.0,
         )
     return out
-
-
-def _update_compared(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> dict[str, Compared]:
-    """:func:`_compared` of the update, with the elements outside the ``fp32`` profile
-    (``Compared.outside_fp32``; ``profiles.FP32``: what a fused kernel's update is held to, a
-    fallback the report names; from a common state, so it never compounds)."""
-    return {
-        name: _outside_fp32(want.get(name), got.get(name), found)
-        for name, found in _compared(want, got).items()
-    }
-
-
-def _outside_fp32(a: torch.Tensor | None, b: torch.Tensor | None, found: Compared) -> Compared:
-    fp32 = profiles.FP32
-    if not found.differing:
-        outside = 0
-    elif a is None or b is None or tuple(a.shape) != tuple(b.shape) or not a.is_floating_point():
-        outside = found.differing
-    else:
-        ref, cand = a.double(), b.double()
-        close = ((cand - ref).abs() <= fp32.atol + fp32.rtol * ref.abs()) | (ref.isnan() & cand.isnan())
-        outside = int((~close).sum())
-    return dataclasses.replace(found, outside_fp32=outside)
 
 
 def _prefixed(kind: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -262,7 +238,7 @@ def _update(cand: _Side, ref: _Side, found: StagedStep) -> StagedStep:
         ref_params, ref_state = ref.engine.full_after_step(ref.optimizers)
         want = {**_prefixed("param", ref_params), **_prefixed("optim_state", _flat_state(ref_state))}
         got = {**_prefixed("param", params), **_prefixed("optim_state", _flat_state(state))}
-        update = _update_compared(want, got)
+        update = _compared(want, got)
     anchor.hold(ref.engine, ref.optimizers, ref.scaler, held, cand.scaler)
     return dataclasses.replace(found, buffers=own, update=update)
 

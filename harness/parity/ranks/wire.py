@@ -204,9 +204,6 @@ class Compared:
     differing: int
     """Elements not bitwise equal."""
     max_ulp: float
-    outside_fp32: int | None = None
-    """The update stage only: the elements outside the ``fp32`` profile (what a fused kernel's
-    update is held to, a fallback the report names); ``None``: not measured."""
 
 
 @_RECORD
@@ -244,8 +241,7 @@ class StagedStep:
     """Path ``unscale_clip``: the candidate's total norm and the reference's measure of the same
     gradients; ``None``: no clip."""
     update: dict[str, Compared] = dataclasses.field(default_factory=dict)
-    """Rank 0: by ``param:name`` and ``optim_state:name:key``, after the step (with
-    :attr:`Compared.outside_fp32`)."""
+    """Rank 0: by ``param:name`` and ``optim_state:name:key``, after the step."""
     buffers: dict[str, Compared] = dataclasses.field(default_factory=dict)
     """This rank's own module buffers after the step."""
     scale: tuple[float, float]

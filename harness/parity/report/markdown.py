@@ -167,13 +167,12 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
         + (", ".join(f"{n} {k}" for k, n in counts["closeness"].items()) or "none")
         + ". `bitwise`: every value equal; `≤ N ulp`: at most N units in the last place apart; "
         "`staged`: not bitwise straight through, and every step held from a common state (local "
-        "gradients bitwise, each reduced element within the order-free bound, the update bitwise or "
-        "within a fused kernel's stated ulps); `toleranced`: farther apart, within the profile's rtol/atol.",
+        "gradients bitwise, each reduced element within the order-free bound, the update bitwise); "
+        "`toleranced`: farther apart, within the profile's rtol/atol.",
         "",
         "Profiles: "
         + "; ".join(f"`{n}` {p.describe()}" for n, p in profiles.PROFILES.items())
-        + ". Every profile but `exact` is a fallback tolerance (fused optimizers and clipping under FSDP; "
-        "NCCL): a pass under it says how close, not that sharding changed nothing.",
+        + ". Every profile but `exact` is a fallback tolerance (clipping under FSDP; NCCL): a pass under it says how close, not that sharding changed nothing.",
     ]
     ran = Counter(r.config.recipe_name for r in results)
     lines += [
@@ -230,8 +229,7 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
             "",
             "## Decided by the staged check",
             "",
-            "Not bitwise straight through (another order of summation, a fused kernel, a norm summed "
-            "otherwise); judged step by step from a common state instead. The straight-through "
+            "Not bitwise straight through (another order of summation, a norm summed otherwise); judged step by step from a common state instead. The straight-through "
             "distances in the table are the drift that leaves.",
             "",
         ]

@@ -37,7 +37,7 @@
             "op": null | {"compared", "first", "index", "max_abs", "max_rel", "max_ulp", "missing", "extra"},
             "modules": [{...as first...}]},            # every module, every rank, forward then backward
         "staged": null | {"passed", "summary", "error", "steps", "local_elements", "reduced_elements",
-            "worst_ratio", "reordered", "update_max_ulp", "update_fallback", "reordering_drift",
+            "worst_ratio", "reordered", "update_max_ulp", "reordering_drift",
             "findings": [{"step", "stage", "what", "detail", "rank"}]},
                                                        # rows whose straight comparison was not bitwise
         "skipped_steps", "reference_skipped_steps", "counters", "time_s",

@@ -61,11 +61,12 @@ def optimizer_only(e: Evidence) -> Cause | None:
         name="optimizer_only",
         evidence=evidence,
         explanation=(
-            "The optimizer step itself differs: its kernel rounds differently (a fused optimizer "
-            "updates one flat parameter in another element order than per-parameter tensors; "
-            "foreach against for-loop kernels), or its state was not sharded like its parameters"
+            "The optimizer step itself differs: its kernel rounds differently (a fused kernel "
+            "rounds an element by its offset in the tensor it is given, so tensors cut otherwise "
+            "than the candidate's shards round otherwise; foreach against for-loop kernels), or "
+            "its state was not sharded like its parameters"
         ),
-        reference="harness/parity/plan/profiles.py (fused optimizers)",
+        reference="harness/parity/ranks/sides/step_pieces.py (fused optimizers)",
     )
 
 

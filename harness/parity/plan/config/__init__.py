@@ -307,8 +307,9 @@ class ParityConfig:
         from 3 ranks on: FSDP1's strategy and alignment, HSDP's stages (``Layout``, ``Mesh``). A
         resume row that comes back in another layout adds where it changes and into what. Empty at
         2 ranks, where every layout sums each element in the same order, so the references of the
-        layouts stay one run."""
-        if self.world_size <= 2 or self.reference != "ddp":
+        layouts stay one run; except with a fused optimizer, whose reference steps the candidate's
+        shards (``ranks/sides/step_pieces.py``), which the layout cuts at every world size."""
+        if self.reference != "ddp" or (self.world_size <= 2 and not self.fused):
             return ()
         own = self.mesh.reduce_layout_key() or self.layout.reduce_layout_key(self.engine)
         if self.resume.layout is None:

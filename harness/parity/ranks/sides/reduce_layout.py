@@ -68,6 +68,9 @@ class Layout:
     """FSDP: reduce-scatter (False: FSDP1 ``NO_SHARD``, an all-reduce of the whole flat gradient)."""
     hybrid: bool = False
     """FSDP1 ``HYBRID_SHARD``: shard groups of 2 ranks, then an all-reduce across them."""
+    orig_params: bool = False
+    """FSDP1 ``use_orig_params``: its optimizer steps each parameter's part of the rank's shard,
+    not the flat shard itself (``step_pieces.py``)."""
     mesh: tuple[tuple[int, int], tuple[str, str]] | None = None
     """FSDP2 on a 2-D mesh (``plan/config/mesh.py``): ``((rows, columns), names)``; HSDP's names are
     ``("replicate", "shard")``, tensor parallelism's ``("dp", "tp")`` (reduced over ``dp`` only)."""
@@ -131,7 +134,26 @@ def of(config: ParityConfig, model: nn.Module, units: list[nn.Module], param_dty
         buckets=buckets,
         sharded=config.layout.sharding != "no_shard",
         hybrid=config.layout.sharding == "hybrid_shard",
+        orig_params=config.layout.use_orig_params,
     )
+
+
+def flat_starts(numels: list[int], align: int, shards: int | None) -> tuple[list[int], int]:
+    """Where each of a FSDP1 unit's parameters (``numels``, in the flat parameter's order) starts in
+    its flat buffer, and the buffer's length: each start a multiple of ``align`` (0: packed; zeros
+    between), the length padded with zeros at the end to a multiple of ``shards`` (``None``:
+    ``NO_SHARD`` without alignment, unpadded). The one copy of the rule: the gradient buffer reduced
+    here and the flat shards the reference steps (``step_pieces.py``) both read it."""
+    starts: list[int] = []
+    total = 0
+    for numel in numels:
+        if align and total % align:
+            total += align - total % align
+        starts.append(total)
+        total += numel
+    if shards is not None:
+        total += -total % shards
+    return starts, total
 
 
 def _tp_dims(config: ParityConfig, model: nn.Module) -> tuple[int | None, ...]:
@@ -310,21 +332,11 @@ def _fsdp1_bucket(
     groups: tuple[Any, Any],
     in_reverse: bool,
 ) -> list[torch.Tensor]:
-    pieces: list[torch.Tensor] = []
-    starts: list[int] = []
-    total = 0
-    for grad in grads:
-        if align and total % align:
-            pieces.append(grad.new_zeros(align - total % align))
-            total += align - total % align
-        starts.append(total)
-        pieces.append(grad.reshape(-1))
-        total += grad.numel()
-    if align or layout.sharded:  # padded to a multiple of the shard group's size
-        padding = -total % dist.get_world_size(groups[0])
-        if padding:
-            pieces.append(grads[0].new_zeros(padding))
-    buffer = torch.cat(pieces)
+    shards = dist.get_world_size(groups[0]) if align or layout.sharded else None
+    starts, total = flat_starts([g.numel() for g in grads], align, shards)
+    buffer = grads[0].new_zeros(total)
+    for start, grad in zip(starts, grads, strict=True):
+        buffer[start : start + grad.numel()] = grad.reshape(-1)
     whole = (
         _scattered_and_gathered(buffer, layout, factors, groups, in_reverse)
         if layout.sharded

@@ -14,7 +14,7 @@ from torch import nn
 
 from harness.parity.plan.config import ParityConfig, resume
 from harness.parity.plan.precision import PrecisionPolicy
-from harness.parity.ranks.sides import reduce_layout, twin
+from harness.parity.ranks.sides import reduce_layout, step_pieces, twin
 from harness.parity.ranks.sides.engines import Engine, to_device, unit_modules
 from harness.parity.workload import items
 
@@ -54,6 +54,14 @@ class LowPrecisionDDP(Engine):
 
     def trained_module(self) -> nn.Module:
         return self.working
+
+    def make_optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+        """The optimizer over the float32 masters; a fused one steps the candidate's shards of them
+        (``step_pieces.py``: its kernel rounds an element by its offset in the tensor it is given)."""
+        masters = list(self.module.parameters())
+        return step_pieces.mirror(
+            super().make_optimizer(params), masters, lambda: self.layout, self.world_size
+        )
 
     def losses(self, step: int, scale: float) -> tuple[torch.Tensor, float]:
         with torch.no_grad():
@@ -109,6 +117,15 @@ class MirroredDDP(Engine):
             return None
         model = self.trained_module()
         return reduce_layout.of(config, model, unit_modules(model, self.units), torch.float32)
+
+    def make_optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+        """The configuration's optimizer; a fused one steps the candidate's shards of the
+        parameters, in the layout of the current phase (``step_pieces.py``: its kernel rounds an
+        element by its offset in the tensor it is given)."""
+        model = list(self.module.parameters())
+        return step_pieces.mirror(
+            super().make_optimizer(params), model, lambda: self._phase[2], self.world_size
+        )
 
     def losses(self, step: int, scale: float) -> tuple[torch.Tensor, float]:
         self._phase = [phase for phase in self.phases if phase[0] <= step][-1]
