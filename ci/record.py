@@ -15,7 +15,7 @@ Write a record (after a change that is meant to change verdicts, say why in the 
 
 No difference is allowed, a fused optimizer's row included: its kernel rounds an element by its
 offset in the tensor it is given, and its reference steps the candidate's shards
-(``harness/parity/ranks/sides/step_pieces.py``), so it is ``bitwise`` on every ISA (it once was
+(``harness/parity/ranks/sides/optim/step_pieces.py``), so it is ``bitwise`` on every ISA (it once was
 ``staged`` on one and ``bitwise`` on another, and the record let the label swap).
 """
 

@@ -625,7 +625,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "other, and the update is a last bit apart from the first step (what the fp32 fallback hid)",
         edits=(
             _edit(
-                "ranks/sides/step_pieces.py",
+                "ranks/sides/optim/step_pieces.py",
                 '    if not optimizer.defaults.get("fused"):\n        return optimizer\n',
                 "    if True:  # planted: whole tensors, as before the mirror\n        return optimizer\n",
             ),

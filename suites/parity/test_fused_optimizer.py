@@ -4,7 +4,7 @@ Why: ``Adam(fused=True)``'s CPU kernel rounds an element by its offset in the te
 (the vector body or the scalar tail of the tensor), and FSDP gives it each rank's shard where an
 unsharded reference gave it whole parameters: a few elements a step came out one ulp apart, and
 fused rows were held to the ``fp32`` fallback. The reference now steps the candidate's shards as
-tensors of their own (``harness/parity/ranks/sides/step_pieces.py``), so the rows below must be
+tensors of their own (``harness/parity/ranks/sides/optim/step_pieces.py``), so the rows below must be
 bitwise from the first step. The ``uneven`` workload's rows split 11 + 10 and 22 + 21, so the
 shards' tails fall elsewhere than the whole parameters' (a reference stepping whole tensors again
 fails these rows: ``ci/mutation``, on any CPU whose vectors round otherwise than its scalars,

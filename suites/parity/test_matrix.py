@@ -123,7 +123,7 @@ def test_what_cannot_run_on_gloo_says_why_and_where_it_runs():
                 layout=Layout(reshard_after_forward=True),
                 precision=Precision(dtype="fp16"),
             ),
-            "exact",  # its reference steps the candidate's shards (ranks/sides/step_pieces.py)
+            "exact",  # its reference steps the candidate's shards (ranks/sides/optim/step_pieces.py)
         ),
         (
             ParityConfig(

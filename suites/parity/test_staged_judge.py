@@ -87,7 +87,7 @@ def test_each_scalar_of_the_scalers_state_is_compared_on_its_own(scalar):
 
 
 def test_a_fused_optimizers_update_is_held_to_equal_bits_like_any_other():
-    """Its reference steps the candidate's shards (``sides/step_pieces.py``), so one element one
+    """Its reference steps the candidate's shards (``sides/optim/step_pieces.py``), so one element one
     ulp apart after the step is a finding, as for any optimizer: no fallback tolerance is left."""
     fused = ParityConfig(
         engine="fsdp2",

@@ -1,5 +1,5 @@
 """The pieces a fused optimizer's reference steps are the candidate's local shards, and a step over
-them gives the bits a step over each shard alone gives (``harness/parity/ranks/sides/step_pieces.py``).
+them gives the bits a step over each shard alone gives (``harness/parity/ranks/sides/optim/step_pieces.py``).
 
 Why apart from the parity rows (``test_fused_optimizer.py``): a row says the whole is bitwise; these
 say which tensor the candidate's optimizer sees on each rank, layout by layout, without ranks:
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.parity.ranks.sides import step_pieces
+from harness.parity.ranks.sides.optim import step_pieces
 from harness.parity.ranks.sides.reduce_layout import Bucket, Layout
 
 _SHAPES = [torch.Size([5, 3]), torch.Size([6])]

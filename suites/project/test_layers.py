@@ -63,7 +63,11 @@ def test_the_controller_importing_the_rank_side_breaks_the_role_contract(scratch
 
 
 def test_a_cycle_between_two_modules_of_a_stage_breaks_the_acyclic_contract(scratch):
-    _plant(scratch, "harness.parity.ranks.sides.optimizers", "from harness.parity.ranks.sides import engines")
+    _plant(
+        scratch,
+        "harness.parity.ranks.sides.optim.optimizers",
+        "from harness.parity.ranks.sides import engines",
+    )
     out = _lint(scratch)
     assert out.returncode == 1
     assert "No cycles are allowed in harness.parity.ranks.sides" in out.stdout
@@ -73,7 +77,7 @@ def test_a_function_local_import_counts_as_an_import(scratch):
     """A cycle cannot be hidden by importing inside a function."""
     _plant(
         scratch,
-        "harness.parity.ranks.sides.optimizers",
+        "harness.parity.ranks.sides.optim.optimizers",
         "def _later():\n    from harness.parity.ranks.sides import engines\n    return engines",
     )
     out = _lint(scratch)

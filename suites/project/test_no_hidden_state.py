@@ -56,7 +56,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         "API for it is private (torch.distributed._composable.checkpoint) and its wrapper renames "
         "every parameter; a forward hook cannot replace the forward"
     ),
-    ("ranks/sides/step_pieces.py", "optimizer.step"): (
+    ("ranks/sides/optim/step_pieces.py", "optimizer.step"): (
         "a fused optimizer's step taken over the candidate's shards (step_pieces.mirror, on the "
         "reference's own optimizer): the scaler, the schedulers, the record and the anchor must keep "
         "reading that optimizer's full parameters and state, and torch has no hook that changes what "

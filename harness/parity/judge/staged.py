@@ -7,7 +7,7 @@ otherwise) a tolerance used to decide, wrong both ways. The staged check
 *known*: local gradients and losses bitwise; each reduced element within the order-free bound of
 the exact mean (``ranks/measure/bound.py``: a proof for any order); the clip norm within what any
 order of summing its squares gives (``clip_norm.order_free_bound``); the update bitwise (a fused
-optimizer's too: its reference steps the candidate's shards, ``ranks/sides/step_pieces.py``);
+optimizer's too: its reference steps the candidate's shards, ``ranks/sides/optim/step_pieces.py``);
 each rank's buffers (running statistics) bitwise; the scale and growth tracker equal. A row whose
 straight comparison was not bitwise passes when every stage holds at every step, and fails with
 the first stage that does not, named.

@@ -76,7 +76,7 @@ def profile_for(config: ParityConfig) -> ToleranceProfile:
     both sides (gloo's ring is deterministic), and FSDP's divisions by its divide factors are the
     same operations. A fused optimizer too: its CPU kernel rounds an element by its offset in the
     tensor it is given (the vector body or the scalar tail), and the reference steps the
-    candidate's shards as tensors of their own (``ranks/sides/step_pieces.py``), so every element
+    candidate's shards as tensors of their own (``ranks/sides/optim/step_pieces.py``), so every element
     takes the same path on every CPU. Except for an FSDP engine on path ``unscale_clip``: it sums
     the total norm in another order than the reference (``judge/clip_norm.py``: measured 1 to 2
     float32 ulp apart), so where the clip bites every gradient is multiplied by a coefficient an ulp off

@@ -18,7 +18,7 @@ optimizer state, buffers and scale, and the step is checked in the order it runs
    ``unscale_clip``, clips them by the candidate's own total norm, itself checked against the
    reference's measure of the same gradients), steps its optimizer and scaler, and the two
    parameter sets, optimizer states, scales and each rank's buffers are compared, bitwise (a
-   fused optimizer's too: the reference steps the candidate's shards, ``sides/step_pieces.py``).
+   fused optimizer's too: the reference steps the candidate's shards, ``sides/optim/step_pieces.py``).
 
 The runner asks for it (``STAGED_TARGET``) only for rows whose straight comparison was not
 bitwise, so a bitwise matrix costs nothing more. Rows it cannot judge (a resume, a sparse

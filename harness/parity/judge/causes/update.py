@@ -66,7 +66,7 @@ def optimizer_only(e: Evidence) -> Cause | None:
             "than the candidate's shards round otherwise; foreach against for-loop kernels), or "
             "its state was not sharded like its parameters"
         ),
-        reference="harness/parity/ranks/sides/step_pieces.py (fused optimizers)",
+        reference="harness/parity/ranks/sides/optim/step_pieces.py (fused optimizers)",
     )
 
 

@@ -277,8 +277,7 @@ class ParityConfig:
         return self.optimizer.endswith("_fused")
 
     def reference_key(self) -> tuple[object, ...]:
-        """Configurations with equal keys share one reference run (the candidate's fields excluded);
-        each part gives its share."""
+        """Configurations with equal keys share one reference run (the candidate's fields excluded)."""
         ddp = self.reference == "ddp"
         return (
             self.reference,
@@ -303,12 +302,12 @@ class ParityConfig:
         )
 
     def reduce_layout_key(self) -> tuple[object, ...]:
-        """What of the candidate's gradient buffers the reference mirrors (``ranks/sides/reduce_layout.py``)
-        from 3 ranks on: FSDP1's strategy and alignment, HSDP's stages (``Layout``, ``Mesh``). A
-        resume row that comes back in another layout adds where it changes and into what. Empty at
-        2 ranks, where every layout sums each element in the same order, so the references of the
-        layouts stay one run; except with a fused optimizer, whose reference steps the candidate's
-        shards (``ranks/sides/step_pieces.py``), which the layout cuts at every world size."""
+        """What of the candidate's gradient buffers the reference mirrors (``sides/reduce_layout.py``)
+        from 3 ranks on: FSDP1's strategy and alignment, HSDP's stages (``Layout``, ``Mesh``); a
+        resume row back in another layout adds where it changes and into what. Empty at 2 ranks,
+        where every layout sums each element in the same order (the layouts' references stay one
+        run); except with a fused optimizer, whose reference steps the candidate's shards
+        (``sides/optim/step_pieces.py``), which the layout cuts at every world size."""
         if self.reference != "ddp" or (self.world_size <= 2 and not self.fused):
             return ()
         own = self.mesh.reduce_layout_key() or self.layout.reduce_layout_key(self.engine)

@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks.sides import reduce_layout, twin
 from harness.parity.ranks.sides.full import flat, gather
-from harness.parity.ranks.sides.optimizers import make_optimizer
+from harness.parity.ranks.sides.optim.optimizers import make_optimizer
 from harness.parity.ranks.sides.twin import DTYPES
 from harness.parity.workload import items, registry, units
 

@@ -14,8 +14,9 @@ from torch import nn
 
 from harness.parity.plan.config import ParityConfig, resume
 from harness.parity.plan.precision import PrecisionPolicy
-from harness.parity.ranks.sides import reduce_layout, step_pieces, twin
+from harness.parity.ranks.sides import reduce_layout, twin
 from harness.parity.ranks.sides.engines import Engine, to_device, unit_modules
+from harness.parity.ranks.sides.optim import step_pieces
 from harness.parity.workload import items
 
 

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from harness.failure_text import prefix_lines
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks.sides.optimizers import make_optimizer
+from harness.parity.ranks.sides.optim.optimizers import make_optimizer
 from harness.parity.ranks.truth import gradients, lockstep, pieces
 from harness.parity.ranks.wire import TruthRun, TruthStep
 from harness.parity.workload import registry
