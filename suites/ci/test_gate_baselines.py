@@ -98,6 +98,7 @@ def _cpu_tier_configs():
         test_cpu_offload,
         test_forced_inf,
         test_fsdp_vs_ddp,
+        test_fused_optimizer,
         test_loop_parity,
         test_recipe_parity,
         test_showcase,
@@ -116,6 +117,7 @@ def _cpu_tier_configs():
         test_uneven,
         test_recipe_parity,
         test_loop_parity,
+        test_fused_optimizer,
     )
     return {c.id for module in modules for c in module.CONFIGS if unsupported_reason(c) is None}
 
