@@ -2,6 +2,8 @@
 when its pattern and its premise hold, ruled out (with why) when what was measured refutes the
 premise. No ranks, no training."""
 
+import dataclasses
+
 from harness.parity.judge.causes import semantics as causes
 from harness.parity.ranks.wire import TruthStep
 
@@ -84,3 +86,26 @@ def test_forward_that_agrees_with_no_weights_that_fit_is_named_loss_couples_samp
         _step(weights=(0.1, 0.4, 0.2, 0.3), weights_residual=0.05, module=("mix", "Mixer", 0.2)), _SPLIT
     )
     assert found is None and [r.name for r in ruled_out] == ["loss_couples_samples"]
+
+
+def test_the_pngs_title_says_which_splits_train_unlike_the_whole_batch():
+    from harness.parity.judge import semantics
+    from harness.parity.judge.evidence import Cause
+    from harness.parity.judge.result import ParityResult
+    from harness.parity.plan.config import ParityConfig
+    from harness.parity.report.plot import ground_truth_line
+
+    cause = Cause(name="loss_normalization", evidence="", explanation="", reference="")
+    failed = semantics.Semantics(name="tokens-dp2", status="fail", step=0, cause=cause)
+    passed = semantics.Semantics(name="mlp-dp2", status="pass")
+    row = ParityResult(config=ParityConfig(engine="ddp"), status="pass", profile="exact")
+    rows = [
+        row.__class__(**{**{f: getattr(row, f) for f in row.__slots__}, "semantics": s})
+        for s in (failed, passed)
+    ]
+    assert (
+        "1 of 2 split(s) train UNLIKE the whole batch: tokens-dp2 at step 0 (loss_normalization)"
+        in ground_truth_line(rows)
+    )
+    assert "each trains like the whole batch" in ground_truth_line(rows[1:])
+    assert ground_truth_line([row]) == ""

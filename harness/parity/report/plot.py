@@ -27,6 +27,7 @@ from typing import Any
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan import profiles
 from harness.parity.plan.config import SUITES
+from harness.parity.report.render import splits
 
 MAX_DETAILED = 4
 """Failing configurations drawn in detail (the heatmap shows them all)."""
@@ -268,6 +269,21 @@ def _drift(ax: Any, rows: list[ParityResult]) -> None:
     ax.legend(fontsize=5, loc="upper left")
 
 
+def ground_truth_line(results: list[ParityResult]) -> str:
+    """The ground truth under the title (``--ground-truth``): the heatmap compares every row with a
+    twin that splits the data as it does, so a split unlike the whole batch shows only here."""
+    found = splits(results)
+    if not found:
+        return ""
+    failed = [v for v in found if v.status == "fail"]
+    if not failed:
+        return f"\nground truth: {len(found)} split(s), each trains like the whole batch (float64)"
+    named = ", ".join(
+        f"{v.name} at step {v.step} ({v.cause.name if v.cause else 'no known cause'})" for v in failed[:3]
+    )
+    return f"\nground truth: {len(failed)} of {len(found)} split(s) train UNLIKE the whole batch: {named}"
+
+
 def render_png(results: list[ParityResult], path: str | Path) -> bool:
     """Write the figure to ``path``; False (and nothing written) when no configuration ran."""
     import matplotlib
@@ -298,8 +314,10 @@ def render_png(results: list[ParityResult], path: str | Path) -> bool:
     broken = sum(1 for r in rows if r.broken)
     fig.suptitle(
         f"shardscale parity: {len(rows)} configurations, {broken} broken "
-        "(heatmap: distance to the reference per step, red x = a check failed)",
+        "(heatmap: distance to the reference per step, red x = a check failed)" + ground_truth_line(results),
         fontsize=10,
+        color="red" if any(v.status == "fail" for v in splits(results)) else "black",
+        y=1.0 + (0.4 / height if splits(results) else 0.0),  # the second line clears the axes
     )
     fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
