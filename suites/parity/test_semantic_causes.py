@@ -99,10 +99,7 @@ def test_the_pngs_title_says_which_splits_train_unlike_the_whole_batch():
     failed = semantics.Semantics(name="tokens-dp2", status="fail", step=0, cause=cause)
     passed = semantics.Semantics(name="mlp-dp2", status="pass")
     row = ParityResult(config=ParityConfig(engine="ddp"), status="pass", profile="exact")
-    rows = [
-        row.__class__(**{**{f: getattr(row, f) for f in row.__slots__}, "semantics": s})
-        for s in (failed, passed)
-    ]
+    rows = [dataclasses.replace(row, semantics=verdict) for verdict in (failed, passed)]
     assert (
         "1 of 2 split(s) train UNLIKE the whole batch: tokens-dp2 at step 0 (loss_normalization)"
         in ground_truth_line(rows)
