@@ -2,7 +2,7 @@
 
 Why: a known cause is a claim about where a difference began: in the forward, in the reduction,
 in the clip, in the optimizer's update. That claim is true only if both sides began that step
-from the same state; after a few steps of drift (a fused kernel's last bit, a reduction summed in
+from the same state; after a few steps of drift (a clip's norm summed otherwise, a reduction summed in
 another order) everything differs a little, and the first check to fail says where the drift
 crossed a tolerance, not where a bug is. So each cause's premise (``causes/``) is checked against
 this record, made from the strongest evidence the row has:

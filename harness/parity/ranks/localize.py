@@ -19,8 +19,8 @@ per rank, never sharded):
 Re-anchored (``anchor=True``, for a step after 0 of a row the staged check can judge): the two
 sides train in lockstep up to the step, and before it the reference takes the candidate's full
 parameters, optimizer state, buffers and scale (``sides/anchor.py``, as the staged check does), so
-both start the probed step from one state and a last bit that earlier steps drifted (a fused
-kernel's lanes, a reduction summed in another order) cannot be mistaken for the first divergence.
+both start the probed step from one state and a last bit that earlier steps drifted (a norm
+summed in another order by a clip, a reduction on NCCL) cannot be mistaken for the first divergence.
 
 When a module's forward output diverged on some rank, both sides are replayed once more with
 ``ops.OpProbe`` inside that rank's first diverging module, recording its ATen ops, so the report

@@ -3,7 +3,7 @@
 * ``forward_differs`` blames the forward (or the local backward): from a common state, a rank's
   loss or local gradients differ. Its premise is that common state: step 0 (both sides built from
   one seed), a later step the straight runs reached bitwise, or the staged check's re-anchored
-  step. Without it, a last bit of drift from earlier steps (a fused kernel's lane rounding, a
+  step. Without it, a last bit of drift from earlier steps (a clip's norm summed otherwise, a
   reduction summed in another order) changes the loss too, and would be mistaken for a forward
   that differs.
 * ``dtype_differs``, ``loss_dtype_differs`` and ``autocast_differs`` are facts of the records: a
