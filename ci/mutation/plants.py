@@ -21,6 +21,7 @@ from ci.mutation.resume_plants import RESUME_PLANTS
 from ci.mutation.semantics_plants import SEMANTICS_PLANTS
 from ci.mutation.staged_plants import STAGED_PLANTS
 from ci.mutation.two_d_plants import TWO_D_PLANTS
+from ci.mutation.user_plants import USER_PLANTS
 from ci.mutation.world_size_plants import WORLD_SIZE_PLANTS
 from harness.parity.plan.matrices import default as matrix
 
@@ -423,5 +424,6 @@ PLANTS: tuple[Plant, ...] = (
     *RESUME_PLANTS,
     *TWO_D_PLANTS,
     *SEMANTICS_PLANTS,
+    *USER_PLANTS,
 )
 """Every plant: the scaler's, then the parity engine's."""

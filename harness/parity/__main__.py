@@ -139,6 +139,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "parallelism of degree N over its tp_plan, and HSDP (replicate x shard)",
     )
     parser.add_argument(
+        "--mesh",
+        default=None,
+        metavar="NAME=SIZE,...",
+        help="the DeviceMesh a --workload's own parallelize function receives, named and sized as your "
+        "code reads it (dp=2,tp=2; sizes multiply to --world-size); default: one dimension dp",
+    )
+    parser.add_argument(
         "--reshard",
         action="store_true",
         help="the resharded resume rows instead of the embedded matrix: saved at world size 4 and "
@@ -203,6 +210,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "--recipe declares the recipe of a --workload's matrix; the embedded matrix's rows of one "
             f"recipe are -k recipe={options.recipe}"
         )
+    if options.mesh is not None:
+        from harness.parity.plan.config import Mesh
+
+        try:
+            Mesh.parse(options.mesh)
+        except ValueError as error:
+            parser.error(str(error))
+        if not options.workload:
+            parser.error("--mesh is the mesh of your --workload's parallelize function: name the workload")
     if options.tp is not None and not options.workload:
         parser.error(
             "--tp runs a --workload's 2-D matrix (FSDP2 + TP, HSDP); e.g. --workload llama --world-size 4 --tp 2"

@@ -69,14 +69,16 @@ def configs_for(options: argparse.Namespace) -> list[ParityConfig]:
                 options.tp_plans[workload.name] = tp_plan.describe(workload, model)
                 configs += two_d_matrix.rows(name, tp=options.tp, scale=scale, **where)
                 continue
-            configs += workload_matrix.for_workload(name, scale=scale, declared=asked, **where)
+            configs += workload_matrix.for_workload(
+                name, scale=scale, declared=asked, mesh=getattr(options, "mesh", None), **where
+            )
             declared = asked.over(name)
             loop = declared.loop_words()
             if loop is not None:
                 options.loops[registry.get(name).name] = loop
             if declared.recipe is not None:
                 options.recipes[registry.get(name).name] = declared.recipe
-        except WorkloadError as error:
+        except (WorkloadError, ValueError) as error:  # a --mesh the world cannot hold: ValueError
             raise BadWorkload(str(error)) from None
     return unique(configs)
 

@@ -59,6 +59,7 @@ def _configs(spec: str, options: dict[str, Any]) -> list[Any]:
                 backend=options.get("backend", "gloo"),
                 scale=scale,
                 declared=options.get("declared") or Declared(),
+                mesh=options.get("mesh"),
             )
         )
         configs = select(matrix, k)

@@ -49,7 +49,8 @@ def parity_test(
     CLI's ``--recipe``, ``--clip``, ``--accumulate``, ``--sync``, ``--checkpoint``,
     ``--resume-at``); ``scale``: the candidate's ``Scale`` (``--scaler``); ``mesh``: a ``Mesh`` with
     ``tp`` for the workload's 2-D matrix instead (``--tp``: FSDP2 + TP of that degree over its
-    ``tp_plan``, and HSDP), which needs ``world_size=4`` or more; ``ground_truth``: each test also
+    ``tp_plan``, and HSDP), which needs ``world_size=4`` or more, or a ``Mesh(dims=(("dp", 2),
+    ("tp", 2)))`` for a workload with its own ``parallelize`` (``--mesh dp=2,tp=2``); ``ground_truth``: each test also
     fails when its split does not compute the whole batch's gradient (``--ground-truth``:
     ``parity.result.semantics``)."""
     import pytest
@@ -68,7 +69,8 @@ def parity_test(
     if not isinstance(ground_truth, bool):
         raise TypeError(f"parity_test(ground_truth=...) takes True or False, got {ground_truth!r}")
     tp = mesh.tp if mesh is not None else None
-    if mesh is not None and (tp is None or tp < 1 or world_size < 4 or world_size % tp):
+    dims = mesh.words() if mesh is not None and mesh.dims is not None else None
+    if mesh is not None and dims is None and (tp is None or tp < 1 or world_size < 4 or world_size % tp):
         raise ValueError(
             f"parity_test(mesh=Mesh(tp={tp})) runs a 2-D mesh: it needs a TP degree and world_size=4 or "
             f"more that it divides, got world_size={world_size}; e.g. parity_test(workload, "
@@ -84,6 +86,7 @@ def parity_test(
         declared=declared or Declared(),
         scale=scale or Scale(),
         tp=tp,
+        mesh=dims,
         ground_truth=ground_truth,
     )
     return mark

@@ -99,6 +99,11 @@ def unjudged(config: ParityConfig) -> str | None:
     candidate mid-run; a sparse workload's reference runs every rank's batch at once."""
     if config.mesh.tp is not None:
         return "the staged check does not judge tensor-parallel rows (their reference mirrors the split)"
+    if config.engine == "user":
+        return (
+            "the staged check does not judge a user's parallelize function yet (its layout is read on "
+            "the ranks); its reductions are mirrored, so the straight comparison is the verdict"
+        )
     if config.engine not in ("fsdp1", "fsdp2") or config.reference != "ddp":
         return (
             "the staged check judges FSDP candidates against their DDP twin only (DDP's reducer runs in C++)"

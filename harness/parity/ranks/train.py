@@ -296,7 +296,7 @@ class Run:
             skipped=skipped,
             clip_norm=clip_norm,
             accumulated_in=accumulate.accumulated_in(config, hand),
-            checkpoint=checkpoint.recorded(config, self.role),
+            checkpoint=engine.recorded_checkpoint or checkpoint.recorded(config, self.role),
             compiled=compiled.recorded(engine, config),
             tensors=tensors,
             buffers=engine.own_buffers() if check is None and self.record else None,

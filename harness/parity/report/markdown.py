@@ -16,6 +16,7 @@ from harness.parity.judge.result import ParityResult
 from harness.parity.plan import profiles
 from harness.parity.plan.config import SUITES, ParityConfig
 from harness.parity.ranks.measure.distance import format_ulp
+from harness.parity.ranks.sides.user.found import READ_FROM_TORCH
 from harness.parity.report.render import label, splits, summary
 
 _DETAIL_LINES = 30
@@ -150,6 +151,22 @@ _HEADER = (
 )
 
 
+def your_parallelization(results: list[ParityResult]) -> list[str]:
+    """A section per user function and mesh: what the engine read off the modules it returned
+    (what the twin mirrored, what it dropped, what it refused), from the first row that ran it."""
+    seen: dict[tuple[str, str], ParityResult] = {}
+    for r in results:
+        if r.config.engine == "user" and r.candidate:
+            seen.setdefault((r.config.workload, r.config.mesh.words()), r)
+    lines: list[str] = []
+    for (_, mesh), r in seen.items():
+        head, _, read = r.candidate.partition(READ_FROM_TORCH)
+        lines += ["", f"## Your parallelization: {head.split(' on mesh ')[0]} on mesh `{mesh}`", ""]
+        lines += [f"- {line}" for line in read.split("; ") if line]
+        lines += [f"- the reference: {r.reference}"]
+    return lines
+
+
 def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
     """``parity.md``: run line, summary, one table per suite, divergences, skip reasons."""
     counts = summary(results)
@@ -198,6 +215,7 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
             + "; ".join(f"`{name}` {plan}" for name, plan in run["tp_plans"].items())
             + ".",
         ]
+    lines += your_parallelization(results)
     for suite in SUITES:
         rows = [r for r in results if r.config.suite == suite]
         if rows:

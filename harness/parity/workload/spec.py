@@ -127,6 +127,15 @@ class Workload:
     not ignored, samples), for a loss that takes ``num_items``; the ground-truth stage also reads
     it to say how unevenly a per-microbatch mean weighs the pieces. ``None``: not declared."""
 
+    parallelize: Callable[[nn.Module, Any], nn.Module] | None = None
+    """``(model, mesh) -> model``: the user's own parallelization, as their training script calls it
+    (``fully_shard`` per block and at the root with their policies, activation checkpointing,
+    ``torch.compile``, a TP plan, or DDP). The engine calls it unchanged on every rank, on a fresh
+    :attr:`model`, with a ``DeviceMesh`` of the run's world size (``--mesh dp=2,tp=2``: the user's
+    names and sizes), reads what it did from torch's own state, and checks *that* against the
+    unsharded twin; the workload's rows are then the user's setup itself, not the FSDP matrix
+    (``harness.parity.ranks.sides.user``)."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not NAME.match(self.name):
             raise WorkloadError(
@@ -155,6 +164,11 @@ class Workload:
             )
         self._check_checkpointing()
         self._check_items()
+        if self.parallelize is not None and not callable(self.parallelize):
+            raise WorkloadError(
+                f"Workload {self.name!r}: parallelize must be a callable (model, mesh) -> model, got "
+                f"{type(self.parallelize).__name__}; pass the function itself, e.g. parallelize=parallelize_llama"
+            )
         if (
             self.tp_plan is not None
             and self.tp_plan != "auto"

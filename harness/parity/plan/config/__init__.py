@@ -8,18 +8,12 @@ and a function that needs one of them takes that part. The core names what is ch
 what: the candidate's engine, the workload, the optimizer, the reference, where it runs
 (``world_size``, ``backend``), for how long and from which seed.
 
-A configuration names a candidate (FSDP1, FSDP2 or DDP) and a reference that it must train exactly
-like:
+A configuration names a candidate (FSDP1, FSDP2, DDP, or the user's own function) and a reference
+that it must train exactly like: ``reference="ddp"``, DDP over the same model, optimizer and
+per-rank data, scaled by ``torch.amp.GradScaler`` (the trusted oracle), planned faults hitting
+*every* rank of it; or ``reference="single"``, one process on every rank's batch (sparse gradients).
 
-* ``reference="ddp"``: DDP over the same model, optimizer and per-rank data, in the same
-  precision, scaled by ``torch.amp.GradScaler`` (a replicated reference needs no agreement, so
-  torch's single-device scaler is the trusted oracle). Planned faults hit *every* rank of the
-  reference: it shows what every rank of the candidate must do when any rank overflows.
-* ``reference="single"``: one process trains on every rank's batch at once, with the scaler
-  under test (for sparse gradients, which FSDP does not support).
-
-``ParityConfig.flat()`` gives the fields under their flat names (``precision``, ``sharding``,
-``resume_at``, ...): what ``-k field=value`` matches and what ``parity.json`` records.
+``ParityConfig.flat()``: the fields under their flat names (``-k field=value``, ``parity.json``).
 """
 
 from __future__ import annotations
@@ -99,6 +93,7 @@ _FLAT = {
     "reshard_after_forward": ("layout", "reshard_after_forward"),
     "hsdp": ("mesh", "hsdp"),
     "tp": ("mesh", "tp"),
+    "mesh_dims": ("mesh", "dims"),
     "precision": ("precision", "dtype"),
     "mixed": ("precision", "mixed"),
     "recipe": ("precision", "recipe"),
@@ -125,7 +120,7 @@ _FLAT_ORDER = (
     "mixed", "recipe", "optimizer", "offload", "workload", "path", "clip", "accumulate", "sync",
     "checkpoint", "faults", "scaler", "reference", "world_size", "backend", "steps", "resume_at",
     "resume_method", "resume_layout", "resume_world_size", "init_scale", "growth_interval", "seed",
-    "compile", "compile_backend", "compile_twin",
+    "compile", "compile_backend", "compile_twin", "mesh_dims",
 )  # fmt: skip
 """The order ``parity.json`` records the fields in (that of the flat type they were once)."""
 
@@ -135,7 +130,7 @@ class ParityConfig:
     """One candidate-vs-reference training run."""
 
     engine: str
-    """The candidate: ``fsdp1``, ``fsdp2`` or ``ddp``."""
+    """The candidate: ``fsdp1``, ``fsdp2``, ``ddp``, or ``user`` (the workload's ``parallelize``)."""
     suite: str = "fsdp_vs_ddp"
     """Which suite (and report section) the configuration belongs to."""
     workload: str = "mlp"
@@ -186,6 +181,10 @@ class ParityConfig:
         for part in (self.loop, self.resume, self.mesh, self.precision, self.compile):
             part.check(self)  # each part's rules against the rest, in this order
         workload = registry.get(self.workload)
+        if self.engine == "user" and workload.parallelize is None:
+            raise ValueError(
+                f"engine='user' needs Workload(parallelize=my_parallelize); {workload.name!r} has none"
+            )
         if self.optimizer == "own" and workload.optimizer is None:
             raise ValueError(
                 f"optimizer='own' needs a workload with an optimizer; {workload.name!r} has none "
@@ -294,6 +293,7 @@ class ParityConfig:
             self.scale.reference_key(self.reference),
             self.world_size,
             self.mesh.tp,  # whose batch each rank trains, and the TP'd modules the twin splits
+            self.mesh.dims,
             self.backend,
             self.steps,
             self.resume.reference_key(),

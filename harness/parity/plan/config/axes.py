@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-ENGINES = ("ddp", "fsdp1", "fsdp2")
+ENGINES = ("ddp", "fsdp1", "fsdp2", "user")
+"""``user``: the workload's own ``parallelize`` function (``ranks/sides/user``), as written."""
 FSDP1_SHARDING = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard")
 PRECISIONS = ("fp32", "fp16", "bf16")
 OPTIMIZERS = ("sgd", "adam", "adam_fused", "adamw", "sgd_plain", "own")

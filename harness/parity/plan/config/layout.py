@@ -40,6 +40,11 @@ class Layout:
             raise ValueError(f"reshard_after_forward applies to engine='fsdp2' only, not {engine!r}")
         if self.offload and engine == "ddp":
             raise ValueError("offload applies to FSDP engines only; use engine='fsdp1' or 'fsdp2'")
+        if self.offload and engine == "user":
+            raise ValueError(
+                "engine='user' lays the model out as the workload's parallelize function does: set "
+                "CPUOffloadPolicy in its fully_shard calls, not offload=True"
+            )
 
     def id_parts(self, engine: str, mesh: list[str]) -> list[str]:
         """The id's words from the engine's on: FSDP1's strategy and ``orig``/``flat``, the mesh's

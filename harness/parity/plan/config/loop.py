@@ -52,8 +52,15 @@ class Loop:
 
     def check(self, config: ParityConfig) -> None:
         """Refuse accumulation where the reference cannot mirror it."""
+        if config.engine == "user" and self.checkpoint is not None:
+            raise ValueError(
+                "engine='user' checkpoints activations where the workload's parallelize function does "
+                f"(checkpoint_wrapper, or torch's checkpoint in it): leave checkpoint None, got {self.checkpoint!r}"
+            )
         if self.accumulate == 1:
             return
+        if config.engine == "user":
+            return  # the function's own layout, read on the ranks: its reference mirrors it
         if config.engine == "ddp" or config.reference != "ddp":
             raise ValueError(
                 "accumulate > 1 checks an FSDP candidate against its DDP reference (engine='fsdp1' "

@@ -12,6 +12,10 @@ workload's plan); the mesh owns them, its words in the id and its share of the r
   ``parallelize_module(model, mesh["tp"], workload.tp_plan)`` then ``fully_shard(mesh=mesh["dp"])``.
   Every rank of a TP group trains its data-parallel group's batch, so the batch of a rank is that
   of its ``dp`` coordinate (:meth:`Mesh.data_rank`).
+* **The user's own** (``Mesh(dims=(("dp", 2), ("tp", 2)))``, engine ``user``): the mesh handed to
+  the workload's ``parallelize`` function, its dimensions named and sized as the user's code reads
+  them (``--mesh dp=2,tp=2``; by default one dimension ``dp`` over every rank). A dimension named
+  ``tp`` is tensor parallel (its ranks share a batch); every other one is data parallel.
 """
 
 from __future__ import annotations
@@ -42,12 +46,79 @@ class Mesh:
     """FSDP2 only: tensor parallelism of degree ``tp`` (the workload's ``tp_plan``) on a mesh
     ``world_size // tp`` (dp) x ``tp``, FSDP over dp (``tp2`` in the id)."""
 
+    dims: tuple[tuple[str, int], ...] | None = None
+    """Engine ``user`` only: the user's mesh, ``((name, size), ...)`` in row-major order."""
+
+    def __post_init__(self) -> None:
+        if self.dims is not None:  # frozen: the one normalisation (parity.json reads back lists)
+            object.__setattr__(self, "dims", tuple((str(n), int(s)) for n, s in self.dims))
+
     @property
     def two_d(self) -> bool:
         return self.hsdp is not None or self.tp is not None
 
+    def check_dims(self, config: ParityConfig) -> None:
+        """The user's mesh: for engine ``user`` only, sizes that multiply to the world size, names
+        that are identifiers, a TP degree the reference mirrors, no pipeline or context dimension."""
+        if self.dims is None:
+            if config.engine == "user":
+                raise ValueError(
+                    "engine='user' needs the mesh it hands the function: Mesh(dims=(('dp', 2),))"
+                )
+            return
+        if config.engine != "user" or self.two_d:
+            raise ValueError(
+                f"dims={self.dims!r} is the mesh of a parallelize function (engine='user'); the built-in "
+                "engines take hsdp= or tp="
+            )
+        names = [name for name, _ in self.dims]
+        if len(set(names)) != len(names) or not all(isinstance(n, str) and n.isidentifier() for n in names):
+            raise ValueError(
+                f"mesh dimension names must be distinct identifiers, got {names!r} (e.g. dp=2,tp=2)"
+            )
+        product = 1
+        for name, size in self.dims:
+            if not isinstance(size, int) or size < 1:
+                raise ValueError(f"mesh dimension {name!r} must have a size >= 1, got {size!r}")
+            product *= size
+        if product != config.world_size:
+            raise ValueError(
+                f"the mesh {self.words()} holds {product} ranks, not the world size {config.world_size}: "
+                "make its sizes multiply to the world size"
+            )
+        for name in ("pp", "cp"):
+            if name in names:
+                raise ValueError(
+                    f"a {name!r} mesh dimension (pipeline or context parallelism) is not checked yet: the "
+                    "reference mirrors data and tensor parallelism (dp, tp, and any other data-parallel name)"
+                )
+        tp = dict(self.dims).get("tp")
+        if tp not in (None, 1, *TP_DEGREES):
+            raise ValueError(
+                f"mesh dimension tp={tp}: the reference mirrors tensor parallelism of degree {TP_DEGREES} "
+                "bitwise (a partial sum of more addends has an order it does not mirror yet)"
+            )
+
+    def words(self) -> str:
+        """The user's mesh as the CLI writes it: ``dp=2,tp=2``."""
+        return ",".join(f"{name}={size}" for name, size in self.dims or ())
+
+    @staticmethod
+    def parse(text: str) -> tuple[tuple[str, int], ...]:
+        """``dp=2,tp=2`` as ``(("dp", 2), ("tp", 2))`` (a ValueError naming ``--mesh`` otherwise)."""
+        dims = []
+        for part in text.split(","):
+            name, _, size = part.strip().partition("=")
+            if not name or not size.strip().isdigit():
+                raise ValueError(
+                    f"--mesh takes name=size pairs separated by commas (dp=2,tp=2), got {text!r}"
+                )
+            dims.append((name.strip(), int(size)))
+        return tuple(dims)
+
     def check(self, config: ParityConfig) -> None:
         """Refuse a 2-D layout the engine cannot run, naming the field and the fix."""
+        self.check_dims(config)
         if self.hsdp is not None and self.tp is not None:
             raise ValueError(
                 "hsdp and tp are two different 2-D meshes (replicate x shard, dp x tp); a 3-D mesh is "
@@ -104,15 +175,36 @@ class Mesh:
 
     def data_rank(self, rank: int) -> int:
         """Whose batch ``rank`` trains: its own, or under TP its ``dp`` coordinate's (the mesh is
-        row-major, so the ranks ``dp * T .. dp * T + T - 1`` form one TP group and share a batch)."""
+        row-major, so the ranks ``dp * T .. dp * T + T - 1`` form one TP group and share a batch).
+        On a user's mesh: the rank's index over its data-parallel dimensions (every one but ``tp``)."""
+        if self.dims is not None:
+            index, rest = 0, rank
+            coords = []
+            for _, size in reversed(self.dims):  # row-major: the last dimension varies fastest
+                coords.append(rest % size)
+                rest //= size
+            coords.reverse()
+            for (name, size), coord in zip(self.dims, coords, strict=True):
+                if name != "tp":
+                    index = index * size + coord
+            return index
         return rank // self.tp if self.tp is not None else rank
 
     def data_parallel_size(self, world_size: int) -> int:
-        """Over how many ranks gradients are averaged: the world, or under TP the ``dp`` dimension."""
+        """Over how many ranks gradients are averaged: the world, or under TP the ``dp`` dimension
+        (on a user's mesh: the product of every dimension but ``tp``)."""
+        if self.dims is not None:
+            size = 1
+            for name, extent in self.dims:
+                size *= extent if name != "tp" else 1
+            return size
         return world_size // self.tp if self.tp is not None else world_size
 
     def id_parts(self, world_size: int) -> list[str]:
-        """The words a 2-D layout adds to an id, after the engine's: ``hsdp2x2``, ``hsdp4x1``, ``tp2``."""
+        """The words a 2-D layout adds to an id, after the engine's: ``hsdp2x2``, ``hsdp4x1``, ``tp2``;
+        a user's mesh: ``dp2xtp2``."""
+        if self.dims is not None:
+            return ["x".join(f"{name}{size}" for name, size in self.dims)]
         if self.hsdp is not None:
             return [f"hsdp{self.hsdp}x{world_size // self.hsdp}"]
         if self.tp is not None:
@@ -129,5 +221,8 @@ class Mesh:
         return None
 
     def reduce_layout_key(self) -> tuple[object, ...]:
-        """HSDP's two stages, which the reference mirrors from 3 ranks on."""
+        """HSDP's two stages, which the reference mirrors from 3 ranks on (a user's mesh: its
+        dimensions; the layout itself is read on the ranks)."""
+        if self.dims is not None:
+            return ("user", self.dims)
         return ("hsdp", self.hsdp) if self.hsdp is not None else ()

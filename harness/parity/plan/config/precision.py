@@ -58,6 +58,14 @@ class Precision:
 
     def check(self, config: ParityConfig) -> None:
         """Refuse a recipe or policy the configuration cannot run as named."""
+        if config.engine == "user":
+            if self.dtype != "fp32" or self.mixed is not None:
+                raise ValueError(
+                    "engine='user' trains in the precision the workload's parallelize function sets "
+                    "(its MixedPrecisionPolicy per fully_shard, read on the ranks): leave precision fp32 "
+                    f"and mixed None, got precision={self.dtype!r}, mixed={self.mixed!r}"
+                )
+            return
         recipes.check(self.recipe, config.engine, self.dtype, self.mixed)
         if self.mixed is not None:
             if self.mixed.param != self.dtype:
@@ -83,11 +91,17 @@ class Precision:
 
     def policy(self, engine: str) -> PrecisionPolicy | None:
         """The candidate's mixed precision under ``engine`` (``None`` in float32): what the FSDP
-        engines apply and the low-precision DDP reference emulates, field by field."""
+        engines apply and the low-precision DDP reference emulates, field by field. ``None`` under
+        ``user``: the function's policies are read on the ranks (``ranks/sides/user``)."""
+        if engine == "user":
+            return None
         return recipes.policy(self.recipe, engine, self.dtype, self.mixed)
 
     def id_parts(self, engine: str) -> list[str]:
-        """``autocast``/``mixed`` before the dtype, ``reduce32`` after it, then a policy's own word."""
+        """``autocast``/``mixed`` before the dtype, ``reduce32`` after it, then a policy's own word
+        (none under ``user``: the function sets the precision)."""
+        if engine == "user":
+            return []
         parts = [self.recipe] if self.recipe in recipes.AUTOCASTING else []
         parts.append(self.dtype)
         if self.recipe == "reduce32":

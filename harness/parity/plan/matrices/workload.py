@@ -30,6 +30,7 @@ from harness.parity.plan.config import (
 from harness.parity.plan.config.scale import DEFAULT_SCALE
 from harness.parity.plan.matrices import loop as loop_matrix
 from harness.parity.plan.matrices import resume as resume_matrix
+from harness.parity.plan.matrices import user as user_matrix
 from harness.parity.plan.matrices.declared import Declared
 from harness.parity.workload import registry
 
@@ -91,6 +92,7 @@ def for_workload(
     backend: str = "gloo",
     scale: Scale = DEFAULT_SCALE,
     declared: Declared | None = None,
+    mesh: str | None = None,
 ) -> list[ParityConfig]:
     """Every configuration that checks ``workload`` (a registered name or ``module:function``),
     with the candidate's ``scale`` and what the user trains with (``declared``, over the workload's
@@ -98,7 +100,13 @@ def for_workload(
     under four); the declared clip, accumulation and checkpointing under every layout (else under
     four, clipping at 1.0, accumulating two microbatches in both sync modes), their combination
     when two or more are declared (``loop.py``), and resume rows at the declared step
-    (``resume.py``; a workload with ``save``/``load`` has them halfway without one)."""
+    (``resume.py``; a workload with ``save``/``load`` has them halfway without one). A workload
+    with its own ``parallelize`` function gets that function's rows instead (``user.py``, on
+    ``mesh``)."""
+    if registry.get(workload).parallelize is not None:
+        return user_matrix.rows(
+            workload, world_size=world_size, backend=backend, scale=scale, declared=declared, mesh=mesh
+        )
     declared = (declared or Declared()).over(workload)
     steps = registry.get(workload).steps or DEFAULT_STEPS
     common: dict[str, object] = {

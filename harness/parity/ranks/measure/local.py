@@ -198,7 +198,7 @@ def _fsdp2_params_and_state(
     element_keys, scalar_keys = gather.state_keys(optimizers)
     state = {id(p): values for opt in optimizers for p, values in opt.state.items()}
     trainable = engine.named_trainable()
-    params = {name: _fsdp2_piece(p, p) for name, p in engine.module.named_parameters()}
+    params = {name: _fsdp2_piece(p, p) for name, p in engine.named_parameters_whole()}
     present = gather.anywhere([bool(state.get(id(p))) for _, p in trainable], engine.device)
     states: _Pieces = {}
     for (name, param), somewhere in zip(trainable, present, strict=True):

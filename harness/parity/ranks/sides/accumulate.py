@@ -72,7 +72,7 @@ def microbatch_sync(engine: engines.Engine, role: str, sync: bool) -> Any:
         return engine.wrapped.no_sync()  # type: ignore[operator]
     if sync:
         return contextlib.nullcontext()
-    if isinstance(engine, engines.FSDP2):
+    if isinstance(engine, engines.FSDP2) and not hasattr(engine.wrapped, "no_sync"):  # a user's DDP has it
         return _fsdp2_unsynced(engine.wrapped)
     return engine.wrapped.no_sync()  # type: ignore[operator]
 
@@ -107,6 +107,8 @@ class HandAccumulation:
         self.masters = list(engine.module.parameters())
         self.reduce = torch.float32 if policy is None else DTYPES[policy.reduce_dtype]
         self.unsynced = unsynced_dtype(config)
+        if config.engine == "user" and policy is not None:  # a user's FSDP2 units, read on the ranks
+            self.unsynced = DTYPES[policy.reduce_dtype]
         self.factors = twin.divide_factors(config.engine, self.reduce, engine.world_size)
         self.in_reverse = engine.summed_in_reverse
         self._pending: list[torch.Tensor | None] = [None] * len(self.lows)

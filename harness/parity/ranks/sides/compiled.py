@@ -111,4 +111,5 @@ def recorded(engine: engines.Engine, config: ParityConfig) -> str | None:
     """What a step records of it, read off the modules: ``3 modules, inductor`` (``None``: none
     runs compiled, whatever the configuration asked)."""
     found = count(engine)
-    return f"{found} module{'s' if found != 1 else ''}, {config.compile.backend}" if found else None
+    backend = engine.compile_backend or config.compile.backend
+    return f"{found} module{'s' if found != 1 else ''}, {backend}" if found else None

@@ -79,6 +79,11 @@ class Engine:
         """``(name, parameter)`` the optimizers own, names as in the unwrapped model."""
         return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
 
+    def named_parameters_whole(self) -> list[tuple[str, torch.Tensor]]:
+        """Every ``(name, parameter)``, names as in the unwrapped model (a user's function may
+        insert wrappers: ``user/candidate.py``)."""
+        return list(self.module.named_parameters())
+
     def param_groups(self, optimizers: int) -> list[list[torch.Tensor]]:
         """The parameters of each optimizer: all of them, or split into the first unit's and the
         rest. The first unit is the first module of a ``units`` class, in module order, that holds
@@ -167,6 +172,12 @@ class Engine:
             config.workload, config.seed, self.data_parallel_size, config.loop.accumulate, step
         )
 
+    recorded_checkpoint: str | None = None
+    """What a step records of activation checkpointing when the engine, not the configuration,
+    knows it (a user's function: ``replay``/``no_replay``, ``user/``); ``None``: the configuration's."""
+    compile_backend: str | None = None
+    """The backend a step records for compiled modules when the engine knows it (a user's function)."""
+
     unscales_first = False
     """Whether the loop must call ``unscale_`` itself so that :meth:`before_step` sees unscaled grads."""
 
@@ -223,7 +234,7 @@ class Engine:
     ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
         """``(full parameters, full optimizer state by name then key)``; collective for sharded
         engines, which gather both in one go."""
-        params = {n: gather.to_cpu(p) for n, p in self.module.named_parameters()}
+        params = {n: gather.to_cpu(p) for n, p in self.named_parameters_whole()}
         names = {id(p): n for n, p in self.named_trainable()}
         state = {
             names[id(p)]: {key: gather.to_cpu(value) for key, value in values.items()}
@@ -341,7 +352,7 @@ class FSDP2(Engine):
         element_keys, scalar_keys = gather.state_keys(optimizers)
         state = {id(p): values for opt in optimizers for p, values in opt.state.items()}
         trainable = self.named_trainable()
-        wanted: dict[tuple[str, ...], Any] = {("param", n): p for n, p in self.module.named_parameters()}
+        wanted: dict[tuple[str, ...], Any] = {("param", n): p for n, p in self.named_parameters_whole()}
         for name, param in trainable:
             values = state.get(id(param), {})
             for key in element_keys:

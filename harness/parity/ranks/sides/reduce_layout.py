@@ -26,8 +26,7 @@ The layouts, read in torch 2.13's sources (``_fsdp_collectives.foreach_reduce``,
   between), padded with zeros at the end to a multiple of the shard group's size; reduce-scattered
   over the shard group (``HYBRID_SHARD``: then all-reduced over the replicate group), or all-reduced
   whole (``NO_SHARD``).
-* **DDP**: one flat all-reduce of every gradient (the reference of a DDP candidate is DDP itself;
-  this path serves its hand-reduced low-precision twin).
+* **DDP**: one flat all-reduce of every gradient (for a DDP candidate's low-precision twin).
 
 What is *not* taken from the candidate: the divide factors (``twin.divide_factors`` derives them
 from the world size and the reduce dtype, so a wrong factor on the candidate's side still shows),
@@ -75,9 +74,10 @@ class Layout:
     """FSDP2 on a 2-D mesh (``plan/config/mesh.py``): ``((rows, columns), names)``; HSDP's names are
     ``("replicate", "shard")``, tensor parallelism's ``("dp", "tp")`` (reduced over ``dp`` only)."""
     tp_dims: tuple[int | None, ...] = ()
-    """Tensor parallelism: per parameter (``parameters()`` order), the dim the TP group shards it on
-    (``None``: whole on every TP rank). FSDP2 over ``dp`` reduces each TP rank's *share*, so the
-    buffer a ``dp`` group reduces holds the shares of its TP coordinate (``_tp_bucket``)."""
+    """Tensor parallelism: per parameter, the dim TP shards it on (``None``: whole); a ``dp`` group
+    reduces the shares of its TP coordinate (``_tp_bucket``)."""
+    groups_from: tuple[tuple[tuple[str, int], ...], tuple[str, ...]] | None = None
+    """A user's function: ``(its mesh, the dims its units shard over: shard, or replicate, shard)``."""
 
 
 def _owners(model: nn.Module, units: list[nn.Module], engine: str) -> dict[int, int]:
@@ -117,8 +117,7 @@ def of(config: ParityConfig, model: nn.Module, units: list[nn.Module], param_dty
     groups: dict[int, list[int]] = {}
     for index, param in enumerate(params):
         groups.setdefault(owner.get(id(param), -1), []).append(index)
-    # The order of the buckets does not change any value (each is its own collective); module
-    # order, the root's last, keeps it readable.
+    # Bucket order changes no value (each is its own collective); module order, the root's last.
     keys = sorted(groups, key=lambda k: (k == -1, k))
     align = 16 // torch.empty((), dtype=param_dtype).element_size() if config.layout.use_orig_params else 0
     buckets = tuple(Bucket(tuple(groups[k]), align if config.engine == "fsdp1" else 0) for k in keys)
@@ -256,6 +255,10 @@ def _groups(layout: Layout, device: torch.device) -> tuple[Any, Any]:
     ``Mesh.shape`` gives them (HSDP: shard, then replicate; TP: ``dp`` only)."""
     from harness.parity.ranks.sides.full import gather
 
+    if layout.groups_from is not None:  # a user's function (``user/reference.py``)
+        dims, names = layout.groups_from
+        mesh = gather.mesh(device.type, tuple(s for _, s in dims), tuple(n for n, _ in dims))
+        return mesh[names[-1]].get_group(), mesh[names[0]].get_group() if len(names) == 2 else None
     if layout.mesh is not None:
         shape, names = layout.mesh
         mesh = gather.mesh(device.type, shape, names)

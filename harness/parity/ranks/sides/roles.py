@@ -19,6 +19,12 @@ from harness.parity.workload import registry, tp_plan
 
 def build(config: ParityConfig, role: str, device: torch.device) -> Engine:
     """The engine of ``role`` (``reference`` or ``candidate``) for ``config``."""
+    if config.engine == "user":  # the user's own function and its twin (``user/``)
+        from harness.parity.ranks.sides.user import candidate, reference
+
+        return (
+            candidate.UserParallel(config, device) if role == "candidate" else reference.build(config, device)
+        )
     if role == "candidate":
         cls = {"ddp": Engine, "fsdp1": FSDP1, "fsdp2": FSDP2}[config.engine]
         if config.mesh.tp is not None:

@@ -133,7 +133,11 @@ def divide_factors(engine: str, reduce: torch.dtype, world: int) -> tuple[float 
     dtype other than float32 and bfloat16); else it reduces with ``ReduceOp.AVG``: sum, then
     divide by the world size. DDP divides by all of it before the sum. Why it matters: at world
     size 4 FSDP sums halves in float16 where DDP sums quarters, and a sum of halves overflows
-    first, so a reference dividing as DDP does skips fewer steps than its candidate."""
+    first, so a reference dividing as DDP does skips fewer steps than its candidate. A user's
+    function (``user``) is mirrored as FSDP2 divides by default: a factor the function set by hand
+    (``set_gradient_divide_factor``) is the candidate's, not the truth's."""
+    if engine == "user":
+        engine = "fsdp2"
     if engine == "fsdp1" or (engine == "fsdp2" and reduce not in (torch.float32, torch.bfloat16)):
         pre = _predivide(world)
         return float(pre), world / pre

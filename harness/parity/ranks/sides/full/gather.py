@@ -19,13 +19,14 @@ from torch import nn
 
 from harness.rank import context
 
-_FSDP_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+_FSDP_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
 _MESH = context.GroupKey[tuple[tuple[Any, ...], Any]]()
 """In the default group's stash: the last mesh made on it, with its ``(device type, shape, names)``."""
 
 
 def clean_name(name: str) -> str:
-    """A parameter name as in the unwrapped model (FSDP1 inserts ``_fsdp_wrapped_module.``)."""
+    """A parameter name as in the unwrapped model (FSDP1 inserts ``_fsdp_wrapped_module.``, a
+    checkpoint wrapper ``_checkpoint_wrapped_module.``, ``torch.compile(module)`` ``_orig_mod.``)."""
     for prefix in _FSDP_PREFIXES:
         name = name.replace(prefix, "")
     return name

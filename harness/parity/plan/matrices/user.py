@@ -1,0 +1,66 @@
+"""The rows that check a workload's own ``parallelize`` function: the user's setup itself.
+
+Why not a matrix: the function *is* the layout (its ``fully_shard`` calls, policies, checkpointing,
+compiles, TP plan), so there is nothing to vary but what the user's training does with it: the
+plain loop; a non-finite gradient on one rank and on every rank (every rank must skip the step
+together); and what the workload declares (clipping at its max norm, accumulation in its sync
+modes). The optimizer is the workload's own, else AdamW (torchtitan's); ids read
+``user-dp2xtp2-adamw-mymodel-w4``: the engine, the mesh, the optimizer, the workload.
+"""
+
+from __future__ import annotations
+
+from harness.parity.plan.config import Fault, Loop, Mesh, ParityConfig, Scale, unique
+from harness.parity.plan.config.scale import DEFAULT_SCALE
+from harness.parity.plan.matrices.declared import DEFAULT_ACCUMULATE, Declared
+from harness.parity.workload import registry
+
+DEFAULT_STEPS = 6
+
+
+def fault_steps(steps: int) -> tuple[int, ...]:
+    """Where faults go: step 2 (the scale settled), and the last step when the run is long enough."""
+    first = min(2, steps - 1)
+    return (first,) if steps - 1 <= first + 1 else (first, steps - 1)
+
+
+def mesh_of(world_size: int, mesh: str | None) -> Mesh:
+    """The mesh handed to the function: ``--mesh dp=2,tp=2``, or one dimension ``dp`` over the world."""
+    return Mesh(dims=Mesh.parse(mesh) if mesh else (("dp", world_size),))
+
+
+def rows(
+    workload: str,
+    *,
+    world_size: int = 2,
+    backend: str = "gloo",
+    scale: Scale = DEFAULT_SCALE,
+    declared: Declared | None = None,
+    mesh: str | None = None,
+) -> list[ParityConfig]:
+    """Every row that checks ``workload``'s ``parallelize`` function at ``world_size`` (the module
+    docstring says which); a ValueError naming ``--mesh`` for a mesh the world cannot hold."""
+    spec = registry.get(workload)
+    declared = (declared or Declared()).over(workload)
+    steps = spec.steps or DEFAULT_STEPS
+    common = {
+        "engine": "user",
+        "workload": workload,
+        "world_size": world_size,
+        "backend": backend,
+        "steps": steps,
+        "scale": scale,
+        "mesh": mesh_of(world_size, mesh),
+        "optimizer": "own" if spec.optimizer is not None else "adamw",
+    }
+    configs = [ParityConfig(**common)]  # type: ignore[arg-type]
+    for rank in (1, None):
+        faults = tuple(Fault(step=s, rank=rank, value="inf") for s in fault_steps(steps))
+        configs.append(ParityConfig(suite="forced_inf", faults=faults, **common))  # type: ignore[arg-type]
+    if declared.clip is not None:
+        configs.append(ParityConfig(loop=Loop(path="unscale_clip", clip=declared.clip), **common))  # type: ignore[arg-type]
+    if declared.accumulates:
+        count = declared.accumulate or DEFAULT_ACCUMULATE
+        for sync in (declared.sync,) if declared.sync else ("every", "last"):
+            configs.append(ParityConfig(loop=Loop(accumulate=count, sync=sync), **common))  # type: ignore[arg-type]
+    return unique(configs)

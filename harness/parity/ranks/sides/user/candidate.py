@@ -1,0 +1,92 @@
+"""The user's own parallelization as the candidate (rank side): their function, called unchanged.
+
+Why a candidate of its own: the built-in engines wrap the model the way the matrix names; this one
+hands a fresh model and a ``DeviceMesh`` to the workload's ``parallelize`` function and trains
+whatever it returns, exactly as the user's script would. What it did is read off the result
+(``discover.read``) for the description, the report and the twin; the candidate itself trusts
+nothing of it. Gathering full tensors works for any mix the function may return (DTensors of
+``fully_shard`` and of tensor parallelism, plain tensors under DDP): FSDP2's gather is the one
+that handles all three.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from harness.parity.plan.config import ParityConfig
+from harness.parity.ranks.sides import compiled as compiling
+from harness.parity.ranks.sides.engines import Engine
+from harness.parity.ranks.sides.full import gather
+from harness.parity.ranks.sides.tensor_parallel import FSDP2TP, _is_colwise, _is_sequence
+from harness.parity.ranks.sides.user import discover
+from harness.parity.ranks.sides.user.found import READ_FROM_TORCH, Found
+
+
+def user_mesh(config: ParityConfig, device: torch.device) -> Any:
+    """The ``DeviceMesh`` the function receives: the configuration's dimensions, names and sizes
+    as the user gave them (kept for the process group: the twin's reductions use its groups)."""
+    dims = config.mesh.dims or (("dp", config.world_size),)
+    return gather.mesh(device.type, tuple(size for _, size in dims), tuple(name for name, _ in dims))
+
+
+def run_function(config: ParityConfig, module: nn.Module, device: torch.device) -> tuple[nn.Module, Found]:
+    """The workload's ``parallelize`` applied to ``module``, and what it did. Collective as the
+    function is (``fully_shard`` and DDP build process groups and broadcast): every rank calls it."""
+    from harness.parity.workload import registry
+
+    workload = registry.get(config.workload)
+    styles: list[tuple[nn.Module, Any, Any]] = []
+    with discover.recording_styles(styles):
+        result = workload.parallelize(module, user_mesh(config, device))  # type: ignore[misc]
+    if not isinstance(result, nn.Module):
+        raise TypeError(
+            f"workload {workload.name!r}: parallelize returned {type(result).__name__}, not the model; "
+            "end the function with `return model` (fully_shard works in place and returns it too)"
+        )
+    return result, discover.read(result, styles, config.mesh.data_parallel_size(config.world_size))
+
+
+class UserParallel(FSDP2TP):
+    """The model as the user's ``parallelize`` function returns it."""
+
+    def __init__(self, config: ParityConfig, device: torch.device) -> None:
+        Engine.__init__(self, config, device)  # FSDP2's and FSDP2TP's own wrapping skipped
+        name = getattr(self.workload.parallelize, "__qualname__", "parallelize")
+        self.description = (
+            f"your {name}() on mesh {config.mesh.words()}: {self.found.summary()}{READ_FROM_TORCH}"
+            + "; ".join(self.found.lines())
+        )
+        if self.found.checkpointed:
+            replayed = all(replay for _, replay in self.found.checkpointed)
+            self.recorded_checkpoint = "replay" if replayed else "no_replay"
+        if self.found.compiled:
+            self.compile_backend = self.found.compiled[0].backend_name
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        result, self.found = run_function(self.config, module, self.device)
+        if self.found.compiled:
+            compiling.settle()
+        self.tp_group = None
+        self.column_outputs: set[str] = set()
+        self.sequence_dim = None
+        if self.found.tp and self.found.tp_dim is not None:
+            self.tp_group = user_mesh(self.config, self.device)[self.found.tp_dim].get_group()
+            self.column_outputs = {name for name, style in self.found.tp if _is_colwise(style)}
+            self.sequence_dim = next(
+                (s.sequence_sharding[0].dim for _, s in self.found.tp if _is_sequence(s)), None
+            )
+        return result
+
+    def named_trainable(self) -> list[tuple[str, torch.Tensor]]:
+        return [(discover.clean(n), p) for n, p in self.module.named_parameters() if p.requires_grad]
+
+    def named_parameters_whole(self) -> list[tuple[str, torch.Tensor]]:
+        return [(discover.clean(n), p) for n, p in self.module.named_parameters()]
+
+    def observed(self, module: str, tensor: torch.Tensor) -> torch.Tensor:
+        if self.tp_group is None:
+            return tensor
+        return super().observed(module, tensor)

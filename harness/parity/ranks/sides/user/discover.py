@@ -1,0 +1,249 @@
+"""Read what a user's ``parallelize`` function did, from torch's own state (rank side).
+
+Why read and not ask: the user's function is the thing under test, so its flags are not to be
+trusted, only their effect. Every ``fully_shard`` leaves an ``FSDPModule`` with its parameter
+groups (policy, reshard, offload, divide factor, mesh, sync settings, reduce hooks); DDP and
+FSDP1 are wrapper modules; ``checkpoint_wrapper`` is a wrapper holding its checkpoint function
+and composable ``checkpoint`` a registered forward hook; ``torch.compile`` leaves an
+``OptimizedModule`` or a module's ``_compiled_call_impl`` with dynamo's context (its backend
+object). Tensor parallelism is the one thing whose styles leave no trace on the modules (a
+``SequenceParallel`` norm looks like a replicated one), so :func:`recording_styles` records each
+``ParallelStyle._apply`` while the function runs, and nothing else.
+
+Whatever the twin cannot mirror goes to ``Found.refused`` with the way out (FSDP1 units, DDP
+below the root, ``replicate``, custom reduce hooks, a policy the emulation cannot express): the
+row becomes an error naming it, never a verdict over a silently different twin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from harness.parity.plan.precision import PrecisionPolicy
+from harness.parity.ranks.sides.user.found import Compiled, Found, Unit
+
+WRAPPER_PARTS = ("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")
+"""Name parts that wrappers insert (compile, checkpoint_wrapper, FSDP1): not the user's names."""
+_DTYPE_WORDS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def clean(name: str) -> str:
+    """``name`` as in the unwrapped model (``layers.0._checkpoint_wrapped_module.w`` -> ``layers.0.w``)."""
+    return ".".join(part for part in name.split(".") if part not in WRAPPER_PARTS)
+
+
+@contextlib.contextmanager
+def recording_styles(into: list[tuple[nn.Module, Any, Any]]) -> Iterator[None]:
+    """Record ``(module, style, mesh)`` for every ``ParallelStyle`` applied inside (torch's
+    ``parallelize_module`` calls each style's ``_apply``); the classes are restored on exit."""
+    from torch.distributed.tensor.parallel import style as styles
+
+    classes = [
+        c for c in vars(styles).values() if isinstance(c, type) and issubclass(c, styles.ParallelStyle)
+    ]
+    saved = {c: c.__dict__["_apply"] for c in classes if "_apply" in c.__dict__}
+
+    def recorder(original: Any) -> Any:
+        def _apply(self: Any, module: nn.Module, device_mesh: Any) -> Any:
+            into.append((module, self, device_mesh))
+            return original(self, module, device_mesh)
+
+        return _apply
+
+    try:
+        for cls, original in saved.items():
+            cls._apply = recorder(original)  # type: ignore[method-assign]
+        yield
+    finally:
+        for cls, original in saved.items():
+            cls._apply = original  # type: ignore[method-assign]
+
+
+def _policy(mp: Any, where: str, refused: list[str]) -> PrecisionPolicy | None:
+    """FSDP2's ``MixedPrecisionPolicy`` as the twin emulates it (``twin.py``)."""
+    param = mp.param_dtype if mp.param_dtype not in (None, torch.float32) else None
+    reduce = mp.reduce_dtype
+    if param is None:
+        if reduce not in (None, torch.float32) or mp.output_dtype not in (None, torch.float32):
+            refused.append(
+                f"{where}: a MixedPrecisionPolicy with float32 parameters and reduce_dtype={reduce}, "
+                f"output_dtype={mp.output_dtype} is not emulated; set param_dtype too, or leave them None"
+            )
+        return None
+    return PrecisionPolicy(
+        param=_DTYPE_WORDS[param],
+        reduce=_DTYPE_WORDS[reduce] if reduce is not None else None,
+        output=_DTYPE_WORDS[mp.output_dtype] if mp.output_dtype is not None else None,
+        inputs="units" if mp.cast_forward_inputs else "none",
+    )
+
+
+def _reshard(group: Any) -> str:
+    post = group.post_forward_mesh_info
+    if post is None:
+        return "kept after forward"
+    if post is group.mesh_info or post.shard_mesh_size == group.mesh_info.shard_mesh_size:
+        return "after forward"
+    return f"after forward to {post.shard_mesh_size} ranks"
+
+
+def _unit(name: str, module: nn.Module, names: dict[int, str], refused: list[str]) -> Unit:
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    state = module._get_fsdp_state()  # type: ignore[operator]
+    groups = list(getattr(state, "_fsdp_param_groups", None) or [])
+    where = f"fully_shard({name or 'the root'})"
+    if len(groups) > 1:
+        refused.append(
+            f"{where} holds {len(groups)} parameter groups; the twin mirrors one per fully_shard call"
+        )
+    mesh_info = state._mesh_info if not groups else groups[0].mesh_info
+    mesh = mesh_info.mesh
+    dims = tuple(zip(mesh.mesh_dim_names or ("",) * mesh.ndim, mesh.shape, strict=True))
+    if not groups:
+        return Unit(
+            module=name, params=(), policy=_policy(state._mp_policy, where, refused), reshard="-",
+            offload=False, divide_factor=None, mesh=dims,
+        )  # fmt: skip
+    group = groups[0]
+    if getattr(group, "_all_reduce_hook", None) is not None:
+        refused.append(
+            f"{where} has an all-reduce hook (set_all_reduce_hook): its arithmetic is not mirrored"
+        )
+    if type(group._reduce_scatter_comm).__name__ != "DefaultReduceScatter":
+        refused.append(f"{where} has a custom reduce-scatter (set_custom_reduce_scatter): not mirrored")
+    params = tuple(
+        clean(f"{names[id(p._module_info.module)]}.{p._module_info.param_name}".lstrip("."))
+        for p in group.fsdp_params
+    )
+    return Unit(
+        module=name,
+        params=params,
+        policy=_policy(group.mp_policy, where, refused),
+        reshard=_reshard(group),
+        offload=isinstance(group.offload_policy, CPUOffloadPolicy),
+        divide_factor=group.gradient_divide_factor,
+        mesh=dims,
+        syncs=bool(group.reduce_grads),
+    )
+
+
+def _context_of(module: nn.Module) -> tuple[Any, str] | None:
+    """Dynamo's context of a compiled module and how it was compiled, or ``None``."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    if isinstance(module, OptimizedModule):
+        return module.dynamo_ctx, "torch.compile(module)"
+    impl = getattr(module, "_compiled_call_impl", None)
+    if impl is None:
+        return None
+    return inspect.getclosurevars(impl).nonlocals.get("self"), "module.compile()"
+
+
+def _compiled(name: str, module: nn.Module) -> Compiled | None:
+    found = _context_of(module)
+    if found is None:
+        return None
+    ctx, how = found
+    backend = ctx.callback._torchdynamo_orig_backend  # ConvertFrame
+    backend = getattr(backend, "_torchdynamo_orig_backend", backend)  # WrapBackendDebug
+    backend = getattr(backend, "_torchdynamo_orig_backend", backend)
+    label = (
+        getattr(backend, "compiler_name", None)
+        or getattr(backend, "__name__", None)
+        or type(backend).__name__
+    )
+    return Compiled(
+        module=name, backend=backend, backend_name=str(label), fullgraph=bool(ctx.fullgraph),
+        dynamic=ctx._dynamic, how=how,
+    )  # fmt: skip
+
+
+def _checkpointed(module: nn.Module) -> bool | None:
+    """Whether ``module`` is activation-checkpointed, replaying the RNG (``None``: it is not)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    if isinstance(module, CheckpointWrapper):
+        return bool(getattr(module.checkpoint_fn, "keywords", {}).get("preserve_rng_state", True))
+    for hook in module._forward_pre_hooks.values():
+        if getattr(hook, "__qualname__", "").startswith("checkpoint."):
+            return bool(inspect.getclosurevars(hook).nonlocals.get("preserve_rng_state", True))
+    return None
+
+
+def read(result: nn.Module, styles: list[tuple[nn.Module, Any, Any]], data_parallel: int) -> Found:
+    """What the function that returned ``result`` did (``styles``: what ``recording_styles`` saw)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    refused: list[str] = []
+    ddp = None
+    root = result
+    if isinstance(root, DDP):
+        ddp = {"bucket_cap_mb": root.bucket_bytes_cap / (1024 * 1024)}
+        if getattr(root, "_comm_hook", None) is not None:
+            refused.append(
+                "DDP has a communication hook (register_comm_hook): its arithmetic is not mirrored"
+            )
+        root = root.module
+    modules = list(root.named_modules(remove_duplicate=False))
+    names = {id(m): clean(n) for n, m in reversed(modules)}  # the outermost name of a module wins
+    units, compiled, checkpointed = [], [], []
+    seen: set[int] = set()
+    for raw, module in modules:
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        name = clean(raw)
+        if isinstance(module, FSDP1):
+            refused.append(
+                f"{name or 'the root'}: FSDP1 (FullyShardedDataParallel) inside a parallelize function is "
+                "not mirrored; use fully_shard, or check FSDP1 with the built-in matrix (a workload without parallelize)"
+            )
+        elif isinstance(module, DDP):
+            refused.append(f"{name}: DDP below the root is not mirrored (wrap the root, or use fully_shard)")
+        if "replicate" in _registry(module):
+            refused.append(f"{name or 'the root'}: replicate() is not mirrored yet; use DDP or fully_shard")
+        if isinstance(module, FSDPModule):
+            units.append(_unit(name, module, names, refused))
+        if (found := _compiled(name, module)) is not None:
+            compiled.append(found)
+        if (replay := _checkpointed(module)) is not None:
+            checkpointed.append((name, replay))
+    if isinstance(result, DDP) and (found := _compiled("", result)) is not None:
+        compiled.append(found)
+    managed = {p for unit in units for p in unit.params}
+    never = ()
+    if ddp is None and data_parallel > 1:
+        never = tuple(
+            clean(n) for n, p in root.named_parameters() if p.requires_grad and clean(n) not in managed
+        )
+    degrees = {mesh.size() for _, _, mesh in styles}
+    if len(degrees) > 1:
+        refused.append(
+            f"tensor parallelism over meshes of sizes {sorted(degrees)}: one TP degree is mirrored"
+        )
+    return Found(
+        units=tuple(units),
+        checkpointed=tuple(checkpointed),
+        compiled=tuple(compiled),
+        tp=tuple((names.get(id(m), "?"), style) for m, style, _ in styles),
+        tp_degree=next(iter(degrees), None),
+        tp_dim=next(((m.mesh_dim_names or (None,))[0] for _, _, m in styles), None),
+        ddp=ddp,
+        never_reduced=never,
+        refused=tuple(refused),
+    )
+
+
+def _registry(module: nn.Module) -> dict[str, Any]:
+    from torch.distributed._composable.contract import _get_registry
+
+    return _get_registry(module) or {}
