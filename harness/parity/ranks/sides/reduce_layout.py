@@ -171,11 +171,8 @@ def _divide(tensor: torch.Tensor, factor: float | None) -> None:
 
 
 def _reduce_scatter(out: torch.Tensor, buffer: torch.Tensor, group: Any, op: Any) -> None:
-    single = getattr(dist, "reduce_scatter_single", None)  # torch 2.13; older: the same collective
-    if single is not None:
-        single(out, buffer, op=op, group=group)
-    else:
-        dist.reduce_scatter_tensor(out, buffer, op=op, group=group)
+    single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # torch 2.13; older
+    single(out, buffer, op=op, group=group)
 
 
 def _op(
