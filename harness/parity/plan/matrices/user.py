@@ -15,14 +15,6 @@ from harness.parity.plan.config.scale import DEFAULT_SCALE
 from harness.parity.plan.matrices.declared import DEFAULT_ACCUMULATE, Declared
 from harness.parity.workload import registry
 
-DEFAULT_STEPS = 6
-
-
-def fault_steps(steps: int) -> tuple[int, ...]:
-    """Where faults go: step 2 (the scale settled), and the last step when the run is long enough."""
-    first = min(2, steps - 1)
-    return (first,) if steps - 1 <= first + 1 else (first, steps - 1)
-
 
 def mesh_of(world_size: int, mesh: str | None) -> Mesh:
     """The mesh handed to the function: ``--mesh dp=2,tp=2``, or one dimension ``dp`` over the world."""
@@ -40,6 +32,8 @@ def rows(
 ) -> list[ParityConfig]:
     """Every row that checks ``workload``'s ``parallelize`` function at ``world_size`` (the module
     docstring says which); a ValueError naming ``--mesh`` for a mesh the world cannot hold."""
+    from harness.parity.plan.matrices.workload import DEFAULT_STEPS, fault_steps  # it imports this
+
     spec = registry.get(workload)
     declared = (declared or Declared()).over(workload)
     steps = spec.steps or DEFAULT_STEPS
