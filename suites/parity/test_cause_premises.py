@@ -50,6 +50,8 @@ class Case:
     """The same row without the fact a self-contained cause stands on."""
     profile: Any = profiles.EXACT
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    never_reduced: tuple[str, ...] = ()
+    """What the candidate's run says its function left unreduced (a user's function's)."""
 
 
 def _grads(record, **grads):
@@ -100,6 +102,13 @@ CASES: dict[str, Case] = {
         reference=[step(0)],
         candidate=[replace_step(step(0), losses=(0.5, 0.75))],
         refutes=(_at("reduction"), DRIFTED),
+    ),
+    "never_reduced": Case(
+        reference=[step(0)],
+        candidate=[_grads(step(0), **{"layer.bias": torch.full((2,), 0.75)})],
+        never_reduced=("layer.bias",),
+        holds=_at("reduction"),
+        refutes=(_at("loss"), _at("local"), DRIFTED),
     ),
     "divide_factor": Case(
         reference=[step(0)],
@@ -255,6 +264,7 @@ CASES: dict[str, Case] = {
 
 def _weighed(reference, candidate, case: Case, measured: Measured | None) -> causes.Weighed:
     ref, cand = run(*reference), run(*candidate, role="candidate")
+    cand = dataclasses.replace(cand, never_reduced=case.never_reduced)
     comparison = compare_runs(ref, cand, profile=case.profile)
     return causes.weigh(ref, cand, comparison, measured=measured, **case.kwargs)
 

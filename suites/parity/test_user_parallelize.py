@@ -18,8 +18,8 @@ _FUNCTIONS = "fixtures.user_functions"
 _CORRECT = ("per_block", "bf16_fp32_reduce", "keep_last", "checkpointed", "fused")
 _PLANTS = {
     "retied_after": "reduction_differs",
-    "root_unsharded": "reduction_differs",
-    "divide_twice": "reduction_differs",
+    "root_unsharded": "never_reduced",
+    "divide_twice": "divide_factor",
     "checkpoint_no_rng": "checkpoint_rng",
     "rank0_init": "forward_differs",
 }

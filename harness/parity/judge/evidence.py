@@ -82,6 +82,8 @@ class Evidence:
     """The first diverging module, once localized (the causes read from a localization)."""
     config: ParityConfig | None = None
     """The row's configuration (the 2-D causes read its mesh and plan)."""
+    never_reduced: tuple[str, ...] = ()
+    """The candidate's parameters its function left under no ``fully_shard`` and no DDP."""
     at_first: tuple[TensorDiff, ...] = ()
     """Every loss and tensor compared at the first diverging step (the straight comparison's)."""
 

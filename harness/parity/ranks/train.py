@@ -314,6 +314,7 @@ class Run:
             error=self.error,
             duration_s=self.duration_s - (self.check.waited_s if self.check is not None else 0.0),
             compile_s=self.compile_s,
+            never_reduced=self.engine.never_reduced if self.engine is not None else (),
         )
 
 

@@ -148,6 +148,9 @@ class RankRun:
     compile_s: float | None = None
     """What compiling cost this rank's run (``sides/compiled.py``): its first step's time beyond
     the median of the others; ``None``: it compiled nothing."""
+    never_reduced: tuple[str, ...] = ()
+    """A user's function: the trainable parameters it left under no ``fully_shard`` and no DDP,
+    read off its modules (``sides/user/discover.py``): each rank keeps its own gradient."""
 
 
 @_RECORD

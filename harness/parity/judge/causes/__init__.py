@@ -15,7 +15,7 @@ One module a family, in the order a step runs:
 
 * ``forward``: forward_differs, dtype_differs, loss_dtype_differs; autocast_differs (localization)
 * ``loop``: clip_norm_sharded, clip_unscale_order, accumulation_dtype, checkpoint_rng
-* ``reduction``: divide_factor, reduced_in_lower_dtype, reduction_differs
+* ``reduction``: never_reduced, divide_factor, reduced_in_lower_dtype, reduction_differs
 * ``update``: skip_desync, optimizer_only, buffers_only
 * ``rounding``: reduce_order, noise_gradient (named only when the staged check held everywhere)
 * ``resume``: resume_* (the candidate's own audit after the load)
@@ -60,6 +60,7 @@ FAMILIES: tuple[KnownCause, ...] = (
 _LISTED = (
     *(known.name for known in resume.CAUSES),  # a resume row's headline first
     "skip_desync",
+    "never_reduced",
     "divide_factor",
     "compile_changes_numerics",  # before forward_differs: the more specific reading of a step-0 loss
     "forward_differs",
@@ -83,7 +84,7 @@ CATALOGUE: tuple[KnownCause, ...] = tuple({k.name: k for k in FAMILIES}[name] fo
 """Every known cause read from the records and the localization, in the order the report lists
 them (``tp_plan_incomplete``, read from a crash, is ``two_d.plan_incomplete``)."""
 
-_MORE_SPECIFIC = {"reduction_differs": ("divide_factor", "reduced_in_lower_dtype")}
+_MORE_SPECIFIC = {"reduction_differs": ("divide_factor", "reduced_in_lower_dtype", "never_reduced")}
 """A cause left out when one that says more about the same stage is named."""
 
 
@@ -158,6 +159,7 @@ def weigh(
         localization=localization,
         config=config,
         at_first=comparison.at_first,
+        never_reduced=candidate.never_reduced,
     )
     found = [known.weigh(evidence) for known in CATALOGUE]
     named = tuple(c for c in found if isinstance(c, Cause))

@@ -50,20 +50,32 @@ def _constant_factor(reference: torch.Tensor, candidate: torch.Tensor) -> float 
     return k
 
 
+def _some(names: list[str], total: int) -> str:
+    """``the gradients of embed.weight, norm.weight (2 of 9; the others equal)``."""
+    shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+    return f"the gradient of {shown} ({len(names)} of {total}; the others equal)"
+
+
 def divide_factor(e: Evidence) -> Cause | None:
-    """The ``divide_factor`` pattern: every differing gradient ``k`` times the reference's."""
+    """The ``divide_factor`` pattern: every differing gradient ``k`` times the reference's (the
+    others equal: a factor set on some units only, as ``set_gradient_divide_factor`` on one
+    ``fully_shard`` module does)."""
     if not e.grads_compared or "grad" not in e.failed:
         return None
-    factors = []
+    factors, scaled, unchanged = [], [], []
     for name, want in e.reference.grads.items():
         got = e.candidate.grads.get(name)
         if got is None or got.shape != want.shape:
             return None
+        if torch.equal(want, got):
+            if bool(want.ne(0).any()):
+                unchanged.append(name)  # a unit that divides right (a factor set on some units only)
+            continue
         k = _constant_factor(want, got)
-        if k is not None:
-            factors.append(k)
-        elif not torch.equal(want, got):
+        if k is None:
             return None
+        factors.append(k)
+        scaled.append(name)
     if not factors:
         return None
     k = factors[0]
@@ -75,9 +87,10 @@ def divide_factor(e: Evidence) -> Cause | None:
         note = f" (the world size, {world}: summed where the reference averages)"
     elif abs(k * world - 1) < 1e-3:
         note = f" (1 / the world size, {world}: divided once more than the reference)"
+    which = _some(scaled, len(scaled) + len(unchanged)) if unchanged else "every gradient"
     return Cause(
         name="divide_factor",
-        evidence=f"at step {e.candidate.step} every gradient is {k:.4g}x the reference's{note}",
+        evidence=f"at step {e.candidate.step} {which} is {k:.4g}x the reference's{note}",
         explanation=(
             "A reduce/divide-factor mismatch: gradients summed instead of averaged, divided "
             "twice, or a loss divided by the world size by hand on one side only (FSDP's "
@@ -160,9 +173,45 @@ def reduction_differs(e: Evidence) -> Cause | None:
     )
 
 
+def never_reduced(e: Evidence) -> Cause | None:
+    """The ``never_reduced`` pattern: the gradients that differ are exactly of parameters the
+    candidate's function left under no ``fully_shard`` and no DDP (read off its modules)."""
+    if not e.grads_compared or "grad" not in e.failed or not e.never_reduced:
+        return None
+    differing = [
+        n for n, want in e.reference.grads.items() if not torch.equal(want, e.candidate.grads.get(n, want))
+    ]
+    left = set(e.never_reduced)
+    if not differing or not set(differing) <= left:
+        return None
+    return Cause(
+        name="never_reduced",
+        evidence=(
+            f"at step {e.candidate.step} only the gradients of {_listed(differing)} differ, and your "
+            "function left them under no fully_shard and no DDP"
+        ),
+        explanation=(
+            "Parameters outside every fully_shard unit (a root never wrapped: embeddings, final norm, "
+            "head) and outside DDP are never averaged across ranks: each rank steps its own gradient "
+            "and the replicas drift apart. Call fully_shard on the root too, after the blocks"
+        ),
+        reference="torch.distributed.fsdp.fully_shard (apply to the root module last)",
+    )
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
 _FROM_COMMON = "from a common state, the losses matching and the reduced gradients not"
 
 CAUSES = (
+    KnownCause(
+        name="never_reduced",
+        premise=f"the reduction differing first ({_FROM_COMMON})",
+        blames=frozenset({"reduction", "gradients"}),
+        pattern=never_reduced,
+    ),
     KnownCause(
         name="divide_factor",
         premise=f"the reduction differing first ({_FROM_COMMON})",

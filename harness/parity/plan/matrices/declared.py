@@ -14,6 +14,15 @@ from harness.parity.workload.spec import WorkloadError
 
 DEFAULT_ACCUMULATE = 2
 """Microbatches per step in the loop rows when the user names none."""
+DEFAULT_STEPS = 6
+"""Steps per run when the workload declares none (``Workload.steps``)."""
+
+
+def fault_steps(steps: int) -> tuple[int, ...]:
+    """Where planted faults go in a run of ``steps``: step 2 (after the scale settled) and the last
+    step, as far as the run is long enough (the scale then backs off twice)."""
+    first = min(2, steps - 1)
+    return (first,) if steps - 1 <= first + 1 else (first, steps - 1)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from harness.parity.plan.config import Fault, Loop, Mesh, ParityConfig, Scale, unique
 from harness.parity.plan.config.scale import DEFAULT_SCALE
-from harness.parity.plan.matrices.declared import DEFAULT_ACCUMULATE, Declared
+from harness.parity.plan.matrices.declared import DEFAULT_ACCUMULATE, DEFAULT_STEPS, Declared, fault_steps
 from harness.parity.workload import registry
 
 
@@ -32,8 +32,6 @@ def rows(
 ) -> list[ParityConfig]:
     """Every row that checks ``workload``'s ``parallelize`` function at ``world_size`` (the module
     docstring says which); a ValueError naming ``--mesh`` for a mesh the world cannot hold."""
-    from harness.parity.plan.matrices.workload import DEFAULT_STEPS, fault_steps  # it imports this
-
     spec = registry.get(workload)
     declared = (declared or Declared()).over(workload)
     steps = spec.steps or DEFAULT_STEPS

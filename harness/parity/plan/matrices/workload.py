@@ -31,22 +31,13 @@ from harness.parity.plan.config.scale import DEFAULT_SCALE
 from harness.parity.plan.matrices import loop as loop_matrix
 from harness.parity.plan.matrices import resume as resume_matrix
 from harness.parity.plan.matrices import user as user_matrix
-from harness.parity.plan.matrices.declared import Declared
+from harness.parity.plan.matrices.declared import DEFAULT_STEPS, Declared, fault_steps
 from harness.parity.workload import registry
-
-DEFAULT_STEPS = 6
 
 
 def optimizers_of(workload: str) -> tuple[str, ...]:
     """``("own",)`` for a workload with its own optimizer, else SGD-momentum and fused Adam."""
     return ("own",) if registry.get(workload).optimizer is not None else ("sgd", "adam_fused")
-
-
-def fault_steps(steps: int) -> tuple[int, ...]:
-    """Where faults go in a run of ``steps``: step 2 (after the scale settled) and the last step,
-    as far as the run is long enough (the scale then backs off twice)."""
-    first = min(2, steps - 1)
-    return (first,) if steps - 1 <= first + 1 else (first, steps - 1)
 
 
 def _layouts(full: bool) -> list[tuple[str, Layout]]:

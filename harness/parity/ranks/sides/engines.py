@@ -176,6 +176,9 @@ class Engine:
     """What a step records of activation checkpointing when the engine, not the configuration,
     knows it (a user's function: ``replay``/``no_replay``, ``user/``); ``None``: the configuration's."""
     compile_backend: str | None = None
+    never_reduced: tuple[str, ...] = ()
+    """Trainable parameters the candidate never reduces across ranks, when the engine knows (a
+    user's function that left them outside every ``fully_shard`` and DDP)."""
     """The backend a step records for compiled modules when the engine knows it (a user's function)."""
 
     unscales_first = False

@@ -64,6 +64,7 @@ class UserParallel(FSDP2TP):
             self.recorded_checkpoint = "replay" if replayed else "no_replay"
         if self.found.compiled:
             self.compile_backend = self.found.compiled[0].backend_name
+        self.never_reduced = self.found.never_reduced
 
     def wrap(self, module: nn.Module) -> nn.Module:
         result, self.found = run_function(self.config, module, self.device)
