@@ -27,7 +27,7 @@ from harness.parity.judge.measured import Measured
 from harness.parity.judge.pinpoint import Localization, ModuleDiff
 from harness.parity.plan import profiles
 from harness.parity.plan.config import Layout, Mesh, ParityConfig
-from harness.parity.ranks.wire import ResumeAudit
+from harness.parity.ranks.wire import FunctionFacts, ResumeAudit
 
 HELD = Measured(source="staged", reordered=12)
 """The staged check held at every stage, some reduced elements summed in another order."""
@@ -50,8 +50,8 @@ class Case:
     """The same row without the fact a self-contained cause stands on."""
     profile: Any = profiles.EXACT
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    never_reduced: tuple[str, ...] = ()
-    """What the candidate's run says its function left unreduced (a user's function's)."""
+    facts: FunctionFacts | None = None
+    """What the candidate's run says was read off its function (a user's ``parallelize``)."""
 
 
 def _grads(record, **grads):
@@ -106,7 +106,7 @@ CASES: dict[str, Case] = {
     "never_reduced": Case(
         reference=[step(0)],
         candidate=[_grads(step(0), **{"layer.bias": torch.full((2,), 0.75)})],
-        never_reduced=("layer.bias",),
+        facts=FunctionFacts(never_reduced=("layer.bias",)),
         holds=_at("reduction"),
         refutes=(_at("loss"), _at("local"), DRIFTED),
     ),
@@ -209,6 +209,12 @@ CASES: dict[str, Case] = {
         kwargs={"config": _TP, "localization": Localization(step=0, first=_module("layers.0.attention.o"))},
     ),
     # Self-contained: a fact of the records, checked by the pattern itself.
+    "split_tie": Case(
+        reference=[step(0)],
+        candidate=[step(0, grad=0.5)],
+        facts=FunctionFacts(split_ties=("lm_head.weight = embed.weight",)),
+        without=([step(0)], [step(0)]),
+    ),
     "skip_desync": Case(
         reference=[step(0)],
         candidate=[
@@ -264,7 +270,7 @@ CASES: dict[str, Case] = {
 
 def _weighed(reference, candidate, case: Case, measured: Measured | None) -> causes.Weighed:
     ref, cand = run(*reference), run(*candidate, role="candidate")
-    cand = dataclasses.replace(cand, never_reduced=case.never_reduced)
+    cand = dataclasses.replace(cand, facts=case.facts)
     comparison = compare_runs(ref, cand, profile=case.profile)
     return causes.weigh(ref, cand, comparison, measured=measured, **case.kwargs)
 

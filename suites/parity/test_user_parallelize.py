@@ -17,7 +17,7 @@ from suites.parity.support import ranks_executor
 _FUNCTIONS = "fixtures.user_functions"
 _CORRECT = ("per_block", "bf16_fp32_reduce", "keep_last", "checkpointed", "fused")
 _PLANTS = {
-    "retied_after": "reduction_differs",
+    "retied_after": "split_tie",
     "root_unsharded": "never_reduced",
     "divide_twice": "divide_factor",
     "checkpoint_no_rng": "checkpoint_rng",

@@ -64,7 +64,7 @@ _RUN = wire.RankRun(
     error=None,
     duration_s=1.5,
     compile_s=0.5,
-    never_reduced=("embed.weight",),
+    facts=wire.FunctionFacts(never_reduced=("embed.weight",), split_ties=("lm_head.weight = embed.weight",)),
 )
 _GAP = wire.Gap(loss_max_abs=0.1, loss_max_rel=0.2, param_max_abs=0.3, param_max_rel=0.4)
 _COMPARED = wire.Compared(elements=8, differing=2, max_ulp=3.0)
@@ -106,6 +106,7 @@ SAMPLES: dict[type, Any] = {
     wire.StepTensors: _TENSORS,
     wire.ResumeAudit: _AUDIT,
     wire.RankStep: _STEP,
+    wire.FunctionFacts: _RUN.facts,
     wire.RankRun: _RUN,
     wire.Gap: _GAP,
     wire.RankRow: wire.RankRow(

@@ -24,6 +24,7 @@ import torch
 from harness.parity.judge.measured import Measured
 from harness.parity.ranks.measure.distance import TensorDiff
 from harness.parity.ranks.measure.record import StepRecord
+from harness.parity.ranks.wire import FunctionFacts
 
 if TYPE_CHECKING:
     from harness.parity.judge.pinpoint import Localization
@@ -82,8 +83,8 @@ class Evidence:
     """The first diverging module, once localized (the causes read from a localization)."""
     config: ParityConfig | None = None
     """The row's configuration (the 2-D causes read its mesh and plan)."""
-    never_reduced: tuple[str, ...] = ()
-    """The candidate's parameters its function left under no ``fully_shard`` and no DDP."""
+    facts: FunctionFacts | None = None
+    """A user's function: what was read off its modules (never-reduced parameters, split ties)."""
     at_first: tuple[TensorDiff, ...] = ()
     """Every loss and tensor compared at the first diverging step (the straight comparison's)."""
 

@@ -96,15 +96,12 @@ def unjudged(config: ParityConfig) -> str | None:
     are TP shards of another layout than the captured reduction's, and its reference mirrors the
     split, so its straight comparison stays the verdict (``causes/two_d.py``); a DDP candidate's
     reducer runs in C++, where its local gradients cannot be captured; a resume row restarts its
-    candidate mid-run; a sparse workload's reference runs every rank's batch at once."""
+    candidate mid-run; a sparse workload's reference runs every rank's batch at once. A user's
+    function is judged unless its candidate, once built, refuses (DDP at the root, a TP plan:
+    ``Engine.staged_refusal``), which the check records as the reason it could not run."""
     if config.mesh.tp is not None:
         return "the staged check does not judge tensor-parallel rows (their reference mirrors the split)"
-    if config.engine == "user":
-        return (
-            "the staged check does not judge a user's parallelize function yet (its layout is read on "
-            "the ranks); its reductions are mirrored, so the straight comparison is the verdict"
-        )
-    if config.engine not in ("fsdp1", "fsdp2") or config.reference != "ddp":
+    if config.engine not in ("fsdp1", "fsdp2", "user") or config.reference != "ddp":
         return (
             "the staged check judges FSDP candidates against their DDP twin only (DDP's reducer runs in C++)"
         )

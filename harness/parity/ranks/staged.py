@@ -49,7 +49,16 @@ from harness.parity.plan.config import ParityConfig, poisoned_steps
 from harness.parity.ranks import entry, train
 from harness.parity.ranks.drift import reordering_drift
 from harness.parity.ranks.measure import bound, ulp
-from harness.parity.ranks.sides import accumulate, anchor, capture, checkpoint, compiled, loop_state, roles
+from harness.parity.ranks.sides import (
+    accumulate,
+    anchor,
+    capture,
+    checkpoint,
+    compiled,
+    engines,
+    loop_state,
+    roles,
+)
 from harness.parity.ranks.sides.full import gather
 from harness.parity.ranks.sides.twin import DTYPES
 from harness.parity.ranks.wire import Bounded, Compared, StagedRun, StagedStep
@@ -144,8 +153,10 @@ def _flat_state(state: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Te
     return {f"{name}:{key}": value for name, values in state.items() for key, value in values.items()}
 
 
-def _reduce_dtype(config: ParityConfig) -> torch.dtype:
-    """The dtype the candidate is configured to sum its ranks' gradients in."""
+def _reduce_dtype(config: ParityConfig, engine: engines.Engine) -> torch.dtype:
+    """The dtype the candidate sums its ranks' gradients in (configured, or read: a user's units')."""
+    if engine.units_reduce_dtype is not None:
+        return engine.units_reduce_dtype
     if config.policy is None:
         return torch.float32
     return DTYPES[config.policy.reduce_dtype]
@@ -169,7 +180,11 @@ def _step(config: ParityConfig, step: int, cand: _Side, ref: _Side, poisoned: bo
         ref_local = {name: [grad] for name, grad in anchor.local_grads(ref.engine).items()}
         ref.engine.after_backward()  # its own mirrored reduction: kept to say whether the order differed
     mirrored = ref.engine.full_grads()
-    local = None if cand_local is None else _compared(_stacked(ref_local), _stacked(cand_local))
+    # Never entering a reduction is the reduction stage's fact (their reduced gradients are each
+    # rank's own there), not a local difference: compared where the candidate reduces.
+    never = cand.engine.facts.never_reduced if cand.engine.facts is not None else ()
+    entering = {n: g for n, g in ref_local.items() if n not in never}
+    local = None if cand_local is None else _compared(_stacked(entering), _stacked(cand_local))
     names = sorted(reduced)
     reductions = config.loop.accumulate if config.loop.accumulate > 1 and config.loop.sync == "every" else 1
     means = [  # collectives: every rank, the same number of them
@@ -183,7 +198,9 @@ def _step(config: ParityConfig, step: int, cand: _Side, ref: _Side, poisoned: bo
         world = dist.get_world_size()
         reduction = {
             name: _checked(
-                bound.check_sum(reduced[name], [m[name] for m in means], world, _reduce_dtype(config))
+                bound.check_sum(
+                    reduced[name], [m[name] for m in means], world, _reduce_dtype(config, cand.engine)
+                )
             )
             for name in names
             if not poisoned
@@ -294,6 +311,8 @@ def _run(
     steps: list[StagedStep] = []
     poisoned = poisoned_steps(config)
     cand = _Side(config, "candidate", device)
+    if (refused := cand.engine.staged_refusal()) is not None:
+        raise ValueError(refused)
     ref = _Side(config, "reference", device)
     anchor.load_scaler(ref.scaler, cand.scaler)
     for step in range(config.steps):

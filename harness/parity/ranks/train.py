@@ -189,7 +189,7 @@ class Run:
                 self.loop.start(engine, optimizers)
             self.engine, self.optimizers, self.scaler = engine, optimizers, scaler
             hand = None
-            if self.config.loop.accumulate > 1 and self.role == "reference":
+            if self.config.loop.accumulate > 1 and self.role == "reference" and not engine.reduces_itself:
                 hand = accumulate.HandAccumulation(self.config, engine)
             for step in range(self.first, self.last):
                 if restart is not None and restart.restarts_at(step):
@@ -314,7 +314,7 @@ class Run:
             error=self.error,
             duration_s=self.duration_s - (self.check.waited_s if self.check is not None else 0.0),
             compile_s=self.compile_s,
-            never_reduced=self.engine.never_reduced if self.engine is not None else (),
+            facts=self.engine.facts if self.engine is not None else None,
         )
 
 

@@ -131,6 +131,17 @@ class RankStep:
 
 
 @_RECORD
+class FunctionFacts:
+    """What a user's ``parallelize`` function did that explains a difference by itself."""
+
+    never_reduced: tuple[str, ...] = ()
+    """Trainable parameters under no ``fully_shard`` and no DDP: each rank keeps its own gradient."""
+    split_ties: tuple[str, ...] = ()
+    """Ties of the model as built that the function's units hold apart (``lm_head.weight =
+    embed.weight``): FSDP keeps a copy for each unit, and the copies part after the first step."""
+
+
+@_RECORD
 class RankRun:
     """One rank's part of one run (``record.rank_run``): the controller merges every rank's into
     one ``RunRecord`` (``record.merge_rank_runs``)."""
@@ -148,9 +159,9 @@ class RankRun:
     compile_s: float | None = None
     """What compiling cost this rank's run (``sides/compiled.py``): its first step's time beyond
     the median of the others; ``None``: it compiled nothing."""
-    never_reduced: tuple[str, ...] = ()
-    """A user's function: the trainable parameters it left under no ``fully_shard`` and no DDP,
-    read off its modules (``sides/user/discover.py``): each rank keeps its own gradient."""
+    facts: FunctionFacts | None = None
+    """A user's function: what was read off its modules that the known causes name
+    (``sides/user/discover.py``); ``None`` for the built-in engines."""
 
 
 @_RECORD

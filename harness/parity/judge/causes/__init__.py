@@ -20,6 +20,7 @@ One module a family, in the order a step runs:
 * ``rounding``: reduce_order, noise_gradient (named only when the staged check held everywhere)
 * ``resume``: resume_* (the candidate's own audit after the load)
 * ``compiled``: compile_changes_numerics (a candidate compiled otherwise than its reference)
+* ``function``: split_tie (read off a user's ``parallelize`` function)
 * ``two_d``: tp_grad_not_reduced; tp_partial_not_reduced (localization); tp_plan_incomplete (a
   crash); divide_factor's explanation under HSDP
 """
@@ -31,7 +32,17 @@ from typing import Any
 
 import torch
 
-from harness.parity.judge.causes import compiled, forward, loop, reduction, resume, rounding, two_d, update
+from harness.parity.judge.causes import (
+    compiled,
+    forward,
+    function,
+    loop,
+    reduction,
+    resume,
+    rounding,
+    two_d,
+    update,
+)
 from harness.parity.judge.compare import Comparison
 from harness.parity.judge.evidence import Cause, Evidence, KnownCause, RuledOut
 from harness.parity.judge.measured import Measured, from_straight
@@ -53,6 +64,7 @@ FAMILIES: tuple[KnownCause, ...] = (
     *resume.CAUSES,
     *two_d.CAUSES,
     *compiled.CAUSES,
+    *function.CAUSES,
     *forward.FROM_LOCALIZATION,
     *two_d.FROM_LOCALIZATION,
 )
@@ -60,6 +72,7 @@ FAMILIES: tuple[KnownCause, ...] = (
 _LISTED = (
     *(known.name for known in resume.CAUSES),  # a resume row's headline first
     "skip_desync",
+    "split_tie",
     "never_reduced",
     "divide_factor",
     "compile_changes_numerics",  # before forward_differs: the more specific reading of a step-0 loss
@@ -84,7 +97,10 @@ CATALOGUE: tuple[KnownCause, ...] = tuple({k.name: k for k in FAMILIES}[name] fo
 """Every known cause read from the records and the localization, in the order the report lists
 them (``tp_plan_incomplete``, read from a crash, is ``two_d.plan_incomplete``)."""
 
-_MORE_SPECIFIC = {"reduction_differs": ("divide_factor", "reduced_in_lower_dtype", "never_reduced")}
+_MORE_SPECIFIC = {
+    "reduction_differs": ("divide_factor", "reduced_in_lower_dtype", "never_reduced", "split_tie"),
+    "forward_differs": ("split_tie",),
+}
 """A cause left out when one that says more about the same stage is named."""
 
 
@@ -159,7 +175,7 @@ def weigh(
         localization=localization,
         config=config,
         at_first=comparison.at_first,
-        never_reduced=candidate.never_reduced,
+        facts=candidate.facts,
     )
     found = [known.weigh(evidence) for known in CATALOGUE]
     named = tuple(c for c in found if isinstance(c, Cause))

@@ -176,12 +176,13 @@ def reduction_differs(e: Evidence) -> Cause | None:
 def never_reduced(e: Evidence) -> Cause | None:
     """The ``never_reduced`` pattern: the gradients that differ are exactly of parameters the
     candidate's function left under no ``fully_shard`` and no DDP (read off its modules)."""
-    if not e.grads_compared or "grad" not in e.failed or not e.never_reduced:
+    never = e.facts.never_reduced if e.facts is not None else ()
+    if not e.grads_compared or "grad" not in e.failed or not never:
         return None
     differing = [
         n for n, want in e.reference.grads.items() if not torch.equal(want, e.candidate.grads.get(n, want))
     ]
-    left = set(e.never_reduced)
+    left = set(never)
     if not differing or not set(differing) <= left:
         return None
     return Cause(

@@ -18,7 +18,16 @@ import math
 from typing import Any
 
 from harness.parity.ranks.measure.distance import TensorDiff, merged
-from harness.parity.ranks.wire import Meta, Partial, RankRun, RankStep, ResumeAudit, StepTensors, Tensors
+from harness.parity.ranks.wire import (
+    FunctionFacts,
+    Meta,
+    Partial,
+    RankRun,
+    RankStep,
+    ResumeAudit,
+    StepTensors,
+    Tensors,
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -116,8 +125,8 @@ class RunRecord:
     compile_s: float | None = None
     """What compiling cost the run (``config.compile``): its first step's time beyond the median
     of the others, on its slowest rank; ``None``: it compiled nothing."""
-    never_reduced: tuple[str, ...] = ()
-    """A user's function: parameters it left under no ``fully_shard`` and no DDP (``wire.RankRun``)."""
+    facts: FunctionFacts | None = None
+    """A user's function: what was read off its modules (``wire.FunctionFacts``)."""
 
     def to_wire(self) -> dict[str, Any]:
         """Plain dicts, lists and tensors (what pickle and the JSON-free archive carry)."""
@@ -214,7 +223,7 @@ def rank_run(
     error: str | None,
     duration_s: float,
     compile_s: float | None = None,
-    never_reduced: tuple[str, ...] = (),
+    facts: FunctionFacts | None = None,
 ) -> RankRun:
     """One rank's part of one run, as sent to the controller."""
     return RankRun(
@@ -224,7 +233,7 @@ def rank_run(
         error=error,
         duration_s=duration_s,
         compile_s=compile_s,
-        never_reduced=never_reduced,
+        facts=facts,
     )
 
 
@@ -270,7 +279,7 @@ def merge_rank_runs(role: str, description: str, parts: list[RankRun], *, first_
         error="\n".join(errors) if errors else None,
         duration_s=max(part.duration_s for part in parts),
         compile_s=max((p.compile_s for p in parts if p.compile_s is not None), default=None),
-        never_reduced=parts[0].never_reduced,
+        facts=parts[0].facts,
     )
 
 

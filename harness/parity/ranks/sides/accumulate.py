@@ -68,7 +68,7 @@ def _fsdp2_unsynced(module: Any) -> Iterator[None]:
 def microbatch_sync(engine: engines.Engine, role: str, sync: bool) -> Any:
     """The context of one microbatch's forward and backward: the reference never reduces inside
     (:class:`HandAccumulation` does); the candidate skips its reduction when ``sync`` is False."""
-    if role == "reference":
+    if role == "reference" and not engine.reduces_itself:
         return engine.wrapped.no_sync()  # type: ignore[operator]
     if sync:
         return contextlib.nullcontext()

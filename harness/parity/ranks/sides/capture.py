@@ -178,13 +178,20 @@ def local_grads(engine: engines.Engine) -> Iterator[dict[str, list[torch.Tensor]
 @contextlib.contextmanager
 def _fsdp2(engine: engines.Engine) -> Iterator[dict[str, list[torch.Tensor]]]:
     found: dict[str, list[torch.Tensor]] = {}
+    # Named by the module that holds each parameter, not by FSDP's ``_param_fqn``: that is relative
+    # to whichever module is FSDP's root, which a user's function may leave unsharded.
+    modules = {id(m): n for n, m in reversed(list(engine.module.named_modules(remove_duplicate=False)))}
+
+    def name_of(fsdp_param: Any) -> str:
+        info = fsdp_param._module_info
+        return gather.clean_name(f"{modules[id(info.module)]}.{info.param_name}".lstrip("."))
 
     def recording(original: Any) -> Any:
         def record(
             fsdp_params: list[Any], unsharded_grads: list[torch.Tensor], *args: Any, **kwargs: Any
         ) -> Any:
             for fsdp_param, grad in zip(fsdp_params, unsharded_grads, strict=True):
-                found.setdefault(gather.clean_name(fsdp_param._param_fqn), []).append(grad.detach().clone())
+                found.setdefault(name_of(fsdp_param), []).append(grad.detach().clone())
             return original(fsdp_params, unsharded_grads, *args, **kwargs)
 
         return record

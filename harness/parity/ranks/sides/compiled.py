@@ -104,6 +104,8 @@ def install(engine: engines.Engine, config: ParityConfig, role: str) -> None:
 
 def count(engine: engines.Engine | None) -> int:
     """How many modules of ``engine``'s trained module run compiled (0: none, or no engine yet)."""
+    if engine is not None and engine.compiled_count is not None:
+        return engine.compiled_count
     return 0 if engine is None else compiled_modules(engine.trained_module())
 
 

@@ -25,6 +25,7 @@ from harness.parity.ranks.sides import reduce_layout, twin
 from harness.parity.ranks.sides.full import flat, gather
 from harness.parity.ranks.sides.optim.optimizers import make_optimizer
 from harness.parity.ranks.sides.twin import DTYPES
+from harness.parity.ranks.wire import FunctionFacts
 from harness.parity.workload import items, registry, units
 
 
@@ -176,9 +177,23 @@ class Engine:
     """What a step records of activation checkpointing when the engine, not the configuration,
     knows it (a user's function: ``replay``/``no_replay``, ``user/``); ``None``: the configuration's."""
     compile_backend: str | None = None
-    never_reduced: tuple[str, ...] = ()
-    """Trainable parameters the candidate never reduces across ranks, when the engine knows (a
-    user's function that left them outside every ``fully_shard`` and DDP)."""
+    compiled_count: int | None = None
+    """How many modules run compiled when the engine knows it better than its trained module's
+    ``_compiled_call_impl`` (a user's ``torch.compile(module)`` wraps instead)."""
+    units_reduce_dtype: torch.dtype | None = None
+    """The dtype the candidate's units sum gradients in, when the engine knows it and the
+    configuration does not (a user's function's policy); the staged check bounds the sum in it."""
+
+    def staged_refusal(self) -> str | None:
+        """Why the staged check cannot judge this candidate, known only once it is built (``None``:
+        it can)."""
+        return None
+
+    reduces_itself = False
+    """A reference whose own reducer is its candidate's (the DDP twin of a user's function that wraps
+    the root in DDP): it accumulates microbatches as its candidate does, not by hand."""
+    facts: FunctionFacts | None = None
+    """What a user's function did that explains a difference by itself (``user/candidate.py``)."""
     """The backend a step records for compiled modules when the engine knows it (a user's function)."""
 
     unscales_first = False

@@ -21,8 +21,10 @@ from harness.parity.ranks.sides import compiled as compiling
 from harness.parity.ranks.sides.engines import Engine
 from harness.parity.ranks.sides.full import gather
 from harness.parity.ranks.sides.tensor_parallel import FSDP2TP, _is_colwise, _is_sequence
+from harness.parity.ranks.sides.twin import DTYPES
 from harness.parity.ranks.sides.user import discover
 from harness.parity.ranks.sides.user.found import READ_FROM_TORCH, Found
+from harness.parity.ranks.wire import FunctionFacts
 
 
 def user_mesh(config: ParityConfig, device: torch.device) -> Any:
@@ -39,6 +41,7 @@ def run_function(config: ParityConfig, module: nn.Module, device: torch.device) 
 
     workload = registry.get(config.workload)
     styles: list[tuple[nn.Module, Any, Any]] = []
+    ties = discover.ties_of(module)
     with discover.recording_styles(styles):
         result = workload.parallelize(module, user_mesh(config, device))  # type: ignore[misc]
     if not isinstance(result, nn.Module):
@@ -46,7 +49,7 @@ def run_function(config: ParityConfig, module: nn.Module, device: torch.device) 
             f"workload {workload.name!r}: parallelize returned {type(result).__name__}, not the model; "
             "end the function with `return model` (fully_shard works in place and returns it too)"
         )
-    return result, discover.read(result, styles, config.mesh.data_parallel_size(config.world_size))
+    return result, discover.read(result, styles, config.mesh.data_parallel_size(config.world_size), ties)
 
 
 class UserParallel(FSDP2TP):
@@ -64,7 +67,23 @@ class UserParallel(FSDP2TP):
             self.recorded_checkpoint = "replay" if replayed else "no_replay"
         if self.found.compiled:
             self.compile_backend = self.found.compiled[0].backend_name
-        self.never_reduced = self.found.never_reduced
+            self.compiled_count = len(self.found.compiled)
+        if self.found.never_reduced or self.found.split_ties:
+            self.facts = FunctionFacts(
+                never_reduced=self.found.never_reduced, split_ties=self.found.split_ties
+            )
+        policies = set(self.found.policies())
+        if len(policies) == 1 and (policy := next(iter(policies))) is not None:
+            self.units_reduce_dtype = DTYPES[policy.reduce_dtype]
+
+    def staged_refusal(self) -> str | None:
+        if self.found.ddp is not None:
+            return "the staged check does not judge a function that wraps the root in DDP (its reducer runs in C++)"
+        if self.found.tp:
+            return (
+                "the staged check does not judge a function with a TP plan (its reference mirrors the split)"
+            )
+        return None
 
     def wrap(self, module: nn.Module) -> nn.Module:
         result, self.found = run_function(self.config, module, self.device)

@@ -177,8 +177,30 @@ def _checkpointed(module: nn.Module) -> bool | None:
     return None
 
 
-def read(result: nn.Module, styles: list[tuple[nn.Module, Any, Any]], data_parallel: int) -> Found:
-    """What the function that returned ``result`` did (``styles``: what ``recording_styles`` saw)."""
+def ties_of(model: nn.Module) -> list[tuple[str, ...]]:
+    """The names of each parameter the model registers under several (a tied embedding and head)."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    return [tuple(found) for found in names.values() if len(found) > 1]
+
+
+def _split(ties: list[tuple[str, ...]], units: list[Unit]) -> tuple[str, ...]:
+    """The ties whose names more than one unit holds (``lm_head.weight = embed.weight``)."""
+    holder = {name: unit.module for unit in units for name in unit.params}
+    return tuple(
+        " = ".join(reversed(tie)) for tie in ties if len({holder[n] for n in tie if n in holder}) > 1
+    )
+
+
+def read(
+    result: nn.Module,
+    styles: list[tuple[nn.Module, Any, Any]],
+    data_parallel: int,
+    ties: list[tuple[str, ...]],
+) -> Found:
+    """What the function that returned ``result`` did (``styles``: what ``recording_styles`` saw;
+    ``ties``: the model's tied names before the function ran, ``ties_of``)."""
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -239,6 +261,7 @@ def read(result: nn.Module, styles: list[tuple[nn.Module, Any, Any]], data_paral
         tp_dim=next(((m.mesh_dim_names or (None,))[0] for _, _, m in styles), None),
         ddp=ddp,
         never_reduced=never,
+        split_ties=_split(ties, units),
         refused=tuple(refused),
     )
 

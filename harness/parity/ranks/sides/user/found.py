@@ -97,6 +97,9 @@ class Found:
     never_reduced: tuple[str, ...] = ()
     """Trainable parameters no ``fully_shard`` unit and no DDP manages: each rank keeps its own
     gradient (a root left without ``fully_shard``)."""
+    split_ties: tuple[str, ...] = ()
+    """Ties of the model as built whose names the function's units hold apart (``lm_head.weight =
+    embed.weight``): FSDP keeps one copy per unit and the tie is gone after the first step."""
     refused: tuple[str, ...] = ()
     """What the twin cannot mirror, each naming the feature and the way out: the row is an error."""
 
@@ -119,6 +122,9 @@ class Found:
         ]
         out += [f"{c.module or '(root)'}: {c.how} ({c.backend_name})" for c in self.compiled]
         out += [f"{name}: {type(style).__name__} over tp {self.tp_degree}" for name, style in self.tp]
+        out += [
+            f"tie {tie} split over two fully_shard units: each keeps its own copy" for tie in self.split_ties
+        ]
         if self.never_reduced:
             shown = ", ".join(self.never_reduced[:4]) + (" ..." if len(self.never_reduced) > 4 else "")
             out.append(

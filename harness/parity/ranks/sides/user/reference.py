@@ -149,6 +149,7 @@ class _Twin:
                 module.compile(backend=spec.backend, fullgraph=spec.fullgraph, dynamic=spec.dynamic)
             words.append(f"{len(self.found.compiled)} modules compiled as yours")
             self.compile_backend = self.found.compiled[0].backend_name
+            self.compiled_count = len(self.found.compiled)
         if self.found.checkpointed and not kept:
             words.append("no activation checkpointing (a correct recompute is the forward)")
             self.recorded_checkpoint = "replay"  # what a recompute replaying the RNG computes
@@ -200,6 +201,8 @@ class UserLowPrecision(_Twin, LowPrecisionDDP):
 class UserDDP(_Twin, Engine):
     """The twin of a function that wraps the root in DDP: DDP itself (its reducer is the
     candidate's), with the candidate's bucket size and compiles, without its checkpointing."""
+
+    reduces_itself = True
 
     def __init__(self, config: ParityConfig, device: torch.device, found: Found) -> None:
         self.found = found
