@@ -60,6 +60,34 @@ USER_PLANTS: tuple[Plant, ...] = (
         tests=(f"{_TESTS}::test_the_report_says_what_the_function_did_per_module",),
     ),
     Plant(
+        name="user_split_tie_unseen",
+        bug="the reader never compares the units' parameters with the model's ties: a tie the units "
+        "hold apart fails unnamed",
+        edits=(
+            _edit(
+                "ranks/sides/user/discover.py",
+                "    holder = {name: unit.module for unit in units for name in unit.params}",
+                "    holder: dict[str, str] = {}  # planted",
+            ),
+        ),
+        tests=(f"{_TESTS}::test_a_planted_function_fails_at_step_0_with_its_cause_named",),
+    ),
+    Plant(
+        name="user_crash_unexplained",
+        bug="a candidate that raises on DTensors beside plain tensors is not read with the function's "
+        "never-reduced parameters: the crash of a forgotten root goes unnamed",
+        edits=(
+            _edit(
+                "judge/causes/function.py",
+                "    if not never or not candidate_error or _MIXED not in candidate_error:",
+                "    if True:  # planted",
+            ),
+        ),
+        tests=(
+            "suites/models/test_model_functions.py::test_the_function_without_its_root_is_named_never_reduced",
+        ),
+    ),
+    Plant(
         name="user_rows_without_infs",
         bug="a function's rows plant no inf: whether every rank skips together is never checked",
         edits=(

@@ -163,3 +163,34 @@ def t5() -> Workload:
         loss=lambda model, batch: model(input_ids=batch[0], labels=batch[1], use_cache=False).loss,
         units="auto",
     )
+
+
+def _shard_layers(model: torch.nn.Module, mesh: Any, *, root: bool = True) -> torch.nn.Module:
+    """A user's own function over a Hugging Face decoder: ``fully_shard`` per decoder layer in
+    bf16 with a float32 reduce, then at the root (``root=False``: the root forgotten, a plant)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    if root:
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def llama_function() -> Workload:
+    """The Llama above, parallelized by the user's own function and clipped at 0.5 (clipping's
+    norm sums otherwise under sharding: the staged check's row)."""
+    return dataclasses.replace(
+        llama(), name="hf_llama_fn", units=(), tp_plan=None, parallelize=_shard_layers, clip=0.5
+    )
+
+
+def llama_function_without_root() -> Workload:
+    """PLANT: the same function with the root never sharded (embeddings, final norm never reduced)."""
+    return dataclasses.replace(
+        llama_function(),
+        name="hf_llama_noroot",
+        parallelize=lambda model, mesh: _shard_layers(model, mesh, root=False),
+        clip=None,
+    )

@@ -16,7 +16,7 @@ from harness.failure_text import headline_of_text
 from harness.parity.judge import causes, compare, measured, pinpoint
 from harness.parity.judge import semantics as semantics_check
 from harness.parity.judge import staged as staged_check
-from harness.parity.judge.causes import two_d
+from harness.parity.judge.causes import function, two_d
 from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig, poisoned_steps
 from harness.parity.ranks.measure import gap, ulp
@@ -378,7 +378,9 @@ def explained(result: ParityResult, reference: RunRecord, candidate: RunRecord |
         localization=result.localization,
         config=config,
     )
-    crashed = two_d.plan_incomplete(config, candidate.error)
+    crashed = two_d.plan_incomplete(config, candidate.error) or function.never_reduced_crash(
+        candidate.facts, candidate.error
+    )
     named = weighed.named + ((crashed,) if crashed is not None else ())
     return dataclasses.replace(result, causes=named, ruled_out=weighed.ruled_out)
 

@@ -10,6 +10,7 @@ unit are the reduction's: ``reduction.never_reduced``.)
 from __future__ import annotations
 
 from harness.parity.judge.evidence import Cause, Evidence, KnownCause
+from harness.parity.ranks.wire import FunctionFacts
 
 _DIFFERS = {"loss": "losses", "grad": "gradients", "param": "parameters", "optim_state": "optimizer state"}
 
@@ -35,6 +36,33 @@ def split_tie(e: Evidence) -> Cause | None:
             "or leave both to the root), and tie before sharding"
         ),
         reference="torch.distributed.fsdp.fully_shard (shared parameters: one FSDP group)",
+    )
+
+
+_MIXED = "mixed torch.Tensor and DTensor"
+
+
+def never_reduced_crash(facts: FunctionFacts | None, candidate_error: str | None) -> Cause | None:
+    """``never_reduced`` read from a crash: the candidate raised on plain tensors beside DTensors
+    (a ``foreach`` or fused optimizer over both), and the function left those parameters outside
+    every unit: the crash and the unreduced gradients have one cause."""
+    never = facts.never_reduced if facts is not None else ()
+    if not never or not candidate_error or _MIXED not in candidate_error:
+        return None
+    shown = ", ".join(never[:4]) + (f" and {len(never) - 4} more" if len(never) > 4 else "")
+    return Cause(
+        name="never_reduced",
+        evidence=(
+            f"the candidate raised on plain tensors beside DTensors ({_MIXED}), and your function left "
+            f"{shown} under no fully_shard and no DDP"
+        ),
+        explanation=(
+            "Parameters outside every fully_shard unit stay plain tensors while the units' become "
+            "DTensors, so a foreach or fused optimizer over both raises; run one step at a time and "
+            "they would not be averaged across ranks either. Call fully_shard on the root too, after "
+            "the blocks"
+        ),
+        reference="torch.distributed.fsdp.fully_shard (apply to the root module last)",
     )
 
 
