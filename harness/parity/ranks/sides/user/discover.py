@@ -18,6 +18,7 @@ row becomes an error naming it, never a verdict over a silently different twin.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 from collections.abc import Iterator
 from typing import Any
@@ -201,6 +202,7 @@ def read(
 ) -> Found:
     """What the function that returned ``result`` did (``styles``: what ``recording_styles`` saw;
     ``ties``: the model's tied names before the function ran, ``ties_of``)."""
+    from torch._dynamo.eval_frame import OptimizedModule
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -208,6 +210,10 @@ def read(
     refused: list[str] = []
     ddp = None
     root = result
+    outer = []  # torch.compile(DDP(model)): compiled around DDP, its graph split at bucket boundaries
+    if isinstance(root, OptimizedModule) and isinstance(root._orig_mod, DDP):
+        outer = [dataclasses.replace(_compiled("", root), how="torch.compile(DDP(model))")]  # type: ignore[arg-type]
+        root = root._orig_mod
     if isinstance(root, DDP):
         ddp = {"bucket_cap_mb": root.bucket_bytes_cap / (1024 * 1024)}
         if getattr(root, "_comm_hook", None) is not None:
@@ -241,6 +247,7 @@ def read(
             checkpointed.append((name, replay))
     if isinstance(result, DDP) and (found := _compiled("", result)) is not None:
         compiled.append(found)
+    compiled += outer
     managed = {p for unit in units for p in unit.params}
     never = ()
     if ddp is None and data_parallel > 1:

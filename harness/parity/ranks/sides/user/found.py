@@ -76,7 +76,12 @@ class Compiled:
     fullgraph: bool
     dynamic: bool | None
     how: str
-    """``module.compile()`` (in place) or ``torch.compile(module)`` (a wrapper module)."""
+    """``module.compile()`` (in place), ``torch.compile(module)`` (a wrapper module), or
+    ``torch.compile(DDP(model))`` (compiled around DDP: dynamo splits the graph at its buckets)."""
+
+    @property
+    def around_ddp(self) -> bool:
+        return self.how == "torch.compile(DDP(model))"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

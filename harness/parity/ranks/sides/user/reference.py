@@ -132,7 +132,10 @@ class _Twin:
         model = self.trained_module()  # type: ignore[attr-defined]
         if self.found.units:
             twin.mirror_fsdp2_inputs(model, self.unit_list(model))
-        words = ["the unsharded twin of your function: DDP's forward"]
+        words = [
+            "the unsharded twin of your function: "
+            + ("DDP around the root, as yours" if self.found.ddp else "DDP's forward")
+        ]
         if self.found.tp:
             done = tensor_parallel.mirror(model, dict(self.found.tp), self.found.tp_degree or 1)
             words.append("TP'd linears split as yours: " + ", ".join(f"{n} ({k})" for n, k in done))
@@ -145,6 +148,8 @@ class _Twin:
         if self.found.compiled:
             compiling.settle()
             for spec in self.found.compiled:
+                if spec.around_ddp:
+                    continue  # compiled around the twin's DDP (``UserDDP.wrap``)
                 module = model.get_submodule(spec.module) if spec.module else model
                 module.compile(backend=spec.backend, fullgraph=spec.fullgraph, dynamic=spec.dynamic)
             words.append(f"{len(self.found.compiled)} modules compiled as yours")
@@ -213,7 +218,14 @@ class UserDDP(_Twin, Engine):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [self.device.index] if self.device.type == "cuda" else None
-        return DDP(module, device_ids=ids, bucket_cap_mb=self.found.ddp["bucket_cap_mb"])  # type: ignore[index]
+        wrapped = DDP(module, device_ids=ids, bucket_cap_mb=self.found.ddp["bucket_cap_mb"])  # type: ignore[index]
+        for spec in self.found.compiled:
+            if spec.around_ddp:  # the same graph split at the same buckets
+                compiling.settle()
+                return torch.compile(
+                    wrapped, backend=spec.backend, fullgraph=spec.fullgraph, dynamic=spec.dynamic
+                )
+        return wrapped
 
 
 def build(config: ParityConfig, device: torch.device) -> Engine:
