@@ -119,7 +119,7 @@ def test_the_policy_is_read_off_the_units_and_emulated_by_the_twin(verdicts):
 
 @pytest.mark.compile
 @pytest.mark.parametrize(
-    "function", ["compiled_after", "compiled_before", "compiled_whole", "torchtitan_like"]
+    "function", ["compiled_after", "compiled_before", "compiled_whole", "torchtitan_like", "compiled_ddp"]
 )
 def test_a_compiled_function_trains_bitwise_like_its_twin_compiled_alike(module_ranks, function):
     (outcome,) = runner.run([_config(function)], ranks_executor(module_ranks))
