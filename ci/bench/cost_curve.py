@@ -75,9 +75,51 @@ def llama_50M() -> Any:  # noqa: N802
     return _llama("50M")
 
 
-def spec(size: str) -> str:
-    """The workload spec of ``size`` (``ci.bench.cost_curve:llama_10M``)."""
-    return f"{__name__}:llama_{size}"
+def parallelize_llama(model: Any, mesh: Any) -> Any:
+    """The user's function the ``function`` rows check: activation checkpointing and
+    ``fully_shard`` per decoder layer in bf16 with a float32 reduce, then the root (torchtitan's
+    shape, without compiling: compile time would dominate either side)."""
+    import torch
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    layers = model.model.layers
+    for index, layer in enumerate(layers):
+        layers[index] = fully_shard(checkpoint_wrapper(layer), mesh=mesh, mp_policy=policy)
+    return fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+def _function(size: str) -> Any:
+    import dataclasses
+
+    import torch
+
+    return dataclasses.replace(
+        _llama(size),
+        name=f"llama_fn_{size}",
+        units=(),
+        parallelize=parallelize_llama,
+        optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3, foreach=True),
+    )
+
+
+def llama_fn_1M() -> Any:  # noqa: N802
+    return _function("1M")
+
+
+def llama_fn_10M() -> Any:  # noqa: N802
+    return _function("10M")
+
+
+def llama_fn_50M() -> Any:  # noqa: N802
+    return _function("50M")
+
+
+def spec(size: str, function: bool = False) -> str:
+    """The workload spec of ``size`` (``ci.bench.cost_curve:llama_10M``; ``function``: the one
+    parallelized by the user's :func:`parallelize_llama`)."""
+    return f"{__name__}:llama_{'fn_' if function else ''}{size}"
 
 
 # -- rank side: the plain loops -------------------------------------------------------------------
@@ -124,10 +166,35 @@ def plain_loops(workload_spec: str, steps: int) -> int:
     return count
 
 
+def plain_function(workload_spec: str, steps: int) -> int:
+    """The user's function applied and trained ``steps`` steps with its own optimizer: the training
+    a ``function`` row checks, with nothing of the tool. Returns the parameter count."""
+    import torch
+    import torch.distributed as dist
+
+    from harness.parity.ranks.sides.full import gather
+    from harness.parity.workload import registry
+    from harness.rank import context
+
+    torch.set_num_threads(1)
+    workload = registry.get(workload_spec)
+    rank = dist.get_rank()
+    model = registry.build_model(workload, 0)
+    count = sum(p.numel() for p in model.parameters())
+    net = workload.parallelize(model, gather.mesh("cpu", (dist.get_world_size(),), ("dp",)))  # type: ignore[misc]
+    optimizer = workload.optimizer(list(net.parameters()))  # type: ignore[misc]
+    for step in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        workload.loss(net, registry.make_batch(workload, 0, rank, step)).backward()
+        optimizer.step()
+        context.heartbeat()
+    return count
+
+
 # -- one side, in its own process -----------------------------------------------------------------
 def measure_side(side: str, size: str, world_size: int = 2) -> dict[str, Any]:
-    """``side`` (``tool`` or ``plain``) at ``size`` on a fresh pool of ``world_size`` ranks: wall
-    seconds and peak bytes."""
+    """``side`` (``tool`` or ``plain``; ``tool_fn``, ``plain_fn``: the user's function) at ``size``
+    on a fresh pool of ``world_size`` ranks: wall seconds and peak bytes."""
     from harness.controller.memory import rss
     from harness.controller.pool import CaseSpec, RankPool
     from harness.outcome import judge
@@ -138,10 +205,13 @@ def measure_side(side: str, size: str, world_size: int = 2) -> dict[str, Any]:
     )
     pool = RankPool(threads_per_rank=1)
     try:
-        pool.run(CaseSpec(target=f"{__name__}:warm", config=config, args=(spec(size),)))
+        function = side.endswith("_fn")
+        workload = spec(size, function)
+        pool.run(CaseSpec(target=f"{__name__}:warm", config=config, args=(workload,)))
         started = time.perf_counter()
-        if side == "plain":
-            case = CaseSpec(target=f"{__name__}:plain_loops", config=config, args=(spec(size), STEPS))
+        if side.startswith("plain"):
+            loops = "plain_function" if function else "plain_loops"
+            case = CaseSpec(target=f"{__name__}:{loops}", config=config, args=(workload, STEPS))
             verdict = judge(pool.run(case), world_size=world_size)
             status = verdict.outcome if verdict.outcome != "passed" else "pass"
             detail = verdict.summary
@@ -151,11 +221,15 @@ def measure_side(side: str, size: str, world_size: int = 2) -> dict[str, Any]:
 
             parity = ParityConfig(
                 engine="fsdp2",
-                workload=spec(size),
+                workload=workload,
                 steps=STEPS,
                 world_size=world_size,
                 layout=Layout(reshard_after_forward=True),
             )
+            if function:  # the function's own row: the plain loop, no fault
+                from harness.parity.plan.matrices import user
+
+                parity = user.rows(workload, world_size=world_size)[0].with_(steps=STEPS)
             (outcome,) = runner.run(
                 [parity], runner.pool_executor(pool, deadline_per_config_s=600), keep_records=False
             )
@@ -193,12 +267,15 @@ def _side(side: str, size: str, world_size: int) -> dict[str, Any]:
 
 
 def measure(sizes: tuple[str, ...] = DEFAULT_SIZES, world_size: int = 2) -> dict[str, Any]:
-    """Both sides at every size on ``world_size`` gloo ranks; the ratios tool / plain of time and of
-    peak memory."""
+    """Both sides at every size on ``world_size`` gloo ranks, for the built-in FSDP2 row and for a
+    user's function's row (``function``: :func:`parallelize_llama` against a plain run of that
+    function); the ratios tool / plain of time and of peak memory."""
     rows = []
-    for size in sizes:
-        plain, tool = _side("plain", size, world_size), _side("tool", size, world_size)
+    for size, function in [(size, function) for function in (False, True) for size in sizes]:
+        suffix = "_fn" if function else ""
+        plain, tool = _side("plain" + suffix, size, world_size), _side("tool" + suffix, size, world_size)
         row: dict[str, Any] = {"size": size, "steps": STEPS, "plain": plain, "tool": tool}
+        row["function"] = function
         if all("error" not in side and side.get("status") == "pass" for side in (plain, tool)):
             row["time_ratio"] = tool["wall_s"] / plain["wall_s"]
             row["memory_ratio"] = tool["peak_bytes"] / plain["peak_bytes"]
@@ -220,6 +297,10 @@ def render(m: dict[str, Any]) -> str:
     ]
     for row in m["rows"]:
         plain, tool = row["plain"], row["tool"]
+        if row.get("function") and not any(r.get("function") for r in m["rows"][: m["rows"].index(row)]):
+            lines.append(
+                "a user's parallelize function (AC + fully_shard per layer, bf16/fp32 reduce, AdamW):"
+            )
         if "time_ratio" not in row:
             broken = next(side for side in (plain, tool) if "error" in side or side.get("status") != "pass")
             why = broken.get("error") or f"{broken['status']}: {broken['detail']}"

@@ -258,7 +258,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _check_compile(parser: argparse.ArgumentParser, options: argparse.Namespace) -> None:
     """``--compile MODE [--compile-backend BACKEND]``, each value named in its error with the fix."""
-    modes = [mode for mode in COMPILE_MODES if mode is not None]
+    modes = [mode for mode in COMPILE_MODES if mode not in (None, "function")]
     if options.compile is not None and options.compile not in modes:
         parser.error(
             f"--compile must be one of {', '.join(modes)}, got {options.compile!r}; e.g. --compile block"
@@ -273,8 +273,11 @@ def _check_compile(parser: argparse.ArgumentParser, options: argparse.Namespace)
             f"--compile-backend must be one of {', '.join(COMPILE_BACKENDS)}, got "
             f"{options.compile_backend!r}; e.g. --compile-backend aot_eager"
         )
-    if options.compile_twin is not None and options.compile is None:
-        parser.error(f"--compile-twin {options.compile_twin} needs --compile MODE; e.g. --compile block")
+    if options.compile_twin is not None and options.compile is None and not options.workload:
+        parser.error(
+            f"--compile-twin {options.compile_twin} needs --compile MODE (e.g. --compile block), or a "
+            "--workload with its own parallelize function"
+        )
     if options.compile_twin is not None and options.compile_twin not in COMPILE_TWINS:
         parser.error(
             f"--compile-twin must be one of {', '.join(COMPILE_TWINS)}, got {options.compile_twin!r}; "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from harness.parity.doors import runner
-from harness.parity.plan.config import Mesh, ParityConfig
+from harness.parity.plan.config import Compile, Layout, Mesh, ParityConfig
 from harness.parity.plan.matrices import workload as workload_matrix
 from harness.parity.plan.matrices.declared import Declared
 from harness.parity.report import markdown
@@ -62,6 +62,21 @@ def test_a_mesh_the_world_cannot_hold_is_refused_naming_the_sizes():
 def test_a_mesh_flag_that_is_not_name_size_pairs_names_the_flag():
     with pytest.raises(ValueError, match="--mesh takes name=size pairs"):
         Mesh.parse("dp2")
+
+
+def test_an_eager_twin_is_one_more_row_of_the_function():
+    configs = workload_matrix.for_workload(f"{_FUNCTIONS}:compiled_after_workload", compile_twin="eager")
+    assert configs[-1].id == "user-dp2-own-compiled_after-eager_twin-w2"
+    assert configs[-1].compile.twin == "eager" and configs[-1].reference_key() != configs[0].reference_key()
+
+
+def test_compile_as_the_function_does_is_for_user_functions_only():
+    with pytest.raises(ValueError, match="compile='function' is a user's parallelize function"):
+        ParityConfig(
+            engine="fsdp2",
+            layout=Layout(reshard_after_forward=True),
+            compile=Compile(mode="function", twin="eager"),
+        )
 
 
 def test_engine_user_without_a_function_names_the_fix():
@@ -125,6 +140,14 @@ def test_a_compiled_function_trains_bitwise_like_its_twin_compiled_alike(module_
     (outcome,) = runner.run([_config(function)], ranks_executor(module_ranks))
     assert (outcome.result.status, outcome.result.closeness) == ("pass", "bitwise"), outcome.result.reason
     assert "compiled as yours" in outcome.result.reference
+
+
+@pytest.mark.compile
+def test_an_eager_twin_shows_inductors_own_difference_named(module_ranks):
+    config = workload_matrix.for_workload(f"{_FUNCTIONS}:inductor_workload", compile_twin="eager")[-1]
+    (outcome,) = runner.run([config], ranks_executor(module_ranks))
+    assert outcome.result.status == "fail"
+    assert outcome.result.causes[0].name == "compile_changes_numerics", outcome.explanation
 
 
 @pytest.mark.world_sizes

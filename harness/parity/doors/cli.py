@@ -69,8 +69,20 @@ def configs_for(options: argparse.Namespace) -> list[ParityConfig]:
                 options.tp_plans[workload.name] = tp_plan.describe(workload, model)
                 configs += two_d_matrix.rows(name, tp=options.tp, scale=scale, **where)
                 continue
+            user = registry.get(name).parallelize is not None
+            twin = getattr(options, "compile_twin", "compiled")
+            if twin != "compiled" and not user:
+                raise WorkloadError(
+                    f"--compile-twin {twin} without --compile checks a workload's own parallelize "
+                    f"function; {registry.get(name).name!r} has none (add --compile block)"
+                )
             configs += workload_matrix.for_workload(
-                name, scale=scale, declared=asked, mesh=getattr(options, "mesh", None), **where
+                name,
+                scale=scale,
+                declared=asked,
+                mesh=getattr(options, "mesh", None),
+                compile_twin=twin,
+                **where,
             )
             declared = asked.over(name)
             loop = declared.loop_words()

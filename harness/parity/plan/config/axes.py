@@ -35,8 +35,9 @@ CHECKPOINTS = (None, "replay", "no_replay")
 """Activation checkpointing of the units: none, with the RNG state replayed in the recompute
 (``preserve_rng_state=True``), or without (a bug under dropout)."""
 FAULT_VALUES = ("inf", "nan")
-COMPILE_MODES = (None, "block", "whole")
-"""``torch.compile`` of the model on both sides: none, every innermost FSDP unit, the whole model."""
+COMPILE_MODES = (None, "block", "whole", "function")
+"""``torch.compile`` of the model on both sides: none, every innermost FSDP unit, the whole model;
+``function``: as a user's ``parallelize`` function compiles it (engine ``user``, with an eager twin)."""
 COMPILE_BACKENDS = ("inductor", "aot_eager")
 """The ``torch.compile`` backends a row compiles with (``plan/config/compile.py``)."""
 COMPILE_TWINS = ("compiled", "eager")

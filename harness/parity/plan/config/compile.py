@@ -70,7 +70,17 @@ class Compile:
 
     def check(self, config: ParityConfig) -> None:
         """Refuse what the reference does not mirror when compiled (the part's own rules)."""
-        if self.mode is None:
+        if (self.mode == "function") != (config.engine == "user" and self.mode is not None):
+            raise ValueError(
+                "compile='function' is a user's parallelize function compiling itself (engine='user', "
+                "compile_twin='eager' to see compile's own difference); the built-in engines take "
+                "compile='block' or 'whole'"
+            )
+        if self.mode == "function" and self.twin != "eager":
+            raise ValueError(
+                "compile='function' with its twin compiled is the function's plain row: leave compile None"
+            )
+        if self.mode is None or self.mode == "function":
             return
         if config.reference != "ddp":
             raise ValueError("compile checks a candidate against its DDP twin (reference='ddp')")
@@ -90,11 +100,16 @@ class Compile:
         ``eager_twin`` when the reference is not compiled."""
         if self.mode is None:
             return []
+        if self.mode == "function":
+            return ["eager_twin"]
         backend = [self.backend] if self.backend != "inductor" else []
         return [f"compile_{self.mode}", *backend, *(["eager_twin"] if self.twin == "eager" else [])]
 
     def reference_key(self) -> tuple[object, ...]:
-        """The reference is compiled as its candidate is (an eager twin is the eager rows' reference)."""
+        """The reference is compiled as its candidate is (an eager twin is the eager rows' reference;
+        a user's function's eager twin is its own: that function's other rows' twin compiles)."""
+        if self.mode == "function":
+            return ("function", "eager")
         if self.mode is None or self.twin == "eager":
             return (None, None)
         return (self.mode, self.backend)

@@ -10,7 +10,7 @@ modes). The optimizer is the workload's own, else AdamW (torchtitan's); ids read
 
 from __future__ import annotations
 
-from harness.parity.plan.config import Fault, Loop, Mesh, ParityConfig, Scale, unique
+from harness.parity.plan.config import Compile, Fault, Loop, Mesh, ParityConfig, Scale, unique
 from harness.parity.plan.config.scale import DEFAULT_SCALE
 from harness.parity.plan.matrices.declared import DEFAULT_ACCUMULATE, DEFAULT_STEPS, Declared, fault_steps
 from harness.parity.workload import registry
@@ -29,9 +29,12 @@ def rows(
     scale: Scale = DEFAULT_SCALE,
     declared: Declared | None = None,
     mesh: str | None = None,
+    compile_twin: str = "compiled",
 ) -> list[ParityConfig]:
     """Every row that checks ``workload``'s ``parallelize`` function at ``world_size`` (the module
-    docstring says which); a ValueError naming ``--mesh`` for a mesh the world cannot hold."""
+    docstring says which); a ValueError naming ``--mesh`` for a mesh the world cannot hold.
+    ``compile_twin="eager"`` (``--compile-twin eager``) adds the plain row against a twin that does
+    not compile: compile's own difference, named ``compile_changes_numerics`` when it is one."""
     spec = registry.get(workload)
     declared = (declared or Declared()).over(workload)
     steps = spec.steps or DEFAULT_STEPS
@@ -55,4 +58,6 @@ def rows(
         count = declared.accumulate or DEFAULT_ACCUMULATE
         for sync in (declared.sync,) if declared.sync else ("every", "last"):
             configs.append(ParityConfig(loop=Loop(accumulate=count, sync=sync), **common))  # type: ignore[arg-type]
+    if compile_twin == "eager":  # compile's own difference: the plain row against an eager twin
+        configs.append(ParityConfig(compile=Compile(mode="function", twin="eager"), **common))  # type: ignore[arg-type]
     return unique(configs)

@@ -84,6 +84,7 @@ def for_workload(
     scale: Scale = DEFAULT_SCALE,
     declared: Declared | None = None,
     mesh: str | None = None,
+    compile_twin: str = "compiled",
 ) -> list[ParityConfig]:
     """Every configuration that checks ``workload`` (a registered name or ``module:function``),
     with the candidate's ``scale`` and what the user trains with (``declared``, over the workload's
@@ -93,10 +94,16 @@ def for_workload(
     when two or more are declared (``loop.py``), and resume rows at the declared step
     (``resume.py``; a workload with ``save``/``load`` has them halfway without one). A workload
     with its own ``parallelize`` function gets that function's rows instead (``user.py``, on
-    ``mesh``)."""
+    ``mesh``; ``compile_twin="eager"``: with the plain row against an eager twin too)."""
     if registry.get(workload).parallelize is not None:
         return user_matrix.rows(
-            workload, world_size=world_size, backend=backend, scale=scale, declared=declared, mesh=mesh
+            workload,
+            world_size=world_size,
+            backend=backend,
+            scale=scale,
+            declared=declared,
+            mesh=mesh,
+            compile_twin=compile_twin,
         )
     declared = (declared or Declared()).over(workload)
     steps = registry.get(workload).steps or DEFAULT_STEPS

@@ -89,7 +89,7 @@ def install(engine: engines.Engine, config: ParityConfig, role: str) -> None:
     """Compile ``engine``'s trained module as ``config.compile`` says, on either ``role`` (the
     training loop calls it once the engine is built and wrapped, as ``checkpoint.install``)."""
     part = config.compile
-    if part.mode is None:
+    if part.mode is None or part.mode == "function":  # a user's function compiles itself (``user/``)
         return
     settle()
     if role == "reference" and part.twin == "eager":

@@ -139,13 +139,18 @@ class _Twin:
         if self.found.tp:
             done = tensor_parallel.mirror(model, dict(self.found.tp), self.found.tp_degree or 1)
             words.append("TP'd linears split as yours: " + ", ".join(f"{n} ({k})" for n, k in done))
-        kept = self.checkpoint_under_compile(model)
+        eager = self.config.compile.twin == "eager"
+        kept = [] if eager else self.checkpoint_under_compile(model)
         if kept:
             words.append(
                 f"activation checkpointing kept (replaying the RNG) on {', '.join(kept)}: compiled with it, "
                 "a checkpointed region's backward is generated otherwise than without"
             )
-        if self.found.compiled:
+        if self.found.compiled and eager:
+            words.append(
+                "eager: your compiles not mirrored (compile_twin='eager'), so compile's own difference shows"
+            )
+        elif self.found.compiled:
             compiling.settle()
             for spec in self.found.compiled:
                 if spec.around_ddp:
@@ -220,7 +225,7 @@ class UserDDP(_Twin, Engine):
         ids = [self.device.index] if self.device.type == "cuda" else None
         wrapped = DDP(module, device_ids=ids, bucket_cap_mb=self.found.ddp["bucket_cap_mb"])  # type: ignore[index]
         for spec in self.found.compiled:
-            if spec.around_ddp:  # the same graph split at the same buckets
+            if spec.around_ddp and self.config.compile.twin != "eager":  # the same graph split, buckets
                 compiling.settle()
                 return torch.compile(
                     wrapped, backend=spec.backend, fullgraph=spec.fullgraph, dynamic=spec.dynamic
