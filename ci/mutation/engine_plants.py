@@ -587,7 +587,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/sides/compiled.py",
-                "    if part.mode is None:\n        return\n    settle()\n",
+                '    if part.mode is None or part.mode == "function":  # a user\'s function compiles itself (``user/``)\n        return\n    settle()\n',
                 '    if part.mode is None or role == "reference":  # planted\n        return\n    settle()\n',
             ),
         ),

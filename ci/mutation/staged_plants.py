@@ -36,7 +36,7 @@ _JUDGED_SCALARS = (
 _ANCHOR = (
     "suites/parity/test_anchor.py::test_anchoring_hands_the_reference_each_scalar_of_the_candidates_scaler"
 )
-_LOCAL_PAIR = "_compared(_stacked(ref_local), _stacked(cand_local))\n"
+_LOCAL_PAIR = "_compared(_stacked(entering), _stacked(cand_local))\n"
 
 
 def _local_left_to(kind: str, condition: str) -> Plant:
@@ -49,7 +49,7 @@ def _local_left_to(kind: str, condition: str) -> Plant:
             _edit(
                 "ranks/staged.py",
                 _LOCAL_PAIR,
-                f"_compared(_stacked(ref_local), _stacked(ref_local if {condition} else cand_local))  # planted\n",
+                f"_compared(_stacked(entering), _stacked(entering if {condition} else cand_local))  # planted\n",
             ),
         ),
         tests=(f"{_LOCAL}[{kind}]",),
