@@ -8,6 +8,12 @@ A module may set ``SCALER_PINNED = True`` to keep each configuration's own scale
 ``--scaler torch`` (the side-by-side module runs both scalers on purpose), and ``KEEP_TENSORS =
 True`` when its tests read the full tensors of every step (the records otherwise hold them only
 for the steps the known causes read: ``ranks/measure/stepcheck.py``).
+
+A module may define ``tier(config) -> str | None``: the marker of the tier that runs a row instead
+of ``make test`` (``"world_sizes"``: ``make world-sizes``), or None for a row of ``make test``. Why:
+a row that is slow on two cores and whose behaviour ``make test`` already holds through a fixed
+sample of its kind moves to its tier whole, every test of it, so each row still runs in exactly
+one CI job. It is asked of the module's own configuration (before ``--scaler`` rewrites it).
 """
 
 from __future__ import annotations
@@ -28,11 +34,11 @@ def _gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _configs(module, option: str) -> list[ParityConfig]:
-    configs = list(module.CONFIGS)
+def _configs(module, option: str) -> list[tuple[ParityConfig, ParityConfig]]:
+    """``(the module's configuration, the one to run)`` pairs: the latter under ``--scaler``."""
     if option != "ours" and not getattr(module, "SCALER_PINNED", False):
-        configs = [c.with_(scaler=option) for c in configs]
-    return configs
+        return [(c, c.with_(scaler=option)) for c in module.CONFIGS]
+    return [(c, c) for c in module.CONFIGS]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -40,8 +46,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     gpus = _gpus()
     params = []
-    for config in _configs(metafunc.module, metafunc.config.getoption("scaler")):
+    tier = getattr(metafunc.module, "tier", None)
+    for own, config in _configs(metafunc.module, metafunc.config.getoption("scaler")):
         marks = []
+        moved_to = tier(own) if tier is not None else None
+        if moved_to is not None:
+            marks.append(getattr(pytest.mark, moved_to))
         if config.backend == "nccl":
             marks.append(pytest.mark.gpu)
         reason = unsupported_reason(config, gpus=gpus)

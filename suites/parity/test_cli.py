@@ -155,33 +155,6 @@ def test_a_model_that_crashes_only_under_fsdp_is_a_crash_row_with_its_traceback(
     assert "Traceback (most recent call last)" in markdown, markdown
 
 
-@pytest.mark.parametrize(
-    ("workload", "complaint"),
-    [
-        ("my_workloads:data_not_deterministic", "returned different data on two calls"),
-        ("not_here:resmlp", "no module named 'not_here'; run from the folder that holds not_here.py"),
-    ],
-)
-def test_a_workload_that_cannot_be_used_exits_2_naming_the_fix(user_folder, workload, complaint):
-    done = parity("--workload", workload, cwd=user_folder)
-    assert done.returncode == 2 and complaint in done.stderr, done.stderr
-
-
-def test_list_says_which_units_auto_chose_from_no_split_modules(user_folder):
-    done = parity("--workload", "my_workloads:resmlp_auto", "--list", "-k", "fsdp2 and bf16", cwd=user_folder)
-    assert done.returncode == 0, done.stderr
-    assert (
-        "units of resmlp_auto: ResBlock (auto, from NamedResMLP._no_split_modules)"
-        in done.stdout.splitlines()
-    )
-
-
-def test_units_auto_on_a_model_without_no_split_modules_exits_2_naming_the_fix(user_folder):
-    done = parity("--workload", "my_workloads:auto_without_names", "--list", cwd=user_folder)
-    assert done.returncode == 2
-    assert "ResMLP._no_split_modules, which is None; name the FSDP units yourself" in done.stderr
-
-
 def _installed_package(folder):
     """A package that names its workload in the ``shardscale.workloads`` entry-point group, as its
     wheel's metadata would (a ``.dist-info`` folder on ``sys.path``)."""
@@ -193,16 +166,89 @@ def _installed_package(folder):
     return {**os.environ, "PYTHONPATH": str(folder)}
 
 
-def test_list_shows_the_builtin_workloads_and_those_installed_packages_name(tmp_path):
-    env = _installed_package(tmp_path)
-    done = subprocess.run(
-        [sys.executable, "-m", "harness.parity", "--list", "-k", "sparse"],
-        cwd=tmp_path / "..",
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+class _Started:
+    """``python -m harness.parity ARGS``, started now; :meth:`done` waits for it."""
+
+    def __init__(self, *args: str, cwd: Path, env: dict[str, str] | None = None) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "harness.parity", *args],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self._done: subprocess.CompletedProcess | None = None
+
+    def done(self) -> subprocess.CompletedProcess:
+        if self._done is None:
+            out, err = self._process.communicate(timeout=600)
+            self._done = subprocess.CompletedProcess(self._process.args, self._process.returncode, out, err)
+        return self._done
+
+    def stop(self) -> None:
+        if self._done is None:
+            self._process.kill()
+            self._process.communicate()
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """The runs of a user's command that end before anything trains (a workload that cannot be
+    used, ``--list``), each in a new interpreter from a folder outside the checkout, started side by
+    side: ``{name: _Started}``. Why together: each costs seconds of one core importing torch while
+    the ranks idle, so on two cores two at a time take about half as long as one after another."""
+    user = tmp_path_factory.mktemp("user")
+    shutil.copy(USER_WORKLOADS, user / "my_workloads.py")
+    installed = tmp_path_factory.mktemp("installed")
+    env = _installed_package(installed)
+    runs = {
+        "my_workloads:data_not_deterministic": _Started(
+            "--workload", "my_workloads:data_not_deterministic", cwd=user
+        ),
+        "not_here:resmlp": _Started("--workload", "not_here:resmlp", cwd=user),
+        "units_auto": _Started(
+            "--workload", "my_workloads:resmlp_auto", "--list", "-k", "fsdp2 and bf16", cwd=user
+        ),
+        "units_auto_without_names": _Started(
+            "--workload", "my_workloads:auto_without_names", "--list", cwd=user
+        ),
+        "installed": _Started("--list", "-k", "sparse", cwd=installed / "..", env=env),
+    }
+    yield runs
+    for run in runs.values():
+        run.stop()
+
+
+@pytest.mark.parametrize(
+    ("workload", "complaint"),
+    [
+        ("my_workloads:data_not_deterministic", "returned different data on two calls"),
+        ("not_here:resmlp", "no module named 'not_here'; run from the folder that holds not_here.py"),
+    ],
+)
+def test_a_workload_that_cannot_be_used_exits_2_naming_the_fix(quick, workload, complaint):
+    done = quick[workload].done()
+    assert done.returncode == 2 and complaint in done.stderr, done.stderr
+
+
+def test_list_says_which_units_auto_chose_from_no_split_modules(quick):
+    done = quick["units_auto"].done()
+    assert done.returncode == 0, done.stderr
+    assert (
+        "units of resmlp_auto: ResBlock (auto, from NamedResMLP._no_split_modules)"
+        in done.stdout.splitlines()
     )
+
+
+def test_units_auto_on_a_model_without_no_split_modules_exits_2_naming_the_fix(quick):
+    done = quick["units_auto_without_names"].done()
+    assert done.returncode == 2
+    assert "ResMLP._no_split_modules, which is None; name the FSDP units yourself" in done.stderr
+
+
+def test_list_shows_the_builtin_workloads_and_those_installed_packages_name(quick):
+    done = quick["installed"].done()
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert "  llama          harness.parity.workload.builtin.llama:llama  (built-in)" in lines

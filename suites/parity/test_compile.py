@@ -1,6 +1,7 @@
 """``torch.compile`` on both sides (``--compile``): the part, its rows, the CLI, and a fixed
 sample compiled with ``aot_eager`` (seconds), each side measured to have run compiled modules.
-Inductor's rows are ``make compile``'s (``test_compile_tier.py``)."""
+Inductor's rows are ``make compile``'s (``test_compile_tier.py``), and so is the sample's row
+compiled whole (marked ``compile``)."""
 
 import pytest
 from torch import nn
@@ -159,33 +160,67 @@ def test_gradients_differing_from_a_twin_compiled_alike_are_not_compiles():
     assert "compile_changes_numerics" not in _named("3 modules, inductor", "3 modules, inductor")
 
 
+_STEPS = 2
+"""The sample's steps: step 0 compiles and step 1 runs the compiled graphs again (a cache hit),
+which is what a compiled row can show; the matrix's 4 steps only add eager-speed steps."""
 _EAGER_TWIN = _FSDP2.with_(
-    optimizer="adamw", steps=4, compile=Compile(mode="block", backend="aot_eager", twin="eager")
+    optimizer="adamw", steps=_STEPS, compile=Compile(mode="block", backend="aot_eager", twin="eager")
 )
-_SAMPLE = {config.id: config for config in [*compile_matrix.sample(), _EAGER_TWIN]}
+_SAMPLE = {
+    config.id: config
+    for config in [
+        *(c.with_(steps=_STEPS) for c in compile_matrix.sample() if c.compile.mode == "block"),
+        _EAGER_TWIN,
+    ]
+}
+"""What ``make test`` compiles: FSDP2 per block against its compiled twin and its eager twin."""
+_WHOLE = {c.id: c.with_(steps=_STEPS) for c in compile_matrix.sample() if c.compile.mode == "whole"}
+"""FSDP1 (original parameters) compiled whole with ``aot_eager``: the ``compile`` tier's, which
+also compiles every engine whole with inductor (``make compile``); its graph of the whole model is
+most of the sample's compile time on two cores."""
+
+
+def _run(module_ranks, rows: dict) -> dict:
+    outcomes = runner.run(list(rows.values()), ranks_executor(module_ranks), localize=False)
+    return dict(zip(rows, outcomes, strict=True))
 
 
 @pytest.fixture(scope="module")
 def sampled(module_ranks):
     """``{id: Outcome}`` of the ``aot_eager`` sample."""
-    outcomes = runner.run(list(_SAMPLE.values()), ranks_executor(module_ranks), localize=False)
-    return dict(zip(_SAMPLE, outcomes, strict=True))
+    return _run(module_ranks, _SAMPLE)
+
+
+@pytest.fixture(scope="module")
+def whole(module_ranks):
+    """``{id: Outcome}`` of the rows compiled whole (the ``compile`` tier)."""
+    return _run(module_ranks, _WHOLE)
 
 
 _TWINNED = [row for row, config in _SAMPLE.items() if config.compile.twin == "compiled"]
+_TWINNED_PARAMS = [
+    *(pytest.param("sampled", row, id=row) for row in _TWINNED),
+    *(pytest.param("whole", row, id=row, marks=pytest.mark.compile) for row in _WHOLE),
+]
 
 
-@pytest.mark.parametrize("row", _TWINNED)
-def test_a_compiled_candidate_trains_bitwise_like_its_compiled_twin(sampled, row):
-    outcome = sampled[row]
+def test_the_sample_compiles_per_block_and_the_tier_whole():
+    assert [c.compile.mode for c in _SAMPLE.values()] == ["block", "block"]
+    assert [c.compile.mode for c in _WHOLE.values()] == ["whole"]
+    assert {c.steps for c in [*_SAMPLE.values(), *_WHOLE.values()]} == {_STEPS}
+
+
+@pytest.mark.parametrize(("rows", "row"), _TWINNED_PARAMS)
+def test_a_compiled_candidate_trains_bitwise_like_its_compiled_twin(request, rows, row):
+    outcome = request.getfixturevalue(rows)[row]
     assert outcome.passed, describe(outcome)
     assert outcome.result.closeness == "bitwise"
 
 
-@pytest.mark.parametrize("row", _TWINNED)
-def test_both_sides_ran_compiled_modules_and_say_what_it_cost(sampled, row):
+@pytest.mark.parametrize(("rows", "row"), _TWINNED_PARAMS)
+def test_both_sides_ran_compiled_modules_and_say_what_it_cost(request, rows, row):
     """Measured off each side's modules (``compiled.recorded``): a side left eager has no cost."""
-    assert set(sampled[row].result.compile_s) == {"reference", "candidate"}
+    assert set(request.getfixturevalue(rows)[row].result.compile_s) == {"reference", "candidate"}
 
 
 def test_aot_eager_keeps_eagers_rounding_so_an_eager_twin_stays_bitwise(sampled):

@@ -31,19 +31,27 @@ def _run(module_ranks, config: ParityConfig, plant: Plant):
     return outcome.result
 
 
-@pytest.mark.parametrize(
-    "config",
-    [
-        ParityConfig.from_flat(optimizer="sgd", **_FSDP2),
-        ParityConfig.from_flat(optimizer="adam", **_FSDP2, precision="bf16"),
-        ParityConfig.from_flat(optimizer="adam_fused", **_FSDP2, precision="fp16"),
-        ParityConfig.from_flat(optimizer="sgd", **_FSDP2, accumulate=2, sync="last"),
-        ParityConfig.from_flat(optimizer="sgd", **_FSDP2, accumulate=2, sync="every"),
-    ],
-    ids=["fp32-sgd", "bf16-adam", "fp16-fused-adam", "accumulated-sync-last", "accumulated-sync-every"],
-)
-def test_a_reduction_summed_in_another_order_passes_the_staged_check(module_ranks, config):
-    result = _run(module_ranks, config, _REORDERED)
+_REORDERED_ROWS = {
+    "fp32-sgd": ParityConfig.from_flat(optimizer="sgd", **_FSDP2),
+    "bf16-adam": ParityConfig.from_flat(optimizer="adam", **_FSDP2, precision="bf16"),
+    "fp16-fused-adam": ParityConfig.from_flat(optimizer="adam_fused", **_FSDP2, precision="fp16"),
+    "accumulated-sync-last": ParityConfig.from_flat(optimizer="sgd", **_FSDP2, accumulate=2, sync="last"),
+    "accumulated-sync-every": ParityConfig.from_flat(optimizer="sgd", **_FSDP2, accumulate=2, sync="every"),
+}
+
+
+@pytest.fixture(scope="module")
+def reordered(module_ranks):
+    """``{case: ParityResult}`` of every row of :data:`_REORDERED_ROWS`, its reduction summed in
+    another order. Why one run: the rows share one rank call and one staged call at world size 4
+    (five runs of one row each cost five of each), and the report's test reads the same row."""
+    outcomes = runner.run(list(_REORDERED_ROWS.values()), planted_executor(module_ranks, _REORDERED))
+    return {case: outcome.result for case, outcome in zip(_REORDERED_ROWS, outcomes, strict=True)}
+
+
+@pytest.mark.parametrize("case", list(_REORDERED_ROWS))
+def test_a_reduction_summed_in_another_order_passes_the_staged_check(reordered, case):
+    result = reordered[case]
     assert result.status == "pass", (result.reason, result.staged)
     assert result.max_ulp > 0, "the reordering moved no bit: the case tests nothing"
     assert result.closeness == "staged"
@@ -58,8 +66,8 @@ def test_a_bitwise_row_is_not_sent_to_the_staged_check(module_ranks):
     assert result.closeness == "bitwise" and result.staged is None
 
 
-def test_the_report_says_which_rows_the_staged_check_decided_and_what_it_measured(module_ranks):
-    result = _run(module_ranks, ParityConfig.from_flat(optimizer="sgd", **_FSDP2), _REORDERED)
+def test_the_report_says_which_rows_the_staged_check_decided_and_what_it_measured(reordered):
+    result = reordered["fp32-sgd"]
     text = markdown.render_markdown([result], {"backend": "gloo", "world_size": 4})
     assert "## Decided by the staged check" in text
     assert f"- `{result.config.id}`: staged check passed over 3 steps" in text
@@ -71,25 +79,36 @@ def test_the_report_says_which_rows_the_staged_check_decided_and_what_it_measure
 _FSDP1 = {"engine": "fsdp1", "use_orig_params": False, "steps": 4, "world_size": 4}
 
 
-@pytest.mark.parametrize(
-    "engine",
-    [
-        {**_FSDP2, "steps": 4},
-        {**_FSDP1, "sharding": "full_shard"},
-        {**_FSDP1, "sharding": "no_shard"},
-        {**_FSDP1, "sharding": "hybrid_shard", "use_orig_params": True},
-    ],
-    ids=["fsdp2", "fsdp1-full_shard", "fsdp1-no_shard", "fsdp1-hybrid_shard"],
-)
+_UPDATE_ULP_ROWS = {
+    name: ParityConfig.from_flat(optimizer="adam_fused", **engine)
+    for name, engine in {
+        "fsdp2": {**_FSDP2, "steps": 4},
+        "fsdp1-full_shard": {**_FSDP1, "sharding": "full_shard"},
+        "fsdp1-no_shard": {**_FSDP1, "sharding": "no_shard"},
+        "fsdp1-hybrid_shard": {**_FSDP1, "sharding": "hybrid_shard", "use_orig_params": True},
+    }.items()
+}
+
+
+@pytest.fixture(scope="module")
+def update_ulp(module_ranks):
+    """``{engine: ParityResult}`` of :data:`_UPDATE_ULP_ROWS`, each update a last bit off: one run
+    (one rank call, one staged call and one localization call for the four rows)."""
+    outcomes = runner.run(
+        list(_UPDATE_ULP_ROWS.values()), planted_executor(module_ranks, Plant(kind="update_ulp"))
+    )
+    return {name: outcome.result for name, outcome in zip(_UPDATE_ULP_ROWS, outcomes, strict=True)}
+
+
+@pytest.mark.parametrize("engine", list(_UPDATE_ULP_ROWS))
 def test_a_last_bit_each_update_fails_the_update_stage_alone_because_the_reference_is_re_anchored(
-    module_ranks, engine
+    update_ulp, engine
 ):
     """Straight through, a last bit every update compounds into every later stage; re-anchored,
     each step starts from the candidate's state, so the next step's losses and local gradients
     (captured where each engine hands them to its reduction) stay bitwise, and only the update
     stage finds one step's ulp (held to equal bits, a fused optimizer's too)."""
-    config = ParityConfig.from_flat(optimizer="adam_fused", **engine)
-    result = _run(module_ranks, config, Plant(kind="update_ulp"))
+    result = update_ulp[engine]
     assert result.status == "fail", (result.reason, result.staged)
     assert result.staged is not None and not result.staged.passed
     assert {f.stage for f in result.staged.findings} == {"update"}, result.staged.findings

@@ -70,9 +70,10 @@ is bitwise)."""
 
 
 def sample() -> list[ParityConfig]:
-    """The fixed sample ``make test`` runs: FSDP2 per block and FSDP1 (original parameters) whole,
-    float32, AdamW, with ``aot_eager`` (the graphs traced and run by eager kernels: seconds to
-    compile)."""
+    """The fixed ``aot_eager`` sample: FSDP2 per block and FSDP1 (original parameters) whole,
+    float32, AdamW (the graphs traced and run by eager kernels: seconds to compile). ``make test``
+    runs the per-block row (``suites/parity/test_compile.py``); the row compiled whole is the
+    ``compile`` tier's."""
     block = rows(mode="block", compile_backend="aot_eager")
     whole = rows(mode="whole", compile_backend="aot_eager")
     return [
