@@ -35,13 +35,26 @@ USER_PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         name="user_twin_forgets_the_policy",
-        bug="the twin trains in float32 whatever policy the function's units have: a bf16 function "
+        bug="the twin trains in float32 whatever policies the function's units have: a bf16 function "
         "fails as if it were wrong",
         edits=(
             _edit(
                 "ranks/sides/user/reference.py",
-                "    return next(iter(policies), None)",
+                "    return found_policies[0] if found_policies else None",
                 "    return None  # planted",
+            ),
+        ),
+        tests=(f"{_TESTS}::test_a_correct_function_trains_bitwise_like_its_unsharded_twin",),
+    ),
+    Plant(
+        name="user_one_policy_for_every_unit",
+        bug="the twin reduces every unit's gradients in the first unit's reduce dtype: blocks that "
+        "reduce in bf16 under a root reducing in float32 fail as if the function were wrong",
+        edits=(
+            _edit(
+                "ranks/sides/user/policies.py",
+                "    dtypes = [reduce_dtype(owner.get(name)) for name, _ in named_lows]",
+                "    dtypes = [reduce_dtype(found.units[0]) for name, _ in named_lows]  # planted",
             ),
         ),
         tests=(f"{_TESTS}::test_a_correct_function_trains_bitwise_like_its_unsharded_twin",),

@@ -67,7 +67,7 @@ def test_a_backend_without_a_mode_is_refused_naming_the_fix():
 
 
 def test_an_unknown_mode_is_refused_naming_the_allowed_ones():
-    with pytest.raises(ValueError, match=r"compile must be one of \(None, 'block', 'whole'\)"):
+    with pytest.raises(ValueError, match=r"compile must be one of \(None, 'block', 'whole', 'function'\)"):
         Compile(mode="blocks")
 
 

@@ -42,7 +42,7 @@ def test_configurations_travel_to_the_ranks_by_pickle():
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"engine": "fsdp3"}, "engine must be one of ('ddp', 'fsdp1', 'fsdp2'), got 'fsdp3'"),
+        ({"engine": "fsdp3"}, "engine must be one of ('ddp', 'fsdp1', 'fsdp2', 'user'), got 'fsdp3'"),
         (
             {"engine": "fsdp1", "sharding": "full_shard"},
             "use_orig_params must be True or False for engine='fsdp1'",

@@ -15,7 +15,15 @@ from harness.parity.report import markdown
 from suites.parity.support import ranks_executor
 
 _FUNCTIONS = "fixtures.user_functions"
-_CORRECT = ("per_block", "bf16_fp32_reduce", "keep_last", "checkpointed", "fused")
+_CORRECT = (
+    "per_block",
+    "bf16_fp32_reduce",
+    "unit_policies",
+    "float32_root",
+    "keep_last",
+    "checkpointed",
+    "fused",
+)
 _PLANTS = {
     "retied_after": "split_tie",
     "root_unsharded": "never_reduced",
@@ -129,7 +137,7 @@ def test_the_report_says_what_the_function_did_per_module(verdicts):
 def test_the_policy_is_read_off_the_units_and_emulated_by_the_twin(verdicts):
     result = verdicts["bf16_fp32_reduce"].result
     assert "MixedPrecisionPolicy param bf16, reduce fp32" in result.candidate
-    assert "bf16 working copy with float32 masters" in result.reference
+    assert "a working copy in your units' policies (bf16/fp32: parameter/reduce dtypes)" in result.reference
 
 
 @pytest.mark.compile
@@ -164,3 +172,27 @@ def test_at_world_size_4_the_verdicts_hold(module_ranks, function):
     (outcome,) = runner.run([_config(function, world_size=4)], ranks_executor(module_ranks))
     want = ("pass", "bitwise") if function == "per_block" else ("fail", "")
     assert (outcome.result.status, outcome.result.closeness) == want, outcome.result.reason
+
+
+@pytest.mark.e2e
+def test_torchrun_checks_a_function_on_the_mesh_it_is_given(tmp_path):
+    """Every launched process a rank, ``--mesh`` naming the function's mesh (seconds)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "harness.parity"]
+        + ["--workload", f"{_FUNCTIONS}:bf16_fp32_reduce_workload", "--mesh", "dp=2", "--no-plot"]
+        + ["--out", str(tmp_path)],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "pass  user-dp2-own-bf16_fp32_reduce-w2" in done.stdout
+    assert (
+        "## Your parallelization: your bf16_fp32_reduce() on mesh `dp=2`"
+        in (tmp_path / "parity.md").read_text()
+    )

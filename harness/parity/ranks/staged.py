@@ -153,10 +153,11 @@ def _flat_state(state: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Te
     return {f"{name}:{key}": value for name, values in state.items() for key, value in values.items()}
 
 
-def _reduce_dtype(config: ParityConfig, engine: engines.Engine) -> torch.dtype:
-    """The dtype the candidate sums its ranks' gradients in (configured, or read: a user's units')."""
-    if engine.units_reduce_dtype is not None:
-        return engine.units_reduce_dtype
+def _reduce_dtype(config: ParityConfig, engine: engines.Engine, name: str) -> torch.dtype:
+    """The dtype the candidate sums ``name``'s gradient over its ranks in (configured, or read:
+    the user's unit's)."""
+    if engine.units_reduce_dtypes is not None and name in engine.units_reduce_dtypes:
+        return engine.units_reduce_dtypes[name]
     if config.policy is None:
         return torch.float32
     return DTYPES[config.policy.reduce_dtype]
@@ -199,7 +200,7 @@ def _step(config: ParityConfig, step: int, cand: _Side, ref: _Side, poisoned: bo
         reduction = {
             name: _checked(
                 bound.check_sum(
-                    reduced[name], [m[name] for m in means], world, _reduce_dtype(config, cand.engine)
+                    reduced[name], [m[name] for m in means], world, _reduce_dtype(config, cand.engine, name)
                 )
             )
             for name in names

@@ -180,9 +180,10 @@ class Engine:
     compiled_count: int | None = None
     """How many modules run compiled when the engine knows it better than its trained module's
     ``_compiled_call_impl`` (a user's ``torch.compile(module)`` wraps instead)."""
-    units_reduce_dtype: torch.dtype | None = None
-    """The dtype the candidate's units sum gradients in, when the engine knows it and the
-    configuration does not (a user's function's policy); the staged check bounds the sum in it."""
+    units_reduce_dtypes: dict[str, torch.dtype] | None = None
+    """Per parameter, the dtype the candidate's units sum its gradient in, when the engine knows it
+    and the configuration does not (a user's function's policies); the staged check bounds each
+    sum in it."""
 
     def staged_refusal(self) -> str | None:
         """Why the staged check cannot judge this candidate, known only once it is built (``None``:

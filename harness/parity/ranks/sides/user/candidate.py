@@ -21,8 +21,7 @@ from harness.parity.ranks.sides import compiled as compiling
 from harness.parity.ranks.sides.engines import Engine
 from harness.parity.ranks.sides.full import gather
 from harness.parity.ranks.sides.tensor_parallel import FSDP2TP, _is_colwise, _is_sequence
-from harness.parity.ranks.sides.twin import DTYPES
-from harness.parity.ranks.sides.user import discover
+from harness.parity.ranks.sides.user import discover, policies
 from harness.parity.ranks.sides.user.found import READ_FROM_TORCH, Found
 from harness.parity.ranks.wire import FunctionFacts
 
@@ -72,9 +71,10 @@ class UserParallel(FSDP2TP):
             self.facts = FunctionFacts(
                 never_reduced=self.found.never_reduced, split_ties=self.found.split_ties
             )
-        policies = set(self.found.policies())
-        if len(policies) == 1 and (policy := next(iter(policies))) is not None:
-            self.units_reduce_dtype = DTYPES[policy.reduce_dtype]
+        owner = policies.unit_of(self.found)
+        self.units_reduce_dtypes = {
+            name: policies.reduce_dtype(owner.get(name)) for name, _ in self.named_trainable()
+        }
 
     def staged_refusal(self) -> str | None:
         if self.found.ddp is not None:

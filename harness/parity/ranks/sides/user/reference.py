@@ -29,7 +29,7 @@ from harness.parity.ranks.sides import checkpoint, reduce_layout, tensor_paralle
 from harness.parity.ranks.sides import compiled as compiling
 from harness.parity.ranks.sides.engines import Engine
 from harness.parity.ranks.sides.references import LowPrecisionDDP, MirroredDDP
-from harness.parity.ranks.sides.user import candidate
+from harness.parity.ranks.sides.user import candidate, policies
 from harness.parity.ranks.sides.user.found import Found
 from harness.parity.workload import registry, tp_plan
 
@@ -41,16 +41,18 @@ def found_by_twin(config: ParityConfig, device: torch.device) -> Found:
     return found
 
 
-def the_policy(found: Found) -> PrecisionPolicy | None:
-    """The one policy every unit with parameters trains in (a ValueError when they differ)."""
-    policies = set(found.policies())
-    if len(policies) > 1:
+def the_policy(found: Found, config: ParityConfig) -> PrecisionPolicy | None:
+    """The policy that stands for the units' (the first of them; each unit's own is emulated by
+    ``policies.py``), ``None`` when every unit trains in float32. Units in different policies
+    accumulating microbatches are refused: the hand accumulation sums in one dtype."""
+    found_policies = [p for p in found.policies() if p is not None]
+    if len(set(found.policies())) > 1 and config.loop.accumulate > 1:
         raise ValueError(
-            "your parallelize function gives its fully_shard units different MixedPrecisionPolicy "
-            f"values ({', '.join(sorted(str(p) for p in policies))}); the twin emulates one policy for "
-            "every unit: give them one (torchtitan's do), or check the units apart"
+            "your fully_shard units have different MixedPrecisionPolicy values; accumulating "
+            "microbatches over them is not mirrored yet (each unit's sum in its own dtype): run the "
+            "plain rows, or give the units one policy"
         )
-    return next(iter(policies), None)
+    return found_policies[0] if found_policies else None
 
 
 class _Twin:
@@ -184,25 +186,37 @@ class UserMirrored(_Twin, MirroredDDP):
 
 
 class UserLowPrecision(_Twin, LowPrecisionDDP):
-    """The low-precision twin: the units' policy emulated on a working copy, float32 masters."""
+    """The low-precision twin: each unit's policy emulated on a working copy (``policies.py``),
+    float32 masters."""
 
     def __init__(self, config: ParityConfig, device: torch.device, found: Found) -> None:
         self.found = found
-        self.found_policy = the_policy(found)
+        self.found_policy = the_policy(found, config)
         super().__init__(config, device)
+        kinds = sorted({f"{p.param}/{p.reduce_dtype}" for p in found.policies() if p is not None})
         self.description = (
-            f"a {self.found_policy.param} working copy with float32 masters, your units' policy emulated, "  # type: ignore[union-attr]
-            "gradients reduced by hand through their collectives on their buckets"
+            f"a working copy in your units' policies ({', '.join(kinds)}: parameter/reduce dtypes) "
+            "with float32 masters, gradients reduced by hand through their collectives on their buckets"
         )
 
     def candidate_policy(self, config: ParityConfig) -> PrecisionPolicy | None:  # type: ignore[override]
         return self.found_policy
 
     def wrap(self, module: nn.Module) -> nn.Module:
-        self.working = twin.working_copy(module, self.policy)
-        twin.install_casts(self.working, self.unit_list(self.working), self.policy)
+        self.working = policies.working_copy(module, self.found)
+        policies.install_casts(self.working, self.found)
         self.layout = self.candidate_layout()
         return Engine.wrap(self, self.working)
+
+    def after_backward(self) -> None:
+        policies.reduce_by_dtype(
+            self.layout,
+            list(self.working.named_parameters()),
+            list(self.module.parameters()),
+            self.found,
+            self.config.mesh.data_parallel_size(self.config.world_size),
+            in_reverse=self.summed_in_reverse,
+        )
 
     def candidate_layout(self) -> reduce_layout.Layout:
         return self.user_layout(self.trained_module())
@@ -242,7 +256,7 @@ def build(config: ParityConfig, device: torch.device) -> Engine:
         )
     cls: type[_Twin] = UserDDP
     if found.ddp is None:
-        cls = UserLowPrecision if the_policy(found) is not None else UserMirrored
+        cls = UserLowPrecision if the_policy(found, config) is not None else UserMirrored
     engine = cls(config, device, found)  # type: ignore[call-arg]
     engine.mirror_function()
     return engine  # type: ignore[return-value]
