@@ -103,7 +103,7 @@ kernels: setup ## the parity matrix under each CPU kernel family this machine re
 mutation: setup ## plant known bugs into copies of scaler/ and harness/parity/ and check the gate catches each; exits 1 if one survives
 	$(PY) -m ci.mutation --out $(REPORTS)
 
-bench: setup ## scaler, harness and parity overhead, as ratios against PyTorch measured in the same run; also reports/bench.json
+bench: setup ## scaler, harness and parity overhead, as ratios against PyTorch measured in the same run; also reports/bench.json and the cost curve reports/bench_cost.png
 	$(PY) -m ci.bench --json $(REPORTS)/bench.json
 
 demo: setup ## python -m scaler.demo: fp16 autocast on CPU, skipped steps and scale growth printed

@@ -103,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         options.json.parent.mkdir(parents=True, exist_ok=True)
         options.json.write_text(json.dumps(data, indent=1) + "\n")
         print(f"bench: wrote {options.json}")
+        cost = data["parts"].get("cost", {})
+        if "error" not in cost and cost:
+            from ci.bench.cost_plot import render_png
+
+            picture = options.json.with_name("bench_cost.png")
+            if render_png(cost, picture):
+                print(f"bench: wrote {picture}")
     if failed:
         print(f"bench: {', '.join(failed)} could not be measured (see above)", file=sys.stderr)
         return 1

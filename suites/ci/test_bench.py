@@ -180,3 +180,32 @@ def test_the_cost_curves_plain_side_and_the_tool_train_the_same_model():
     pytest.importorskip("transformers")
     model = registry.build_model(registry.get(cost_curve.spec("1M")), 0)
     assert 0.5e6 < sum(p.numel() for p in model.parameters()) < 1.5e6
+
+
+def test_the_cost_curve_draws_both_kinds_of_row_and_skips_what_was_not_measured(tmp_path):
+    from ci.bench import cost_plot
+
+    pytest.importorskip("matplotlib")
+    side = {"status": "pass", "wall_s": 2.0, "peak_bytes": 2}
+    rows = [
+        {"size": "1M", "plain": side, "tool": side, "time_ratio": 2.0, "memory_ratio": 1.5},
+        {"size": "1M", "function": True, "plain": side, "tool": side, "time_ratio": 2.5, "memory_ratio": 1.2},
+        {"size": "10M", "function": True, "plain": side, "tool": {"side": "tool", "error": "killed"}},
+    ]
+    measured = {"configuration": "fsdp2 fp32, 2 gloo ranks", "rows": rows}
+    assert cost_plot.series(measured) == {
+        False: {"sizes": ["1M"], "time": [2.0], "memory": [1.5]},
+        True: {"sizes": ["1M"], "time": [2.5], "memory": [1.2]},
+    }
+    assert cost_plot.render_png(measured, tmp_path / "cost.png")
+    assert (tmp_path / "cost.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_function_row_runs_the_users_function_on_the_plain_side_too():
+    """Both sides of a function's row train the same model through the same function."""
+    from ci.bench import cost_curve
+    from harness.parity.workload import registry
+
+    pytest.importorskip("transformers")
+    workload = registry.get(cost_curve.spec("1M", function=True))
+    assert workload.parallelize is cost_curve.parallelize_llama and workload.optimizer is not None
