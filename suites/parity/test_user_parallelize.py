@@ -52,6 +52,20 @@ def test_a_workload_with_a_function_gets_its_setup_as_rows_not_the_matrix():
     assert {c.engine for c in configs} == {"user"}
 
 
+def test_a_resume_row_saves_and_loads_the_functions_model_and_trains_on_bitwise(module_ranks):
+    (config,) = [
+        c
+        for c in workload_matrix.for_workload(
+            f"{_FUNCTIONS}:bf16_fp32_reduce_workload", declared=Declared(resume_at=2)
+        )
+        if c.resume.at is not None
+    ]
+    assert config.id == "user-dp2-own-bf16_fp32_reduce-resume@2-dcp-w2"
+    (outcome,) = runner.run([config], ranks_executor(module_ranks))
+    assert (outcome.result.status, outcome.result.closeness) == ("pass", "bitwise"), outcome.result.reason
+    assert "saved after step 1, resumed in your bf16_fp32_reduce()" in outcome.result.candidate
+
+
 def test_the_mesh_is_the_users_names_and_sizes():
     (config, *_) = workload_matrix.for_workload(
         f"{_FUNCTIONS}:per_block_workload", world_size=4, mesh="dp_shard=2,tp=2"

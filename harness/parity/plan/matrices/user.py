@@ -4,14 +4,16 @@ Why not a matrix: the function *is* the layout (its ``fully_shard`` calls, polic
 compiles, TP plan), so there is nothing to vary but what the user's training does with it: the
 plain loop; a non-finite gradient on one rank and on every rank (every rank must skip the step
 together); and what the workload declares (clipping at its max norm, accumulation in its sync
-modes). The optimizer is the workload's own, else AdamW (torchtitan's); ids read
+modes), and a resume row (saved after the declared step through DCP, and through the workload's own
+``save``/``load`` when it has them). The optimizer is the workload's own, else AdamW (torchtitan's); ids read
 ``user-dp2xtp2-adamw-mymodel-w4``: the engine, the mesh, the optimizer, the workload.
 """
 
 from __future__ import annotations
 
-from harness.parity.plan.config import Compile, Fault, Loop, Mesh, ParityConfig, Scale, unique
+from harness.parity.plan.config import Compile, Fault, Loop, Mesh, ParityConfig, Resume, Scale, unique
 from harness.parity.plan.config.scale import DEFAULT_SCALE
+from harness.parity.plan.matrices import resume as resume_matrix
 from harness.parity.plan.matrices.declared import DEFAULT_ACCUMULATE, DEFAULT_STEPS, Declared, fault_steps
 from harness.parity.workload import registry
 
@@ -58,6 +60,12 @@ def rows(
         count = declared.accumulate or DEFAULT_ACCUMULATE
         for sync in (declared.sync,) if declared.sync else ("every", "last"):
             configs.append(ParityConfig(loop=Loop(accumulate=count, sync=sync), **common))  # type: ignore[arg-type]
+    if (
+        declared.resume_at is not None or spec.save is not None
+    ):  # saved after that step, loaded into a fresh run
+        at = resume_matrix.default_step(steps) if declared.resume_at is None else declared.resume_at
+        for method in ("dcp", "user") if spec.save is not None else ("dcp",):
+            configs.append(ParityConfig(resume=Resume(at=at, method=method), **common))  # type: ignore[arg-type]
     if compile_twin == "eager":  # compile's own difference: the plain row against an eager twin
         configs.append(ParityConfig(compile=Compile(mode="function", twin="eager"), **common))  # type: ignore[arg-type]
     return unique(configs)
