@@ -290,7 +290,7 @@ def verdict(
         return (
             ParityResult(
                 status="error",
-                reason=f"the reference failed: {text[0]}",
+                reason=f"{_REFERENCE_FAILED.get(config.engine, 'the reference failed')}: {text[0]}",
                 detail=reference.error or "",
                 time_s=reference.duration_s,
                 **common,
@@ -383,6 +383,12 @@ def explained(result: ParityResult, reference: RunRecord, candidate: RunRecord |
     )
     named = weighed.named + ((crashed,) if crashed is not None else ())
     return dataclasses.replace(result, causes=named, ruled_out=weighed.ruled_out)
+
+
+_REFERENCE_FAILED = {
+    "user": "your function's unsharded twin failed (with your policies: yours may fail alike)"
+}
+"""How a failed reference is introduced, by candidate engine (a user's function: its twin)."""
 
 
 def _low_reduce_dtype(config: ParityConfig) -> torch.dtype | None:
