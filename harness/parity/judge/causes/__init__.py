@@ -99,7 +99,7 @@ them (``tp_plan_incomplete``, read from a crash, is ``two_d.plan_incomplete``)."
 
 _MORE_SPECIFIC = {
     "reduction_differs": ("divide_factor", "reduced_in_lower_dtype", "never_reduced", "split_tie"),
-    "forward_differs": ("split_tie",),
+    "forward_differs": ("split_tie", "checkpoint_rng"),
 }
 """A cause left out when one that says more about the same stage is named."""
 
