@@ -101,6 +101,19 @@ USER_PLANTS: tuple[Plant, ...] = (
         ),
     ),
     Plant(
+        name="user_twin_averages_over_two",
+        bug="the twin averages its gradients over 2 ranks whatever the data-parallel size: every "
+        "function looks right at world size 2 and wrong from 4 on",
+        edits=(
+            _edit(
+                "ranks/sides/user/policies.py",
+                'twin.divide_factors("user", dtype, data_parallel),',
+                'twin.divide_factors("user", dtype, 2),  # planted',
+            ),
+        ),
+        tests=(f"{_TESTS}::test_a_correct_function_is_bitwise_at_world_size_4",),
+    ),
+    Plant(
         name="user_rows_without_infs",
         bug="a function's rows plant no inf: whether every rank skips together is never checked",
         edits=(
