@@ -19,17 +19,16 @@ from torch import nn
 
 from harness.rank import context
 
-_FSDP_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
+_WRAPPER_PARTS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
 _MESH = context.GroupKey[tuple[tuple[Any, ...], Any]]()
 """In the default group's stash: the last mesh made on it, with its ``(device type, shape, names)``."""
 
 
 def clean_name(name: str) -> str:
-    """A parameter name as in the unwrapped model (FSDP1 inserts ``_fsdp_wrapped_module.``, a
-    checkpoint wrapper ``_checkpoint_wrapped_module.``, ``torch.compile(module)`` ``_orig_mod.``)."""
-    for prefix in _FSDP_PREFIXES:
-        name = name.replace(prefix, "")
-    return name
+    """A parameter or module name as in the unwrapped model: the parts wrappers insert dropped
+    (FSDP1's ``_fsdp_wrapped_module``, a checkpoint wrapper's ``_checkpoint_wrapped_module``,
+    ``torch.compile(module)``'s ``_orig_mod``), wherever they stand in the name."""
+    return ".".join(part for part in name.split(".") if part not in _WRAPPER_PARTS)
 
 
 def to_cpu(value: Any) -> torch.Tensor:

@@ -29,7 +29,7 @@ from harness.parity.ranks.wire import FunctionFacts
 def user_mesh(config: ParityConfig, device: torch.device) -> Any:
     """The ``DeviceMesh`` the function receives: the configuration's dimensions, names and sizes
     as the user gave them (kept for the process group: the twin's reductions use its groups)."""
-    dims = config.mesh.dims or (("dp", config.world_size),)
+    dims = config.mesh.dims or ()  # always set for engine 'user' (``Mesh.check_dims``)
     return gather.mesh(device.type, tuple(size for _, size in dims), tuple(name for name, _ in dims))
 
 
@@ -101,10 +101,10 @@ class UserParallel(FSDP2TP):
         return result
 
     def named_trainable(self) -> list[tuple[str, torch.Tensor]]:
-        return [(discover.clean(n), p) for n, p in self.module.named_parameters() if p.requires_grad]
+        return [(gather.clean_name(n), p) for n, p in self.module.named_parameters() if p.requires_grad]
 
     def named_parameters_whole(self) -> list[tuple[str, torch.Tensor]]:
-        return [(discover.clean(n), p) for n, p in self.module.named_parameters()]
+        return [(gather.clean_name(n), p) for n, p in self.module.named_parameters()]
 
     def observed(self, module: str, tensor: torch.Tensor) -> torch.Tensor:
         if self.tp_group is None:

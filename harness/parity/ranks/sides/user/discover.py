@@ -27,16 +27,10 @@ import torch
 from torch import nn
 
 from harness.parity.plan.precision import PrecisionPolicy
+from harness.parity.ranks.sides.full import gather
 from harness.parity.ranks.sides.user.found import Compiled, Found, Unit
 
-WRAPPER_PARTS = ("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")
-"""Name parts that wrappers insert (compile, checkpoint_wrapper, FSDP1): not the user's names."""
 _DTYPE_WORDS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
-
-
-def clean(name: str) -> str:
-    """``name`` as in the unwrapped model (``layers.0._checkpoint_wrapped_module.w`` -> ``layers.0.w``)."""
-    return ".".join(part for part in name.split(".") if part not in WRAPPER_PARTS)
 
 
 @contextlib.contextmanager
@@ -120,7 +114,7 @@ def _unit(name: str, module: nn.Module, names: dict[int, str], refused: list[str
     if type(group._reduce_scatter_comm).__name__ != "DefaultReduceScatter":
         refused.append(f"{where} has a custom reduce-scatter (set_custom_reduce_scatter): not mirrored")
     params = tuple(
-        clean(f"{names[id(p._module_info.module)]}.{p._module_info.param_name}".lstrip("."))
+        gather.clean_name(f"{names[id(p._module_info.module)]}.{p._module_info.param_name}".lstrip("."))
         for p in group.fsdp_params
     )
     return Unit(
@@ -222,14 +216,14 @@ def read(
             )
         root = root.module
     modules = list(root.named_modules(remove_duplicate=False))
-    names = {id(m): clean(n) for n, m in reversed(modules)}  # the outermost name of a module wins
+    names = {id(m): gather.clean_name(n) for n, m in reversed(modules)}  # the outermost name of a module wins
     units, compiled, checkpointed = [], [], []
     seen: set[int] = set()
     for raw, module in modules:
         if id(module) in seen:
             continue
         seen.add(id(module))
-        name = clean(raw)
+        name = gather.clean_name(raw)
         if isinstance(module, FSDP1):
             refused.append(
                 f"{name or 'the root'}: FSDP1 (FullyShardedDataParallel) inside a parallelize function is "
@@ -252,7 +246,9 @@ def read(
     never = ()
     if ddp is None and data_parallel > 1:
         never = tuple(
-            clean(n) for n, p in root.named_parameters() if p.requires_grad and clean(n) not in managed
+            gather.clean_name(n)
+            for n, p in root.named_parameters()
+            if p.requires_grad and gather.clean_name(n) not in managed
         )
     degrees = {mesh.size() for _, _, mesh in styles}
     if len(degrees) > 1:

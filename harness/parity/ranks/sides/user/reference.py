@@ -88,7 +88,7 @@ class _Twin:
             raise ValueError(
                 f"your fully_shard units shard over different meshes ({sorted(meshes)}): not mirrored"
             )
-        dims = self.config.mesh.dims or (("dp", self.config.world_size),)
+        dims = self.config.mesh.dims or ()  # always set for engine 'user' (``Mesh.check_dims``)
         unit_mesh = next(iter(meshes), ())
         names = tuple(name for name, _ in unit_mesh)
         if names and not set(names) <= {name for name, _ in dims}:
