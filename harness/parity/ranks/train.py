@@ -295,7 +295,7 @@ class Run:
             found_inf=found_inf,
             skipped=skipped,
             clip_norm=clip_norm,
-            accumulated_in=accumulate.accumulated_in(config, hand),
+            accumulated_in=accumulate.accumulated_in(config, hand, engine),
             checkpoint=engine.recorded_checkpoint or checkpoint.recorded(config, self.role),
             compiled=compiled.recorded(engine, config),
             tensors=tensors,

@@ -27,21 +27,22 @@ from typing import Any
 import torch
 
 from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.precision import PrecisionPolicy
 from harness.parity.ranks.sides import engines, reduce_layout, references, twin
 from harness.parity.ranks.sides.twin import DTYPES
 
 
-def accumulated_in(config: ParityConfig, hand: HandAccumulation | None) -> str | None:
+def accumulated_in(config: ParityConfig, hand: HandAccumulation | None, engine: engines.Engine) -> str | None:
     """What a step records of its accumulation: the dtype its unreduced microbatch gradients were
-    summed in (the reference's hand accumulation's, the candidate's :func:`unsynced_dtype`), or
-    ``None`` where nothing was summed unreduced."""
+    summed in (the reference's hand accumulation's, the candidate's :func:`unsynced_dtype` under
+    the policy it runs), or ``None`` where nothing was summed unreduced."""
     if config.loop.accumulate == 1 or config.loop.sync != "last":
         return None
-    dtype = hand.unsynced if hand is not None else unsynced_dtype(config)
+    dtype = hand.unsynced if hand is not None else unsynced_dtype(config, engine.running_policy())
     return str(dtype).removeprefix("torch.")
 
 
-def unsynced_dtype(config: ParityConfig) -> torch.dtype:
+def unsynced_dtype(config: ParityConfig, policy: PrecisionPolicy | None = None) -> torch.dtype:
     """The dtype the candidate sums its unreduced gradients in under ``sync="last"``, read in torch
     2.13's sources. FSDP1: autograd accumulates each microbatch into the unsharded flat
     parameter's ``.grad`` in the parameter dtype (``_post_backward_hook`` returns before any cast
@@ -49,8 +50,9 @@ def unsynced_dtype(config: ParityConfig) -> torch.dtype:
     reduce dtype only at the last. FSDP2: ``FSDPParam.to_accumulated_grad_if_needed`` casts the
     first microbatch's gradient to the reduce dtype and ``accumulate_unsharded_grad_if_needed``
     adds the next ones into it (a reduce dtype equal to the parameter dtype is clamped to
-    ``None``: plain autograd accumulation in that dtype)."""
-    policy = config.policy
+    ``None``: plain autograd accumulation in that dtype). ``policy``: the one the side runs, when
+    the configuration does not name it (a user's function's units')."""
+    policy = config.policy if policy is None else policy
     if policy is None:
         return torch.float32
     return DTYPES[policy.param] if config.engine == "fsdp1" else DTYPES[policy.reduce_dtype]
@@ -106,9 +108,7 @@ class HandAccumulation:
         self.layout = engine.candidate_layout()
         self.masters = list(engine.module.parameters())
         self.reduce = torch.float32 if policy is None else DTYPES[policy.reduce_dtype]
-        self.unsynced = unsynced_dtype(config)
-        if config.engine == "user" and policy is not None:  # a user's FSDP2 units, read on the ranks
-            self.unsynced = DTYPES[policy.reduce_dtype]
+        self.unsynced = unsynced_dtype(config, policy)
         self.factors = twin.divide_factors(config.engine, self.reduce, engine.world_size)
         self.in_reverse = engine.summed_in_reverse
         self._pending: list[torch.Tensor | None] = [None] * len(self.lows)

@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.precision import PrecisionPolicy
 from harness.parity.ranks.sides import reduce_layout, twin
 from harness.parity.ranks.sides.full import flat, gather
 from harness.parity.ranks.sides.optim.optimizers import make_optimizer
@@ -177,6 +178,7 @@ class Engine:
     """What a step records of activation checkpointing when the engine, not the configuration,
     knows it (a user's function: ``replay``/``no_replay``, ``user/``); ``None``: the configuration's."""
     compile_backend: str | None = None
+    """The backend a step records for compiled modules when the engine knows it (a user's function)."""
     compiled_count: int | None = None
     """How many modules run compiled when the engine knows it better than its trained module's
     ``_compiled_call_impl`` (a user's ``torch.compile(module)`` wraps instead)."""
@@ -195,7 +197,11 @@ class Engine:
     the root in DDP): it accumulates microbatches as its candidate does, not by hand."""
     facts: FunctionFacts | None = None
     """What a user's function did that explains a difference by itself (``user/candidate.py``)."""
-    """The backend a step records for compiled modules when the engine knows it (a user's function)."""
+
+    def running_policy(self) -> PrecisionPolicy | None:
+        """The mixed precision this side runs in: the configuration's (a user's function: its
+        units', read on the ranks)."""
+        return self.config.policy
 
     unscales_first = False
     """Whether the loop must call ``unscale_`` itself so that :meth:`before_step` sees unscaled grads."""

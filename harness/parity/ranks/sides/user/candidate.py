@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.precision import PrecisionPolicy
 from harness.parity.ranks.sides import compiled as compiling
 from harness.parity.ranks.sides.engines import Engine
 from harness.parity.ranks.sides.full import gather
@@ -75,6 +76,11 @@ class UserParallel(FSDP2TP):
         self.units_reduce_dtypes = {
             name: policies.reduce_dtype(owner.get(name)) for name, _ in self.named_trainable()
         }
+
+    def running_policy(self) -> PrecisionPolicy | None:
+        """The units' policy (the first unit's: accumulation over units in different policies is
+        refused by the twin, ``reference.the_policy``)."""
+        return next((p for p in self.found.policies() if p is not None), None)
 
     def staged_refusal(self) -> str | None:
         if self.found.ddp is not None:
