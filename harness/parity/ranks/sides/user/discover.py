@@ -218,11 +218,7 @@ def read(
     modules = list(root.named_modules(remove_duplicate=False))
     names = {id(m): gather.clean_name(n) for n, m in reversed(modules)}  # the outermost name of a module wins
     units, compiled, checkpointed = [], [], []
-    seen: set[int] = set()
-    for raw, module in modules:
-        if id(module) in seen:
-            continue
-        seen.add(id(module))
+    for raw, module in root.named_modules():  # each module once, under its first name
         name = gather.clean_name(raw)
         if isinstance(module, FSDP1):
             refused.append(
@@ -245,11 +241,8 @@ def read(
     managed = {p for unit in units for p in unit.params}
     never = ()
     if ddp is None and data_parallel > 1:
-        never = tuple(
-            gather.clean_name(n)
-            for n, p in root.named_parameters()
-            if p.requires_grad and gather.clean_name(n) not in managed
-        )
+        trainable = [gather.clean_name(n) for n, p in root.named_parameters() if p.requires_grad]
+        never = tuple(name for name in trainable if name not in managed)
     degrees = {mesh.size() for _, _, mesh in styles}
     if len(degrees) > 1:
         refused.append(
