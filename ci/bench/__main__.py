@@ -1,5 +1,5 @@
-"""``python -m ci.bench [--json PATH] [--only PART ...] [--cost-sizes 1M,10M,50M] [--cost-world-size 4]``: run the benchmarks, print their tables and
-optionally write them as JSON (schema in :mod:`ci.bench`).
+"""``python -m ci.bench [--json PATH] [--only PART ...] [--cost-sizes 1M,10M,50M] [--cost-world-sizes 2,4,8]``:
+run the benchmarks, print their tables and optionally write them as JSON (schema in :mod:`ci.bench`).
 
 Exit status: 0 when every part was measured, 1 when a part failed (the others still run and are
 printed; the failure is in the JSON as ``{"error": ...}``), 2 for bad arguments.
@@ -20,7 +20,9 @@ from typing import Any
 from ci.bench import PARTS, SCHEMA, VERSION, render_part
 
 
-def _measure(name: str, cost_sizes: tuple[str, ...], cost_world_size: int = 2) -> dict[str, Any]:
+def _measure(
+    name: str, cost_sizes: tuple[str, ...], cost_world_sizes: tuple[int, ...] = (2,)
+) -> dict[str, Any]:
     if name == "scaler":
         from ci.bench import scaler_overhead
 
@@ -32,7 +34,7 @@ def _measure(name: str, cost_sizes: tuple[str, ...], cost_world_size: int = 2) -
     if name == "cost":
         from ci.bench import cost_curve
 
-        return cost_curve.measure(cost_sizes, world_size=cost_world_size)
+        return cost_curve.measure(cost_sizes, cost_world_sizes)
     if name == "diagnosis":
         from ci.bench import diagnosis
 
@@ -55,28 +57,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cost-sizes",
         default="1M,10M",
-        help="model sizes of the cost curve, comma-separated, of 1M, 10M, 50M (default 1M,10M; "
-        "50M takes minutes on 2 cores)",
+        help="model sizes of the cost curve, comma-separated, of 1M, 10M, 50M, 185M, 300M (default "
+        "1M,10M; 50M takes minutes on 2 cores, 185M and 300M need 8 and 15 GB)",
     )
     parser.add_argument(
-        "--cost-world-size",
-        type=int,
-        default=2,
-        help="gloo ranks of the cost curve (default 2; 4 shows what the mirrored reduction costs)",
+        "--cost-world-sizes",
+        default="2,4,8",
+        help="gloo ranks of the cost curve's world-size rows, comma-separated (default 2,4,8; each "
+        "runs the first of --cost-sizes)",
     )
     options = parser.parse_args(argv)
-    if options.cost_world_size < 2:
-        parser.error(f"--cost-world-size {options.cost_world_size}: give 2 or more ranks, e.g. 4")
     if options.json is not None and options.json.is_dir():
         parser.error(
             f"--json {options.json} is a folder; give a file name, e.g. {options.json / 'bench.json'}"
         )
-    from ci.bench.cost_curve import SIZES
+    from ci.bench.cost_workloads import SIZES
 
     cost_sizes = tuple(size for size in options.cost_sizes.split(",") if size)
     if not cost_sizes or any(size not in SIZES for size in cost_sizes):
         parser.error(
             f"--cost-sizes {options.cost_sizes!r}: give sizes of {', '.join(SIZES)}, e.g. 1M,10M,50M"
+        )
+    try:
+        cost_world_sizes = tuple(int(ws) for ws in options.cost_world_sizes.split(",") if ws)
+    except ValueError:
+        cost_world_sizes = ()
+    if not cost_world_sizes or min(cost_world_sizes) < 2:
+        parser.error(
+            f"--cost-world-sizes {options.cost_world_sizes!r}: give rank counts of 2 or more, e.g. 2,4,8"
         )
     import torch
 
@@ -93,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     for name in options.only or PARTS:
         try:
-            data["parts"][name] = _measure(name, cost_sizes, options.cost_world_size)
+            data["parts"][name] = _measure(name, cost_sizes, cost_world_sizes)
         except Exception as error:  # noqa: BLE001 - one failed part must not hide the others
             traceback.print_exc()
             data["parts"][name] = {"error": f"{type(error).__name__}: {error}"}

@@ -1,10 +1,13 @@
 """The cost curve as a picture (``make bench`` writes ``bench_cost.png`` beside ``bench.json``).
 
 Why a picture: the question the curve answers is whether a check's cost grows like training's as
-the model grows, and two lines (time, memory) of ratios against a plain run, per kind of row, show
-at a glance whether they stay flat or climb. Each panel draws the ratio tool / plain at each
-measured size, one line for the built-in FSDP2 row and one for a user's own ``parallelize``
-function's row, with the plain run at 1x as the floor; a size whose side failed is left out.
+the model and the world grow, and lines of ratios against plain runs show at a glance whether they
+stay flat or climb. Top: against model size at 2 ranks; bottom: against the number of ranks. Left
+time, right peak memory (every process summed). Each panel has a line for the check against one
+process training the whole batch (``x single``: the floor a user compares with) and one against
+the same training on the same ranks without the tool (``x plain``); the top panels also draw a
+user's own ``parallelize`` function's row. The plain run is the dashed 1x; a row whose side failed
+is left out.
 """
 
 from __future__ import annotations
@@ -12,63 +15,80 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-_KINDS = {
-    False: "built-in FSDP2 row vs plain DDP + FSDP2 loops",
-    True: "your parallelize function's row vs a plain run of it",
+_LINES = {
+    (False, "single_"): "built-in FSDP2 row vs one process",
+    (False, ""): "built-in FSDP2 row vs the same ranks without the tool",
+    (True, "single_"): "your parallelize function's row vs one process",
+    (True, ""): "your parallelize function's row vs the same ranks without the tool",
 }
 
 
-def series(measured: dict[str, Any]) -> dict[bool, dict[str, list[Any]]]:
-    """``{function?: {"sizes": [...], "time": [...], "memory": [...]}}`` from the cost part's rows
-    (only the rows where both sides were measured)."""
-    out: dict[bool, dict[str, list[Any]]] = {}
-    for row in measured.get("rows", []):
-        if "time_ratio" not in row:
-            continue
-        found = out.setdefault(bool(row.get("function")), {"sizes": [], "time": [], "memory": []})
-        found["sizes"].append(row["size"])
-        found["time"].append(row["time_ratio"])
-        found["memory"].append(row["memory_ratio"])
+def series(measured: dict[str, Any], along: str = "size") -> dict[tuple[bool, str], dict[str, list[Any]]]:
+    """``{(function?, "single_" or ""): {"at": [...], "time": [...], "memory": [...]}}`` of the rows
+    where every side was measured, ``along`` model size (the rows at 2 ranks) or ``world_size``
+    (the built-in rows of the first size)."""
+    rows = [r for r in measured.get("rows", []) if "time_ratio" in r]
+    if along == "size":
+        rows = [r for r in rows if r.get("world_size", 2) == 2]
+    else:
+        first = next((r["size"] for r in rows), None)
+        rows = sorted(
+            (r for r in rows if not r.get("function") and r["size"] == first),
+            key=lambda r: r.get("world_size", 2),
+        )
+    out: dict[tuple[bool, str], dict[str, list[Any]]] = {}
+    for found in rows:
+        for prefix in ("single_", ""):
+            if prefix + "time_ratio" not in found:
+                continue
+            line = out.setdefault((bool(found.get("function")), prefix), {"at": [], "time": [], "memory": []})
+            line["at"].append(found["size"] if along == "size" else found.get("world_size", 2))
+            line["time"].append(found[prefix + "time_ratio"])
+            line["memory"].append(found[prefix + "memory_ratio"])
     return out
+
+
+def _panel(
+    axis: Any, lines: dict[tuple[bool, str], dict[str, list[Any]]], key: str, title: str, xlabel: str
+) -> None:
+    ticks = list(dict.fromkeys(at for line in lines.values() for at in line["at"]))
+    for name, line in sorted(lines.items(), key=lambda item: (item[0][0], item[0][1] == "")):
+        xs = [ticks.index(at) for at in line["at"]]
+        style = "-" if name[1] == "single_" else ":"
+        axis.plot(xs, line[key], marker="o", linestyle=style, label=_LINES[name])
+        for x, y in zip(xs, line[key], strict=True):
+            axis.annotate(
+                f"{y:.1f}x", (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8
+            )
+    axis.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    axis.set_xticks(range(len(ticks)), [str(t) for t in ticks])
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel("check / plain run")
+    axis.set_title(title)
+    axis.set_ylim(bottom=0)
 
 
 def render_png(measured: dict[str, Any], path: Path) -> bool:
     """Draw the cost part of a ``bench.json`` into ``path``; False when nothing was measured."""
-    lines = series(measured)
-    if not lines:
+    by_size, by_world = series(measured, "size"), series(measured, "world_size")
+    if not by_size and not by_world:
         return False
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sizes = list(dict.fromkeys(size for found in lines.values() for size in found["sizes"]))
-    figure, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=False)
-    for axis, key, title in (
-        (axes[0], "time", "wall time"),
-        (axes[1], "memory", "peak memory, all processes"),
-    ):
-        for function, found in sorted(lines.items()):
-            xs = [sizes.index(size) for size in found["sizes"]]
-            axis.plot(xs, found[key], marker="o", label=_KINDS[function])
-            for x, y in zip(xs, found[key], strict=True):  # the higher point's label above, else below
-                others = [
-                    o[key][o["sizes"].index(sizes[x])]
-                    for f, o in lines.items()
-                    if f != function and sizes[x] in o["sizes"]
-                ]
-                offset = (0, 7) if all(y >= other for other in others) else (0, -14)
-                axis.annotate(f"{y:.1f}x", (x, y), textcoords="offset points", xytext=offset, ha="center")
-        axis.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-        axis.set_xticks(range(len(sizes)), sizes)
-        axis.set_xlabel("parameters (HF Llama)")
-        axis.set_ylabel("check / plain run")
-        axis.set_title(title)
-        axis.set_ylim(bottom=0)
-    axes[0].legend(loc="lower left", fontsize=8)
-    ranks = str(measured.get("configuration", "")).rpartition(", ")[2]
+    panels = [(by_size, "parameters (HF Llama), 2 ranks")] if by_size else []
+    if len({at for line in by_world.values() for at in line["at"]}) > 1:
+        first = next(r["size"] for r in measured["rows"] if "time_ratio" in r)
+        panels.append((by_world, f"ranks (gloo), {first} parameters"))
+    figure, axes = plt.subplots(len(panels), 2, figsize=(11, 4.2 * len(panels)), squeeze=False)
+    for (lines, xlabel), row in zip(panels, axes, strict=True):
+        _panel(row[0], lines, "time", "wall time", xlabel)
+        _panel(row[1], lines, "memory", "peak memory, all processes", xlabel)
+    axes[0][0].legend(loc="upper left", fontsize=7)
     figure.suptitle(
-        f"what a check costs against the run it checks ({ranks}, 6 steps), measured in the same run"
+        f"what a check costs against the run it checks ({measured['rows'][0]['steps']} steps), measured in the same run"
     )
     figure.tight_layout()
     figure.savefig(path, dpi=110)

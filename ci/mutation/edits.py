@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-_LISTS = {"scaler": "plants.py", "harness/parity": "engine_plants.py"}
+_LISTS = {"scaler": "plants.py", "harness/parity": "engine_plants.py", "harness/controller": "cost_plants.py"}
 """Where each package's plants are listed (what to update when one no longer applies)."""
 
 
@@ -27,8 +27,8 @@ class Edit:
     old: str
     new: str
     package: str = "scaler"
-    """The folder, relative to the project root, that ``file`` is in (``scaler`` or
-    ``harness/parity``)."""
+    """The folder, relative to the project root, that ``file`` is in (``scaler``,
+    ``harness/parity`` or ``harness/controller``)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

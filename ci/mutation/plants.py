@@ -14,6 +14,7 @@ suites: write the test that kills it and add it here.
 
 from __future__ import annotations
 
+from ci.mutation.cost_plants import COST_PLANTS
 from ci.mutation.edits import Edit, Plant, PlantError, apply
 from ci.mutation.engine_plants import ENGINE_PLANTS
 from ci.mutation.premise_plants import PREMISE_PLANTS
@@ -425,5 +426,6 @@ PLANTS: tuple[Plant, ...] = (
     *TWO_D_PLANTS,
     *SEMANTICS_PLANTS,
     *USER_PLANTS,
+    *COST_PLANTS,
 )
 """Every plant: the scaler's, then the parity engine's."""

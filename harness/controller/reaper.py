@@ -36,6 +36,8 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 
+from harness.controller import allocator
+
 TAG_VAR = "SHARDSCALE_POOL_TAG"
 
 _tag: tuple[int, str] | None = None
@@ -64,10 +66,14 @@ def _environ_with(name: str, value: str) -> Iterator[None]:
 
 def start_tagged_forkserver(tag: str) -> None:
     """Make sure multiprocessing's forkserver (one per process, shared by every pool) runs, exec'd
-    with ``tag`` appended to ``TAG_VAR`` if this call starts it. Cheap when it already runs."""
+    with ``tag`` appended to ``TAG_VAR`` and the ranks' allocator settings
+    (``allocator.tunables``) if this call starts it. Cheap when it already runs."""
     multiprocessing.resource_tracker.ensure_running()  # not ours to report: start it untagged
     inherited = os.environ.get(TAG_VAR)
-    with _environ_with(TAG_VAR, f"{inherited}:{tag}" if inherited else tag):
+    with (
+        _environ_with(TAG_VAR, f"{inherited}:{tag}" if inherited else tag),
+        _environ_with(allocator.VARIABLE, allocator.tunables(os.environ.get(allocator.VARIABLE))),
+    ):
         multiprocessing.forkserver.ensure_running()
 
 

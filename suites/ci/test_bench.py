@@ -63,8 +63,12 @@ def test_a_document_of_another_schema_is_refused():
     [
         (["--only", "gpu"], "argument --only: invalid choice: 'gpu'"),
         (["--json", "."], "--json . is a folder"),
-        (["--cost-sizes", "5M"], "--cost-sizes '5M': give sizes of 1M, 10M, 50M"),
-        (["--cost-world-size", "1"], "--cost-world-size 1: give 2 or more ranks, e.g. 4"),
+        (["--cost-sizes", "5M"], "--cost-sizes '5M': give sizes of 1M, 10M, 50M, 185M, 300M"),
+        (
+            ["--cost-world-sizes", "1,2"],
+            "--cost-world-sizes '1,2': give rank counts of 2 or more, e.g. 2,4,8",
+        ),
+        (["--cost-world-sizes", "two"], "--cost-world-sizes 'two': give rank counts of 2 or more"),
     ],
 )
 def test_bad_arguments_exit_2_naming_the_fix(args, complaint):
@@ -143,24 +147,61 @@ def test_the_parity_part_says_what_localization_costs_per_failing_configuration(
     assert "a passing matrix pays nothing" in text
 
 
+def _side(name, wall_s, gb, processes=None):
+    side = {"side": name, "status": "pass", "wall_s": wall_s, "peak_bytes": int(gb * 1024**3)}
+    return {**side, "processes": processes or []}
+
+
+def _row(size, world_size=2, function=False, **sides):
+    found = {"size": size, "world_size": world_size, "steps": 6, "function": function, **sides}
+    if all(s.get("status") == "pass" for s in sides.values()):
+        tool = sides["tool"]
+        for against, prefix in (("plain", ""), ("single", "single_")):
+            found[prefix + "time_ratio"] = tool["wall_s"] / sides[against]["wall_s"]
+            found[prefix + "memory_ratio"] = tool["peak_bytes"] / sides[against]["peak_bytes"]
+    return found
+
+
+def _process(name, warm_gb, peak_gb):
+    return {"process": name, "warm_bytes": int(warm_gb * 1024**3), "peak_bytes": int(peak_gb * 1024**3)}
+
+
 def test_the_cost_curve_renders_from_its_json():
-    side = {"status": "pass", "wall_s": 2.0, "peak_bytes": 3 * 1024**3}
-    row = {"size": "10M", "plain": {**side, "wall_s": 1.0, "peak_bytes": 1024**3}, "tool": side}
-    failed = {"size": "50M", "plain": side, "tool": {"side": "tool", "error": "exit 1: killed"}}
+    measured = _row(
+        "10M", single=_side("single", 1.0, 0.5), plain=_side("plain", 2.0, 1.0), tool=_side("tool", 4.0, 1.5)
+    )
+    failed = {
+        "size": "50M",
+        "world_size": 2,
+        "single": _side("single", 1.0, 1.0),
+        "plain": _side("plain", 1.0, 1.0),
+    }
+    failed["tool"] = {"side": "tool", "error": "exit 1: killed"}
+    cost = {"model": "HF LlamaForCausalLM", "configuration": "fsdp2 fp32", "rows": [measured, failed]}
+    text = render(_document(cost=cost))
+    assert (
+        "  10M     2       1.0      2.0      4.0    4.0x    2.0x    0.50    1.00    1.50    3.0x    1.5x  pass"
+        in text
+    ), text
+    assert "  50M     2  not measured: the tool side exit 1: killed" in text, text
+
+
+def test_the_profile_splits_each_process_into_libraries_training_and_the_checks_own():
+    plain = _side("plain", 2.0, 1.4, [_process("controller", 0.2, 0.2), _process("rank 0", 0.3, 1.2)])
+    tool = _side("tool", 3.0, 1.8, [_process("controller", 0.2, 0.3), _process("rank 0", 0.3, 1.5)])
     cost = {
-        "model": "HF LlamaForCausalLM",
-        "configuration": "fsdp2 fp32",
-        "rows": [{**row, "time_ratio": 2.0, "memory_ratio": 3.0}, failed],
+        "model": "m",
+        "configuration": "c",
+        "rows": [_row("10M", single=_side("single", 1.0, 0.6), plain=plain, tool=tool)],
     }
     text = render(_document(cost=cost))
-    assert "  10M       1.0       2.0    2.0x      1.00      3.00    3.0x  pass" in text, text
-    assert "  50M not measured: the tool side exit 1: killed" in text, text
+    assert "  10M at 2 ranks (one process alone: 0.60 peak)" in text, text
+    assert "rank 0:  0.30 |  0.90 | +0.30   peak  1.50" in text, text
 
 
 def test_a_cost_curve_side_that_did_not_pass_is_not_measured():
     """A plain loop that missed its deadline has no peak memory worth a ratio (issue 25's 50M row
     once showed 0.21 GB for it)."""
-    passed = {"side": "tool", "status": "pass", "wall_s": 2.0, "peak_bytes": 3 * 1024**3}
     late = {
         "side": "plain",
         "status": "failed",
@@ -168,44 +209,58 @@ def test_a_cost_curve_side_that_did_not_pass_is_not_measured():
         "wall_s": 60.0,
         "peak_bytes": 1,
     }
-    row = {"size": "50M", "plain": late, "tool": passed}
-    text = render(_document(cost={"model": "m", "configuration": "c", "rows": [row]}))
-    assert "  50M not measured: the plain side failed: rank 0 did not finish" in text, text
+    found = _row("50M", single=_side("single", 1.0, 1.0), plain=late, tool=_side("tool", 2.0, 3.0))
+    text = render(_document(cost={"model": "m", "configuration": "c", "rows": [found]}))
+    assert "  50M     2  not measured: the plain side failed: rank 0 did not finish" in text, text
 
 
-def test_the_cost_curves_plain_side_and_the_tool_train_the_same_model():
-    from ci.bench import cost_curve
+def test_the_cost_curves_sides_train_the_same_model():
+    from ci.bench import cost_workloads
     from harness.parity.workload import registry
 
     pytest.importorskip("transformers")
-    model = registry.build_model(registry.get(cost_curve.spec("1M")), 0)
+    model = registry.build_model(registry.get(cost_workloads.spec("1M")), 0)
     assert 0.5e6 < sum(p.numel() for p in model.parameters()) < 1.5e6
 
 
-def test_the_cost_curve_draws_both_kinds_of_row_and_skips_what_was_not_measured(tmp_path):
+def test_the_cost_curve_draws_size_and_world_size_and_skips_what_was_not_measured(tmp_path):
     from ci.bench import cost_plot
 
     pytest.importorskip("matplotlib")
-    side = {"status": "pass", "wall_s": 2.0, "peak_bytes": 2}
-    rows = [
-        {"size": "1M", "plain": side, "tool": side, "time_ratio": 2.0, "memory_ratio": 1.5},
-        {"size": "1M", "function": True, "plain": side, "tool": side, "time_ratio": 2.5, "memory_ratio": 1.2},
-        {"size": "10M", "function": True, "plain": side, "tool": {"side": "tool", "error": "killed"}},
-    ]
-    measured = {"configuration": "fsdp2 fp32, 2 gloo ranks", "rows": rows}
-    assert cost_plot.series(measured) == {
-        False: {"sizes": ["1M"], "time": [2.0], "memory": [1.5]},
-        True: {"sizes": ["1M"], "time": [2.5], "memory": [1.2]},
+    sides = {
+        "single": _side("single", 1.0, 1.0),
+        "plain": _side("plain", 2.0, 2.0),
+        "tool": _side("tool", 4.0, 3.0),
     }
+    rows = [
+        _row("1M", **sides),
+        _row("1M", world_size=4, **sides),
+        _row("1M", function=True, **sides),
+        _row(
+            "10M",
+            function=True,
+            single=sides["single"],
+            plain=sides["plain"],
+            tool={"side": "tool", "error": "x"},
+        ),
+    ]
+    measured = {"configuration": "fsdp2 fp32, gloo ranks", "rows": rows}
+    assert cost_plot.series(measured, "size") == {
+        (False, "single_"): {"at": ["1M"], "time": [4.0], "memory": [3.0]},
+        (False, ""): {"at": ["1M"], "time": [2.0], "memory": [1.5]},
+        (True, "single_"): {"at": ["1M"], "time": [4.0], "memory": [3.0]},
+        (True, ""): {"at": ["1M"], "time": [2.0], "memory": [1.5]},
+    }
+    assert cost_plot.series(measured, "world_size")[(False, "single_")]["at"] == [2, 4]
     assert cost_plot.render_png(measured, tmp_path / "cost.png")
     assert (tmp_path / "cost.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_a_function_row_runs_the_users_function_on_the_plain_side_too():
     """Both sides of a function's row train the same model through the same function."""
-    from ci.bench import cost_curve
+    from ci.bench import cost_workloads
     from harness.parity.workload import registry
 
     pytest.importorskip("transformers")
-    workload = registry.get(cost_curve.spec("1M", function=True))
-    assert workload.parallelize is cost_curve.parallelize_llama and workload.optimizer is not None
+    workload = registry.get(cost_workloads.spec("1M", function=True))
+    assert workload.parallelize is cost_workloads.parallelize_llama and workload.optimizer is not None

@@ -35,8 +35,8 @@ BUG_CLASSES = {
 """The bug classes the gate must catch (issue: the mutation check), each a plant."""
 
 
-_PACKAGES = ("scaler", "harness/parity")
-"""Where plants edit: the library and the parity engine."""
+_PACKAGES = ("scaler", "harness/parity", "harness/controller")
+"""Where plants edit: the library, the parity engine and the controller (the ranks' allocator)."""
 
 
 @pytest.fixture

@@ -52,7 +52,7 @@ def test_a_failed_batch_runs_again_one_configuration_at_a_time():
     seen = []
 
     def record(batch, backend, world_size):
-        seen.append([config.optimizer for config in batch])
+        seen.append([request.config.optimizer for request in batch])
         raise runner.BatchFailed("not run")
 
     runner.run(configs, record, batch_size=3)

@@ -35,12 +35,14 @@ from harness.parity.judge import result as results
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig, by_world, unsupported_reason
+from harness.parity.ranks import requests
 from harness.parity.ranks.measure.record import RunRecord
 
 Executor = Callable[..., list[list[Any]]]
 """``execute(batch, backend, world_size, target=RANK_TARGET)``: every rank's list of results, one
 record of ``harness.parity.ranks.wire`` per request (the target's, by rank: ``RankRow``,
-``StagedRun``, ``Probed``)."""
+``StagedRun``, ``Probed``). Each of ``RANK_TARGET``'s requests is a ``requests.Request`` (a configuration
+and whether the rest of the run reads its reference again)."""
 RANK_TARGET = "harness.parity.ranks.entry:run_batch"
 TENSORS_TARGET = "harness.parity.ranks.entry:run_batch_keeping_tensors"
 """The same, with every step's full tensors in the records (``run(keep_tensors=True)``)."""
@@ -187,8 +189,11 @@ def run(
 
     plain = [config for config in runnable if config.resume.world_size is None]
     for (backend, world_size), group in by_world(plain):
+        sent = {request.config.id: request for request in requests.requests(group)}
         for batch in _chunks(group, batch_size):
-            finish_all(_judged_batch(batch, execute, backend, world_size, localize, keep_tensors, drift))
+            finish_all(
+                _judged_batch(batch, execute, backend, world_size, localize, keep_tensors, drift, sent)
+            )
     resharded = [config for config in runnable if config.resume.world_size is not None]
     for _, group in reshard.groups(resharded):  # two halves, at two world sizes (reshard.py)
         for batch in _chunks(group, batch_size):
@@ -207,24 +212,29 @@ def _judged_batch(
     localize: bool,
     keep_tensors: bool = False,
     drift: bool = False,
+    sent: dict[str, requests.Request] | None = None,
 ) -> list[Judged]:
-    """The verdicts of ``batch``. When the batch does not come back (a rank died mid-batch: a C++
-    abort, a segfault, the OOM killer; or missed its deadline), each of its configurations runs
-    again alone, on the fresh ranks the executor starts, so only the one that kills a rank is an
+    """The verdicts of ``batch`` (each sent as ``sent`` has it: with whether the rest of the run
+    reads its reference again, ``requests.Request``). When the batch does not come back (a rank
+    died mid-batch: a C++ abort, a segfault, the OOM killer; or missed its deadline), each of its
+    configurations runs again alone, on the fresh ranks the executor starts, so only the one that kills a rank is an
     ``error`` row (with its own report: the rank, the signal, where each rank was) and the others
     get their own verdicts."""
+    items = [sent.get(config.id, config) for config in batch] if sent else batch
     try:
         if keep_tensors:
-            per_rank = execute(batch, backend, world_size, target=TENSORS_TARGET)  # type: ignore[call-arg]
+            per_rank = execute(items, backend, world_size, target=TENSORS_TARGET)  # type: ignore[call-arg]
         else:
-            per_rank = execute(batch, backend, world_size)
+            per_rank = execute(items, backend, world_size)
     except BatchFailed as failure:
         if len(batch) == 1:
             return [(results.failed_batch(batch[0], str(failure)), None, None)]
         return [
             judged
             for config in batch
-            for judged in _judged_batch([config], execute, backend, world_size, localize, keep_tensors, drift)
+            for judged in _judged_batch(
+                [config], execute, backend, world_size, localize, keep_tensors, drift, sent
+            )
         ]
     judged: list[Judged] = [
         results.judge(config, [rank[index] for rank in per_rank]) for index, config in enumerate(batch)

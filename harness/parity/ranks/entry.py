@@ -24,6 +24,7 @@ import torch.distributed as dist
 from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks import train
 from harness.parity.ranks.measure import stepcheck
+from harness.parity.ranks.requests import Request, twin_config
 from harness.parity.ranks.sides.full import gather
 from harness.parity.ranks.wire import RankRow, RankRun, RankStep
 from harness.rank import context
@@ -71,6 +72,10 @@ class KeptReferences:
 
     def get(self, key: tuple[Any, ...]) -> _Kept | None:
         return self.runs.get(key)
+
+    def drop(self, key: tuple[Any, ...]) -> None:
+        """Let go of the run kept under ``key`` (no later configuration reads it)."""
+        self.runs.pop(key, None)
 
     def clear(self) -> None:
         """Keep none (a test that changes how references are built clears them around the change)."""
@@ -132,18 +137,22 @@ class _Reference:
         return self.training.rank_run()
 
 
-def _reference(config: ParityConfig, device: Any) -> _Reference:
+def _reference(config: ParityConfig, device: Any, reused: bool | None = None) -> _Reference:
     """The reference of ``config`` on this rank: kept from an earlier configuration, or trained
     now and kept when its full tensors fit :func:`keep_budget` (the same on every rank: the
-    reference is replicated, so its size is too), or else left running to be compared a step at
-    a time."""
+    reference is replicated, so its size is too) and a later configuration reads it (``reused``;
+    ``None``: not known, keep what fits), or else left running to be compared a step at a time.
+    A kept reference that no later configuration reads is let go once it is handed out."""
     kept = kept_references()
     key = config.reference_key()
     found = kept.get(key)
     if found is not None:
+        if reused is False:
+            kept.drop(key)
         return _Reference(stepcheck.ReferenceSteps(found.steps), found.description, True, found.wire)
-    budget = keep_budget()
+    budget = keep_budget() if reused is not False else 0
     training = train.Run(config, "reference", device)
+    training.alias = budget == 0  # compared a step at a time from the first
     rank = dist.get_rank()
     steps = iter(training)
     nbytes = 0
@@ -151,6 +160,7 @@ def _reference(config: ParityConfig, device: Any) -> _Reference:
         nbytes += _nbytes(step)
         if nbytes > budget:  # too large to keep: from here on the run keeps scalars only
             training.slim = lambda full: stepcheck.wire_step(full, rank)
+            training.alias = True
             kept = list(training.steps)
             training.steps[:] = [stepcheck.wire_step(full, rank) for full in kept]
             live = stepcheck.ReferenceSteps(kept, live=steps)
@@ -158,7 +168,7 @@ def _reference(config: ParityConfig, device: Any) -> _Reference:
     wire = dataclasses.replace(
         training.rank_run(), steps=tuple(stepcheck.wire_step(full, rank) for full in training.steps)
     )
-    if training.error is None:
+    if training.error is None and reused is not False:
         kept.keep(key, _Kept(training.steps, wire, training.description, nbytes), budget)
     return _Reference(stepcheck.ReferenceSteps(training.steps), training.description, False, wire)
 
@@ -193,22 +203,26 @@ def with_kept(wire: RankRun, kept: dict[int, RankStep], rank: int, *, first: int
     return dataclasses.replace(wire, steps=tuple(steps))
 
 
-def run_one(config: ParityConfig, index: int = 0, *, keep_all: bool = False) -> RankRow:
+def run_one(config: ParityConfig | Request, index: int = 0, *, keep_all: bool = False) -> RankRow:
     """Reference and candidate runs of ``config`` (the ``index``-th of its batch) on this rank,
     compared step by step where the data lives (``stepcheck.py``); never raises. Whether the
     candidate runs is agreed first: one rank's error must not send it into collectives its peers
     skip (docs/architecture.md, section 4.5). ``keep_all``: every step's full tensors travel."""
+    reused: tuple[bool | None, bool | None] = (None, None)
+    if isinstance(config, Request):
+        config, reused = config.config, (config.reference_reused, config.twin_reused)
     device = context.current().device
     rank = context.current().rank
-    reference = _reference(config, device)
+    reference = _reference(config, device, reused[0])
     running = reference.training is not None
     reference_ok = running or everywhere(f"parity{index}/reference", reference.error is None)
     twin = None
-    if config.precision.dtype != "fp32" and config.reference == "ddp" and reference_ok:
+    twin_of = twin_config(config)
+    if twin_of is not None and reference_ok:
         # The expected mixed-precision gap: the same workload, optimizer and data in float32
         # (kept like any reference: the fp32 configurations of the matrix share it), measured
         # step by step as the candidate trains, so that only numbers travel.
-        twin = _reference(config.with_(precision="fp32", mixed=None), device)
+        twin = _reference(twin_of, device, reused[1])
     candidate = None
     check = None
     if reference_ok:
@@ -239,7 +253,7 @@ def run_one(config: ParityConfig, index: int = 0, *, keep_all: bool = False) -> 
     )
 
 
-def run_batch(configs: list[ParityConfig], keep_all: bool = False) -> list[RankRow]:
+def run_batch(configs: list[ParityConfig | Request], keep_all: bool = False) -> list[RankRow]:
     """Run every configuration of ``configs`` in order; one
     :class:`~harness.parity.ranks.wire.RankRow` per configuration.
 
@@ -251,21 +265,22 @@ def run_batch(configs: list[ParityConfig], keep_all: bool = False) -> list[RankR
         return _run_batch(configs, keep_all)
 
 
-def run_batch_keeping_tensors(configs: list[ParityConfig]) -> list[RankRow]:
+def run_batch_keeping_tensors(configs: list[ParityConfig | Request]) -> list[RankRow]:
     """:func:`run_batch` with every step's full tensors travelling (tests that read them)."""
     return run_batch(configs, keep_all=True)
 
 
-def _run_batch(configs: list[ParityConfig], keep_all: bool) -> list[RankRow]:
+def _run_batch(configs: list[ParityConfig | Request], keep_all: bool) -> list[RankRow]:
     ctx = context.current()
     results = []
-    for index, config in enumerate(configs):
+    for index, item in enumerate(configs):
+        config = item.config if isinstance(item, Request) else item
         if config.world_size != ctx.world_size or config.backend != ctx.backend:
             raise ValueError(
                 f"configuration {config.id} needs {config.backend} world size {config.world_size}, "
                 f"but this batch runs on {ctx.backend} world size {ctx.world_size}"
             )
-        result = run_one(config, index, keep_all=keep_all)
+        result = run_one(item, index, keep_all=keep_all)
         failed = result.failed
         if failed and ctx.world_size > 1:
             leave_group()  # unblock peers still waiting in a collective with this rank

@@ -101,6 +101,39 @@ def _skipped(before: list[torch.Tensor], params: list[torch.Tensor], engine: eng
     return all(torch.equal(b, a) for b, a in zip(before, after, strict=True))
 
 
+class SharedSkipCheck:
+    """Whether a replicated run (a reference: every rank holds all of it) left a group's parameters
+    unchanged, each rank comparing only its share of every tensor's elements (a contiguous
+    ``1/world`` of them) and the ranks agreeing: exact, as the shares cover every element once,
+    for a copy of ``1/world`` of the model per rank instead of all of it. The agreement is one
+    small all-reduce per step, which every rank runs."""
+
+    def __init__(self, groups: list[list[torch.Tensor]], engine: engines.Engine) -> None:
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.device = engine.device
+        self.before = [[self._share(engine.local(p)).clone() for p in group] for group in groups]
+
+    def _share(self, tensor: torch.Tensor) -> torch.Tensor:
+        flat = tensor.detach().reshape(-1)
+        size = -(-flat.numel() // self.world)
+        return flat[self.rank * size : (self.rank + 1) * size]
+
+    def skipped(self, groups: list[list[torch.Tensor]], engine: engines.Engine) -> list[bool | None]:
+        unchanged, numel = [], []
+        for before, group in zip(self.before, groups, strict=True):
+            after = [self._share(engine.local(p)) for p in group]
+            unchanged.append(float(all(torch.equal(b, a) for b, a in zip(before, after, strict=True))))
+            numel.append(float(sum(t.numel() for t in after)))
+        self.before = []
+        if self.world > 1:
+            agreed = torch.tensor(unchanged, dtype=torch.float64, device=self.device)
+            counted = torch.tensor(numel, dtype=torch.float64, device=self.device)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+            dist.all_reduce(counted)
+            unchanged, numel = agreed.tolist(), counted.tolist()
+        return [None if n == 0 else bool(u) for u, n in zip(unchanged, numel, strict=True)]
+
+
 Observer = Callable[[engines.Engine, int], AbstractContextManager[Any]]
 """``observe(engine, step)``: a context around one step's forward and backward (``localize.py``
 puts hooks on every module inside it)."""
@@ -151,6 +184,11 @@ class Run:
         self.step_s: list[float] = []
         """Each step's own time, in order (what ``compile_s`` reads)."""
         self.slim: Callable[[RankStep], RankStep] | None = None
+        self.alias = False
+        """Record the parameters and optimizer state as the live tensors, not copies, and let the
+        live gradients go once recorded (a reference compared in lockstep: each step is read
+        before the next one trains, ``entry.py``, and nothing reads its gradients but the record);
+        the recorded gradients are copies always (an optimizer may change them in place)."""
         self.rank = dist.get_rank()  # kept: a failed run's rank leaves the group before it reports
         self.loop = loop_state.LoopState(config, device)
         """Schedulers and the forward RNG policy (``sides/loop_state.py``)."""
@@ -247,10 +285,10 @@ class Run:
         hand: accumulate.HandAccumulation | None = None,
     ) -> RankStep:
         config, check = self.config, self.check
+        for opt in optimizers:  # before a reference run in lockstep trains its step (``begin``)
+            opt.zero_grad(set_to_none=True)
         if check is not None:
             check.begin(step)
-        for opt in optimizers:
-            opt.zero_grad(set_to_none=True)
         scale = scaler.get_scale()
         with self.observe(engine, step) if self.observe is not None else contextlib.nullcontext():
             if config.loop.accumulate > 1:
@@ -275,19 +313,28 @@ class Run:
             check.grads(step, engine, None if unscaled else scale)
         elif self.record:
             grads = engine.full_grads() if unscaled else stepcheck.unscaled(engine.full_grads(), scale)
-        before = [[engine.local(p).detach().clone() for p in group] for group in groups]
+        shared = SharedSkipCheck(groups, engine) if self.role == "reference" else None
+        before = (
+            [[engine.local(p).detach().clone() for p in group] for group in groups] if shared is None else []
+        )
         found_inf = []
         for opt in optimizers:
             scaler.step(opt)
             found_inf.append(sum(float(v.sum()) for v in scaler._found_inf_per_device(opt).values()))
         scaler.update()
         self.loop.after_update()
-        skipped = [_skipped(b, g, engine) for b, g in zip(before, groups, strict=True)]
+        if shared is not None:
+            skipped = shared.skipped(groups, engine)
+        else:
+            skipped = [_skipped(b, g, engine) for b, g in zip(before, groups, strict=True)]
         tensors = None
         if check is None and self.record:
-            params, state = engine.full_after_step(optimizers)
+            params, state = engine.full_after_step(optimizers, copy=not self.alias)
             assert grads is not None, "recorded above"
             tensors = StepTensors(params=params, grads=grads, optim_state=state)
+        if self.alias:  # recorded: the live gradients are not read again before the next step's
+            for opt in optimizers:
+                opt.zero_grad(set_to_none=True)
         found = record.rank_step(
             loss=recorded_loss,
             scale=scaler.get_scale(),

@@ -59,6 +59,21 @@ class ReferenceSteps:
             self._next += 1
         return self._steps.get(index)
 
+    def held(self, step: RankStep) -> RankStep:
+        """``step`` as it may be held past the next step: a live run's step records the tensors
+        its run goes on to change (``train.Run.alias``), so its parameters and optimizer state are
+        copied; a finished run's are its own already."""
+        if not self._drops or step.tensors is None:
+            return step
+        tensors = step.tensors
+        state = {
+            name: {k: v.clone() for k, v in values.items()} for name, values in tensors.optim_state.items()
+        }
+        params = {name: value.clone() for name, value in tensors.params.items()}
+        return dataclasses.replace(
+            step, tensors=dataclasses.replace(tensors, params=params, optim_state=state)
+        )
+
     def finish(self) -> None:
         """Let a run still going end (it records its counters; no step is kept)."""
         if self._live is not None:
@@ -262,8 +277,9 @@ class Check:
         wanted = self.keep_all or (differ and not poisoned and not self._failure_found)
         self._full_grads = None
         if wanted:
-            full = engine.full_grads()
-            self._full_grads = full if scale is None else unscaled(full, scale)
+            full = engine.full_grads()  # collective; only rank 0's travels
+            if self.rank == 0:
+                self._full_grads = full if scale is None else unscaled(full, scale)
 
     def after_step(
         self,
@@ -304,17 +320,31 @@ class Check:
         if not keep:
             return record
         full_params, full_state = engine.full_after_step(optimizers)  # collective: agreed above
-        self.kept[step] = reference
-        if self.rank == 0:
-            grads = self._full_grads
-            if grads is None:  # bitwise equal to the reference's (or not compared: a planted fault)
-                grads = {} if step in self.poisoned else ref.grads
-            tensors = StepTensors(params=full_params, grads=grads, optim_state=full_state)
-            reuse.share_tensors(ref, tensors)
-            record = dataclasses.replace(record, tensors=tensors)
+        if self.rank != 0:  # only rank 0's full tensors travel (``entry.with_kept``)
+            self.kept[step] = _untensored(reference)
+            return record
+        held = self.kept[step] = self.reference.held(reference)
+        ref = _tensors(held)
+        grads = self._full_grads
+        if grads is None:  # bitwise equal to the reference's (or not compared: a planted fault)
+            grads = {} if step in self.poisoned else ref.grads
+        tensors = StepTensors(params=full_params, grads=grads, optim_state=full_state)
+        reuse.share_tensors(ref, tensors)
+        record = dataclasses.replace(record, tensors=tensors)
         return record
 
 
+def _untensored(step: RankStep) -> RankStep:
+    """A kept step where only its scalars are read (a rank other than 0: ``entry.with_kept``)."""
+    return dataclasses.replace(step, tensors=None)
+
+
 def unscaled(grads: Tensors, scale: float) -> Tensors:
-    """Still-scaled gradients divided by the scale (a power of two: exact), in their own dtype."""
-    return {name: (g.double() / scale).to(g.dtype) for name, g in grads.items()}
+    """Still-scaled gradients divided by the scale (a power of two: exact), in their own dtype.
+    ``grads`` (a gather of the caller's own) is emptied as it goes, each scaled tensor let go as
+    its unscaled one is made: one model's gradients at a time, not two."""
+    return {name: (grads.pop(name).double() / scale).to(dtype) for name, dtype in _dtypes(grads)}
+
+
+def _dtypes(tensors: Tensors) -> list[tuple[str, torch.dtype]]:
+    return [(name, value.dtype) for name, value in tensors.items()]

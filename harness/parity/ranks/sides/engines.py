@@ -255,14 +255,16 @@ class Engine:
         return {gather.clean_name(n): gather.to_cpu(b) for n, b in self.trained_module().named_buffers()}
 
     def full_after_step(
-        self, optimizers: list[torch.optim.Optimizer]
+        self, optimizers: list[torch.optim.Optimizer], *, copy: bool = True
     ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
         """``(full parameters, full optimizer state by name then key)``; collective for sharded
-        engines, which gather both in one go."""
-        params = {n: gather.to_cpu(p) for n, p in self.named_parameters_whole()}
+        engines, which gather both in one go (copies always). ``copy=False``: the live tensors
+        where whole and on the CPU (``gather.whole``: a lockstep reference's, read before it trains on)."""
+        take = gather.to_cpu if copy else gather.whole
+        params = {n: take(p) for n, p in self.named_parameters_whole()}
         names = {id(p): n for n, p in self.named_trainable()}
         state = {
-            names[id(p)]: {key: gather.to_cpu(value) for key, value in values.items()}
+            names[id(p)]: {key: take(value) for key, value in values.items()}
             for opt in optimizers
             for p, values in opt.state.items()
             if values
@@ -313,7 +315,7 @@ class FSDP1(Engine):
         return flat.full_grads(self.wrapped, self.device)
 
     def full_after_step(
-        self, optimizers: list[torch.optim.Optimizer]
+        self, optimizers: list[torch.optim.Optimizer], *, copy: bool = True
     ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
         return flat.full_params_and_state(self.wrapped, optimizers, self.device)
 
@@ -367,7 +369,7 @@ class FSDP2(Engine):
         return gather.full_tensors(grads, self.device)
 
     def full_after_step(
-        self, optimizers: list[torch.optim.Optimizer]
+        self, optimizers: list[torch.optim.Optimizer], *, copy: bool = True
     ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
         """Parameters and optimizer state in one batched gather. Every rank sends the same entries
         even when the ranks' states differ (a rank that skipped the step the others took has no

@@ -285,9 +285,7 @@ def _fsdp2_bucket(
         rows_per_rank = -(-row.shape[0] // world)
         per_rank = rows_per_rank * (row.numel() // row.shape[0] if row.shape[0] else 0)
         padded = whole[:, offset : offset + per_rank].reshape(rows_per_rank * world, *row.shape[1:])
-        out.append(
-            padded[: row.shape[0]].reshape(grad.shape).contiguous()
-        )  # fused kernels read memory in order
+        out.append(padded[: row.shape[0]].reshape(grad.shape).contiguous())  # fused kernels: in order
         offset += per_rank
     return out
 
@@ -353,6 +351,7 @@ def reduce(
     factors: tuple[float | None, float | None],
     *,
     in_reverse: bool = False,
+    consume: bool = False,
 ) -> list[torch.Tensor | None]:
     """``grads`` (one per parameter of ``params``, the layout's model's, ``None`` where a parameter
     has none) averaged over the ranks as the candidate averages them: cast to ``reduce_dtype``,
@@ -364,7 +363,9 @@ def reduce(
     ``in_reverse``: each bucket's buffer is gathered from every rank and summed in reverse rank
     order (:func:`reverse_sum`) instead of through the candidate's collective: another order, still
     correct. The drift's second reference (``ranks/drift.py``) reduces so, to show the drift a
-    legitimate reordering alone produces; its engine says so (``Engine.summed_in_reverse``)."""
+    legitimate reordering alone produces; its engine says so (``Engine.summed_in_reverse``).
+    ``consume``: ``grads`` is the caller's to give up; each bucket's entries become ``None`` once
+    reduced, so one bucket, not the model, is held both unreduced and reduced."""
     out: list[torch.Tensor | None] = [None] * len(grads)
     device = next((g.device for g in grads if g is not None), torch.device("cpu"))
     groups = _groups(layout, device) if layout.engine in ("fsdp1", "fsdp2") else (dist.group.WORLD, None)
@@ -395,5 +396,5 @@ def reduce(
             flat = _all_reduced(torch._utils._flatten_dense_tensors(cast), factors, in_reverse)
             reduced = list(torch._utils._unflatten_dense_tensors(flat, cast))
         for index, grad in zip(held, reduced, strict=True):
-            out[index] = grad
+            out[index], grads[index] = grad, None if consume else grads[index]
     return out

@@ -10,7 +10,9 @@ single process over every rank's batch (sparse gradients). ``roles.build`` picks
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.parity.plan.config import ParityConfig, resume
 from harness.parity.plan.precision import PrecisionPolicy
@@ -18,6 +20,29 @@ from harness.parity.ranks.sides import reduce_layout, twin
 from harness.parity.ranks.sides.engines import Engine, to_device, unit_modules
 from harness.parity.ranks.sides.optim import step_pieces
 from harness.parity.workload import items
+
+
+def forward_only_ddp(module: nn.Module, device: torch.device, compiled: bool) -> nn.Module:
+    """DDP for a reference that reduces its gradients by hand: DDP's forward as it is (buffers
+    broadcast from rank 0 before it, ``no_sync`` for the backward), but with one parameter in its
+    reducer's buckets instead of all: the buckets hold a copy of every gradient, memory the size of
+    the model that a hand reduction never uses. The parameters DDP is told to ignore are broadcast
+    from rank 0 here, as DDP broadcasts the ones it keeps. A ``compiled`` model keeps every
+    parameter in DDP's buckets: dynamo splits a graph compiled under DDP at its bucket boundaries."""
+    device_ids = [device.index] if device.type == "cuda" else None
+    trainable = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    if compiled or len(trainable) < 2:
+        return DDP(module, device_ids=device_ids)
+    kept = min(trainable, key=lambda item: item[1].numel())[0]
+    ignored = [name for name, _ in trainable if name != kept]
+    DDP._set_params_and_buffers_to_ignore_for_model(module, ignored)
+    wrapped = DDP(module, device_ids=device_ids)
+    if dist.get_world_size() > 1:
+        with torch.no_grad():
+            for name, param in trainable:
+                if name != kept:
+                    dist.broadcast(param, 0)
+    return wrapped
 
 
 class LowPrecisionDDP(Engine):
@@ -51,7 +76,7 @@ class LowPrecisionDDP(Engine):
         self.working = twin.working_copy(module, self.policy)
         twin.install_casts(self.working, unit_modules(self.working, self.units), self.policy)
         self.layout = self.candidate_layout()  # over the working copy: its compute dtype aligns FSDP1
-        return super().wrap(self.working)
+        return forward_only_ddp(self.working, self.device, self.config.compile.mode is not None)
 
     def trained_module(self) -> nn.Module:
         return self.working
@@ -113,6 +138,14 @@ class MirroredDDP(Engine):
         self.layout = self.phases[0][2]
         self._phase = self.phases[0]
 
+    def wrap(self, module: nn.Module) -> nn.Module:
+        """DDP's reducer buckets only what it reduces: nothing, unless a phase is DDP's own."""
+        config = self.config
+        engines = [config.engine] + ([resume.into(config).engine] if config.resume.layout is not None else [])
+        if "ddp" in engines:
+            return super().wrap(module)
+        return forward_only_ddp(module, self.device, config.compile.mode is not None)
+
     def _layout_of(self, config: ParityConfig) -> reduce_layout.Layout | None:
         if config.engine == "ddp":
             return None
@@ -140,14 +173,16 @@ class MirroredDDP(Engine):
         if layout is None:
             return
         params = list(self.module.parameters())
-        grads = [p.grad for p in params]
+        grads: list[torch.Tensor | None] = [p.grad for p in params]
         if all(g is None for g in grads):
             return
         factors = twin.divide_factors(
             engine, torch.float32, self.config.mesh.data_parallel_size(self.config.world_size)
         )
+        for param in params:  # the list holds them now, and lets each go once it is reduced
+            param.grad = None
         reduced = reduce_layout.reduce(
-            layout, params, grads, torch.float32, factors, in_reverse=self.summed_in_reverse
+            layout, params, grads, torch.float32, factors, in_reverse=self.summed_in_reverse, consume=True
         )
         for param, grad in zip(params, reduced, strict=True):
             param.grad = None if grad is None else grad.to(param.dtype)

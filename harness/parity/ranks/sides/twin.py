@@ -159,9 +159,11 @@ def reduce_grads(
     (``layout``: its collectives and buffers; ``factors``: before, after the sum; ``in_reverse``:
     the ranks summed in reverse order instead, ``reduce_layout.reduce``) and hand them to the
     masters in float32, or in ``param`` under ``keep_low_precision_grads``."""
-    grads = [low.grad for low in lows]
+    grads: list[torch.Tensor | None] = [low.grad for low in lows]
     if all(grad is None for grad in grads):
         return
+    for low in lows:  # the list holds them now, and lets each go once it is reduced
+        low.grad = None
     reduced = reduce_layout.reduce(
         layout,
         list(lows),
@@ -169,9 +171,9 @@ def reduce_grads(
         DTYPES[policy.reduce_dtype],  # type: ignore[index]
         factors,
         in_reverse=in_reverse,
+        consume=True,
     )
-    for low, master, grad in zip(lows, masters, reduced, strict=True):
-        low.grad = None
+    for master, grad in zip(masters, reduced, strict=True):
         if grad is None:
             continue
         if policy.keep_low_precision_grads:

@@ -41,6 +41,19 @@ def to_cpu(value: Any) -> torch.Tensor:
     return tensor.to("cpu", copy=True)
 
 
+def whole(value: Any) -> torch.Tensor:
+    """``value`` itself (detached) when it is a whole dense CPU tensor, else :func:`to_cpu`'s copy:
+    for a record read before its run changes the tensor again (``Engine.full_after_step``)."""
+    if (
+        isinstance(value, torch.Tensor)
+        and not hasattr(value, "full_tensor")
+        and value.device.type == "cpu"
+        and value.layout == torch.strided
+    ):
+        return value.detach()
+    return to_cpu(value)
+
+
 def full_tensor(value: Any, device: torch.device) -> torch.Tensor:
     """The full tensor of a DTensor (moved to the collective's device first), else a CPU copy."""
     if not hasattr(value, "full_tensor"):

@@ -1,0 +1,112 @@
+"""Plants in what keeps a check's cost like training's (issue 40): a reference kept for nobody or
+shared with nobody, a live step kept uncopied, a skip decision made on one rank's share alone, a
+hand-reduced reference's parameters left as each rank built them, and ranks started without the
+allocator settings that give freed memory back.
+
+Why: each is a memory saving whose bug would not show as memory but as a wrong verdict, or as a
+saving silently gone; the tests named kill each in seconds.
+"""
+
+from __future__ import annotations
+
+from ci.mutation.edits import Edit, Plant
+
+_REQUESTS = "suites/parity/test_requests.py"
+_MEMORY = "suites/parity/test_check_memory.py"
+_ALLOCATOR = "suites/harness/test_allocator.py"
+
+
+def _edit(file: str, old: str, new: str, package: str = "harness/parity") -> Edit:
+    return Edit(file=file, old=old, new=new, package=package)
+
+
+COST_PLANTS: tuple[Plant, ...] = (
+    Plant(
+        name="cost_reference_never_shared",
+        bug="the runner says no later configuration reads a reference, so every candidate trains its "
+        "reference again, the fp32 twins included",
+        edits=(
+            _edit(
+                "ranks/requests.py",
+                "        found.append(Request(config, config.reference_key() in later, twin_key(config) in later))\n",
+                "        found.append(Request(config, False, False))  # planted\n",
+            ),
+        ),
+        tests=(_REQUESTS,),
+    ),
+    Plant(
+        name="cost_reference_kept_after_its_last_reader",
+        bug="a kept reference stays on every rank after the last configuration that reads it ran",
+        edits=(
+            _edit(
+                "ranks/entry.py",
+                "        if reused is False:\n            kept.drop(key)\n",
+                "        pass  # planted\n",
+            ),
+        ),
+        tests=(_REQUESTS,),
+    ),
+    Plant(
+        name="cost_live_step_kept_uncopied",
+        bug="a step of a reference run in lockstep is kept as it is, its parameters and optimizer "
+        "state the live tensors its run changes at every later step",
+        edits=(
+            _edit(
+                "ranks/measure/stepcheck.py",
+                "        if not self._drops or step.tensors is None:\n",
+                "        if True:  # planted\n",
+            ),
+        ),
+        tests=(f"{_MEMORY}::test_a_step_of_a_run_in_lockstep_is_copied_before_it_is_kept",),
+    ),
+    Plant(
+        name="cost_skip_decided_on_rank_0s_share",
+        bug="every rank compares the first share of each tensor, so a step that changed only the "
+        "others is recorded as skipped",
+        edits=(
+            _edit(
+                "ranks/train.py",
+                "        return flat[self.rank * size : (self.rank + 1) * size]\n",
+                "        return flat[0:size]  # planted\n",
+            ),
+        ),
+        tests=(_MEMORY,),
+    ),
+    Plant(
+        name="cost_skip_not_agreed",
+        bug="each rank decides the skip from its own share alone",
+        edits=(
+            _edit(
+                "ranks/train.py",
+                "        if self.world > 1:\n            agreed = torch.tensor(",
+                "        if False:  # planted\n            agreed = torch.tensor(",
+            ),
+        ),
+        tests=(_MEMORY,),
+    ),
+    Plant(
+        name="cost_ignored_parameters_not_broadcast",
+        bug="the parameters a hand-reduced reference's DDP ignores keep each rank's own values",
+        edits=(
+            _edit(
+                "ranks/sides/references.py",
+                "    if dist.get_world_size() > 1:\n        with torch.no_grad():\n",
+                "    if False:  # planted\n        with torch.no_grad():\n",
+            ),
+        ),
+        tests=(_MEMORY,),
+    ),
+    Plant(
+        name="cost_ranks_keep_freed_memory",
+        bug="the ranks start without the allocator settings: freed tensors stay in the heap's holes",
+        edits=(
+            _edit(
+                "allocator.py",
+                'RANK_TUNABLES = {"glibc.malloc.mmap_threshold": "1048576", "glibc.malloc.hugetlb": "1"}',
+                "RANK_TUNABLES: dict[str, str] = {}  # planted",
+                package="harness/controller",
+            ),
+        ),
+        tests=(_ALLOCATOR,),
+    ),
+)

@@ -1,0 +1,96 @@
+"""What a check holds beyond the training it checks: a replicated reference compares a share of
+each tensor for its skip decision, its DDP buckets nothing it reduces by hand, a step it records
+as live tensors is copied before it is kept, and a hand reduction lets each bucket's unreduced
+gradients go as it reduces them."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from harness.parity.ranks import train
+from harness.parity.ranks.measure import stepcheck
+from harness.parity.ranks.sides import references
+from harness.parity.ranks.wire import RankStep, StepTensors
+
+_ENGINE = types.SimpleNamespace(local=lambda tensor: tensor, device=torch.device("cpu"))
+"""A replicated engine's part the skip check reads: its local tensors are its whole ones."""
+
+
+def _skip_decisions(changed: int | None) -> list[bool | None]:
+    """Every rank builds the same groups; ``changed`` is the one element (of the first group's
+    10) every rank changes alike, ``None`` for none; the second group is empty."""
+    groups = [[torch.zeros(10), torch.zeros(3)], []]
+    check = train.SharedSkipCheck(groups, _ENGINE)
+    if changed is not None:
+        groups[0][0][changed] = 1.0
+    return check.skipped(groups, _ENGINE)
+
+
+def test_a_change_in_any_ranks_share_is_a_step_on_every_rank(ranks):
+    for changed in (0, 9):  # rank 0's share, rank 1's share
+        assert ranks.run(_skip_decisions, changed, world_size=2) == [[False, None]] * 2, changed
+
+
+def test_parameters_left_alone_are_a_skip_on_every_rank(ranks):
+    assert ranks.run(_skip_decisions, None, world_size=2) == [[True, None]] * 2
+
+
+def _share_sizes() -> list[int]:
+    check = train.SharedSkipCheck([[torch.zeros(10), torch.zeros(3)]], _ENGINE)
+    return [t.numel() for t in check.before[0]]
+
+
+def test_each_rank_copies_only_its_share_of_the_parameters(ranks):
+    assert ranks.run(_share_sizes, world_size=2) == [[5, 2], [5, 1]]
+
+
+def _forward_only(compiled: bool) -> tuple[list[str], list[float]]:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    if dist.get_rank() == 1:  # what DDP's broadcast from rank 0 must undo
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(1.0)
+    wrapped = references.forward_only_ddp(model, torch.device("cpu"), compiled)
+    bucketed = [name for name, p in model.named_parameters() if name not in wrapped.parameters_to_ignore]
+    return bucketed, [float(p.sum()) for p in model.parameters()]
+
+
+def test_a_hand_reduced_reference_buckets_one_parameter_and_holds_rank_0s_values(ranks):
+    (names0, values0), (names1, values1) = ranks.run(_forward_only, False, world_size=2)
+    assert names0 == names1 == ["1.bias"]  # the smallest
+    assert values0 == values1
+
+
+def test_a_compiled_reference_keeps_every_parameter_in_ddps_buckets(ranks):
+    (names, _), _ = ranks.run(_forward_only, True, world_size=2)
+    assert names == ["0.weight", "0.bias", "1.weight", "1.bias"]
+
+
+def _step(value: torch.Tensor) -> RankStep:
+    tensors = StepTensors(params={"w": value}, grads={"w": value.clone()}, optim_state={"w": {"m": value}})
+    return RankStep(loss=0.0, scale=1.0, tracker=0, found_inf=(0.0,), skipped=(False,), tensors=tensors)
+
+
+def test_a_step_of_a_run_in_lockstep_is_copied_before_it_is_kept():
+    live = torch.zeros(3)
+    steps = stepcheck.ReferenceSteps([], live=iter([_step(live)]))
+    held = steps.held(steps.step(0))
+    live.add_(1.0)  # the run trains on
+    assert held.tensors.params["w"].tolist() == [0.0] * 3
+    assert held.tensors.optim_state["w"]["m"].tolist() == [0.0] * 3
+
+
+def test_a_step_of_a_finished_run_is_kept_as_it_is():
+    step = _step(torch.zeros(3))
+    assert stepcheck.ReferenceSteps([step]).held(step) is step
+
+
+def test_unscaling_lets_each_scaled_gradient_go_as_it_goes():
+    scaled = {"a": torch.full((2,), 8.0), "b": torch.full((3,), 4.0, dtype=torch.bfloat16)}
+    found = stepcheck.unscaled(scaled, 4.0)
+    assert scaled == {}
+    assert found["a"].tolist() == [2.0, 2.0] and found["b"].dtype == torch.bfloat16
