@@ -78,8 +78,8 @@ COST_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/train.py",
-                "        if self.world > 1:\n            agreed = torch.tensor(",
-                "        if False:  # planted\n            agreed = torch.tensor(",
+                "        if self.world > 1:\n            summed = torch.tensor(",
+                "        if False:  # planted\n            summed = torch.tensor(",
             ),
         ),
         tests=(_MEMORY,),
@@ -90,8 +90,8 @@ COST_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/sides/references.py",
-                "    if dist.get_world_size() > 1:\n        with torch.no_grad():\n",
-                "    if False:  # planted\n        with torch.no_grad():\n",
+                "    if dist.get_world_size() > 1:  # one broadcast of them all, as DDP's own is coalesced\n",
+                "    if False:  # planted\n",
             ),
         ),
         tests=(_MEMORY,),

@@ -119,19 +119,17 @@ class SharedSkipCheck:
         return flat[self.rank * size : (self.rank + 1) * size]
 
     def skipped(self, groups: list[list[torch.Tensor]], engine: engines.Engine) -> list[bool | None]:
-        unchanged, numel = [], []
+        changed, numel = [], []  # summed over the ranks in one all-reduce: any change, all elements
         for before, group in zip(self.before, groups, strict=True):
             after = [self._share(engine.local(p)) for p in group]
-            unchanged.append(float(all(torch.equal(b, a) for b, a in zip(before, after, strict=True))))
+            changed.append(float(not all(torch.equal(b, a) for b, a in zip(before, after, strict=True))))
             numel.append(float(sum(t.numel() for t in after)))
         self.before = []
         if self.world > 1:
-            agreed = torch.tensor(unchanged, dtype=torch.float64, device=self.device)
-            counted = torch.tensor(numel, dtype=torch.float64, device=self.device)
-            dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
-            dist.all_reduce(counted)
-            unchanged, numel = agreed.tolist(), counted.tolist()
-        return [None if n == 0 else bool(u) for u, n in zip(unchanged, numel, strict=True)]
+            summed = torch.tensor(changed + numel, dtype=torch.float64, device=self.device)
+            dist.all_reduce(summed)
+            changed, numel = summed[: len(changed)].tolist(), summed[len(changed) :].tolist()
+        return [None if n == 0 else c == 0 for c, n in zip(changed, numel, strict=True)]
 
 
 Observer = Callable[[engines.Engine, int], AbstractContextManager[Any]]

@@ -37,11 +37,13 @@ def forward_only_ddp(module: nn.Module, device: torch.device, compiled: bool) ->
     ignored = [name for name, _ in trainable if name != kept]
     DDP._set_params_and_buffers_to_ignore_for_model(module, ignored)
     wrapped = DDP(module, device_ids=device_ids)
-    if dist.get_world_size() > 1:
+    if dist.get_world_size() > 1:  # one broadcast of them all, as DDP's own is coalesced
+        params = [param.detach() for name, param in trainable if name != kept]
+        flat = torch._utils._flatten_dense_tensors(params)
+        dist.broadcast(flat, 0)
         with torch.no_grad():
-            for name, param in trainable:
-                if name != kept:
-                    dist.broadcast(param, 0)
+            for param, value in zip(params, torch._utils._unflatten_dense_tensors(flat, params), strict=True):
+                param.copy_(value)
     return wrapped
 
 
