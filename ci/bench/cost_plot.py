@@ -86,11 +86,12 @@ def render_png(measured: dict[str, Any], path: Path) -> bool:
     for (lines, xlabel), row in zip(panels, axes, strict=True):
         _panel(row[0], lines, "time", "wall time", xlabel)
         _panel(row[1], lines, "memory", "peak memory, all processes", xlabel)
-    axes[0][0].legend(loc="upper left", fontsize=7)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
     figure.suptitle(
         f"what a check costs against the run it checks ({measured['rows'][0]['steps']} steps), measured in the same run"
     )
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0.1 / len(panels), 1, 1))
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return True
