@@ -1,11 +1,13 @@
 """``make bench`` (``python -m ci.bench``): what the scaler, the harness and the parity engine cost,
 each as ratios against PyTorch measured in the same run.
 
-Four parts, one module each: ``scaler_overhead`` (our scalers against torch's and against the
+Five parts, one module each: ``scaler_overhead`` (our scalers against torch's and against the
 native check-and-unscale kernel, the floor no scaler can beat), ``harness_overhead`` (a trivial
 2-rank test under the warm pool against ``MultiProcessTestCase``) and ``parity_wall`` (the parity
 matrix on warm ranks against one spawn per configuration), ``cost_curve`` (one configuration of a
-Llama at growing sizes against the plain training it checks, time and peak memory), ``diagnosis``
+Llama at growing sizes and world sizes against one process training the whole batch and against
+the same training on the same ranks, time and peak memory, per process; its models in
+``cost_workloads``, each side a process of its own in ``cost_sides``), ``diagnosis``
 (planted bugs with a known place: how often the report names the place and the cause; an accuracy,
 not a ratio). Each part's ``measure()`` returns
 JSON-ready numbers and its ``render()`` prints them, so the table can be printed again from the
