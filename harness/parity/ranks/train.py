@@ -94,19 +94,29 @@ def faults_now(config: ParityConfig, role: str, step: int, rank: int) -> list[Fa
     return [f for f in config.faults if f.step == step and (role == "reference" or f.rank in (None, rank))]
 
 
-def _skipped(before: list[torch.Tensor], params: list[torch.Tensor], engine: engines.Engine) -> bool | None:
-    after = [engine.local(p).detach() for p in params]
-    if sum(t.numel() for t in after) == 0:
-        return None
-    return all(torch.equal(b, a) for b, a in zip(before, after, strict=True))
+class LocalSkipCheck:
+    """Whether the optimizer step left each group's parameters bitwise unchanged on this rank: a
+    copy of every local tensor before, compared after (``None``: the rank holds no element)."""
+
+    def __init__(self, groups: list[list[torch.Tensor]], engine: engines.Engine) -> None:
+        self.before = [[engine.local(p).detach().clone() for p in group] for group in groups]
+
+    def skipped(self, groups: list[list[torch.Tensor]], engine: engines.Engine) -> list[bool | None]:
+        found: list[bool | None] = []
+        for before, group in zip(self.before, groups, strict=True):
+            after = [engine.local(p).detach() for p in group]
+            equal = all(torch.equal(b, a) for b, a in zip(before, after, strict=True))
+            found.append(None if sum(t.numel() for t in after) == 0 else equal)
+        self.before = []
+        return found
 
 
 class SharedSkipCheck:
-    """Whether a replicated run (a reference: every rank holds all of it) left a group's parameters
-    unchanged, each rank comparing only its share of every tensor's elements (a contiguous
-    ``1/world`` of them) and the ranks agreeing: exact, as the shares cover every element once,
-    for a copy of ``1/world`` of the model per rank instead of all of it. The agreement is one
-    small all-reduce per step, which every rank runs."""
+    """:class:`LocalSkipCheck` for a replicated run (a reference: every rank holds all of it):
+    each rank compares only its share of every tensor's elements (a contiguous ``1/world`` of
+    them) and the ranks agree: exact, as the shares cover every element once, for a copy of
+    ``1/world`` of the model per rank instead of all of it. The agreement is one small all-reduce
+    per step, which every rank runs."""
 
     def __init__(self, groups: list[list[torch.Tensor]], engine: engines.Engine) -> None:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -311,20 +321,14 @@ class Run:
             check.grads(step, engine, None if unscaled else scale)
         elif self.record:
             grads = engine.full_grads() if unscaled else stepcheck.unscaled(engine.full_grads(), scale)
-        shared = SharedSkipCheck(groups, engine) if self.role == "reference" else None
-        before = (
-            [[engine.local(p).detach().clone() for p in group] for group in groups] if shared is None else []
-        )
+        skips = (SharedSkipCheck if self.role == "reference" else LocalSkipCheck)(groups, engine)
         found_inf = []
         for opt in optimizers:
             scaler.step(opt)
             found_inf.append(sum(float(v.sum()) for v in scaler._found_inf_per_device(opt).values()))
         scaler.update()
         self.loop.after_update()
-        if shared is not None:
-            skipped = shared.skipped(groups, engine)
-        else:
-            skipped = [_skipped(b, g, engine) for b, g in zip(before, groups, strict=True)]
+        skipped = skips.skipped(groups, engine)
         tensors = None
         if check is None and self.record:
             params, state = engine.full_after_step(optimizers, copy=not self.alias)
