@@ -343,8 +343,8 @@ def unscaled(grads: Tensors, scale: float) -> Tensors:
     """Still-scaled gradients divided by the scale (a power of two: exact), in their own dtype.
     ``grads`` (a gather of the caller's own) is emptied as it goes, each scaled tensor let go as
     its unscaled one is made: one model's gradients at a time, not two."""
-    return {name: (grads.pop(name).double() / scale).to(dtype) for name, dtype in _dtypes(grads)}
+    return {name: _divided(grads.pop(name), scale) for name in list(grads)}
 
 
-def _dtypes(tensors: Tensors) -> list[tuple[str, torch.dtype]]:
-    return [(name, value.dtype) for name, value in tensors.items()]
+def _divided(grad: torch.Tensor, scale: float) -> torch.Tensor:
+    return (grad.double() / scale).to(grad.dtype)
