@@ -1,7 +1,8 @@
 """Plants in what keeps a check's cost like training's (issue 40): a reference kept for nobody or
 shared with nobody, a live step kept uncopied, a skip decision made on one rank's share alone, a
 hand-reduced reference's parameters left as each rank built them, and ranks started without the
-allocator settings that give freed memory back.
+allocator settings that give freed memory back; rows that share a reference dealt to two lanes,
+and an error in a lane's thread dropped.
 
 Why: each is a memory saving whose bug would not show as memory but as a wrong verdict, or as a
 saving silently gone; the tests named kill each in seconds.
@@ -14,6 +15,7 @@ from ci.mutation.edits import Edit, Plant
 _REQUESTS = "suites/parity/test_requests.py"
 _MEMORY = "suites/parity/test_check_memory.py"
 _ALLOCATOR = "suites/harness/test_allocator.py"
+_LANES = "suites/parity/test_lanes.py"
 
 
 def _edit(file: str, old: str, new: str, package: str = "harness/parity") -> Edit:
@@ -108,5 +110,29 @@ COST_PLANTS: tuple[Plant, ...] = (
             ),
         ),
         tests=(_ALLOCATOR,),
+    ),
+    Plant(
+        name="cost_lanes_split_a_shared_reference",
+        bug="rows are dealt to the lanes in turn, so rows that share a reference train it once in each lane",
+        edits=(
+            _edit(
+                "doors/lanes.py",
+                "    return [[configs[index] for index in sorted(lane)] for lane in lanes if lane]\n",
+                "    return [configs[start::count] for start in range(count)]  # planted\n",
+            ),
+        ),
+        tests=(_LANES,),
+    ),
+    Plant(
+        name="cost_lane_error_lost",
+        bug="an error in a lane's thread is dropped: its rows have no verdict and the run says nothing",
+        edits=(
+            _edit(
+                "doors/lanes.py",
+                "            errors.append(error)\n            stop.set()\n",
+                "            stop.set()  # planted\n",
+            ),
+        ),
+        tests=(_LANES,),
     ),
 )

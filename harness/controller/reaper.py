@@ -31,6 +31,7 @@ import multiprocessing.forkserver
 import multiprocessing.resource_tracker
 import os
 import signal
+import threading
 import time
 import uuid
 import warnings
@@ -41,6 +42,8 @@ from harness.controller import allocator
 TAG_VAR = "SHARDSCALE_POOL_TAG"
 
 _tag: tuple[int, str] | None = None
+_forkserver_lock = threading.Lock()
+"""Pools started from two threads (``harness/parity/doors/lanes.py``) set the environment one at a time."""
 
 
 def controller_tag() -> str:
@@ -68,6 +71,11 @@ def start_tagged_forkserver(tag: str) -> None:
     """Make sure multiprocessing's forkserver (one per process, shared by every pool) runs, exec'd
     with ``tag`` appended to ``TAG_VAR`` and the ranks' allocator settings
     (``allocator.tunables``) if this call starts it. Cheap when it already runs."""
+    with _forkserver_lock:
+        _start_tagged_forkserver(tag)
+
+
+def _start_tagged_forkserver(tag: str) -> None:
     multiprocessing.resource_tracker.ensure_running()  # not ours to report: start it untagged
     inherited = os.environ.get(TAG_VAR)
     with (

@@ -16,10 +16,9 @@ import os
 import sys
 import time
 
-from harness.parity.doors import cli, launched, runner
+from harness.parity.doors import cli, lanes, launched, runner
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan.config import BACKENDS, SCALERS, unsupported_reason
-from harness.parity.plan.config.axes import COMPILE_BACKENDS, COMPILE_MODES, COMPILE_TWINS
 from harness.parity.plan.recipe import RECIPES
 from harness.parity.plan.select import ExpressionError, select
 from harness.parity.ranks import entry
@@ -57,6 +56,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--list", action="store_true", help="print the selected configuration ids and exit")
     parser.add_argument("--batch-size", type=int, default=8, help="configurations per rank call (default 8)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="groups of ranks that run configurations at once, each with its own models in memory "
+        "(default 2 for the embedded matrix on gloo, whose ranks mostly wait on collectives; else 1)",
+    )
     parser.add_argument(
         "--deadline",
         type=float,
@@ -174,7 +181,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "sharding's) or 'eager' (compile's own difference shows, named compile_changes_numerics)",
     )
     options = parser.parse_args(argv)
-    _check_compile(parser, options)
+    cli.check_compile(parser, options)
     if options.deadline is None:
         options.deadline = 600.0 if options.compile else 60.0
     if options.reshard and (options.workload or launched.launched()):
@@ -239,6 +246,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         )
     if options.batch_size < 1:
         parser.error(f"--batch-size must be >= 1, got {options.batch_size}")
+    if options.jobs is not None and options.jobs < 1:
+        parser.error(f"--jobs must be >= 1 group of ranks, got {options.jobs}; e.g. --jobs 1")
     if not options.deadline > 0:
         parser.error(f"--deadline must be > 0 seconds, got {options.deadline}")
     try:  # read again on every rank, which inherit this environment
@@ -254,40 +263,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not options.configs:
         parser.error(f"-k {options.expression!r} selects no configuration; see --list for the ids")
     return options
-
-
-def _check_compile(parser: argparse.ArgumentParser, options: argparse.Namespace) -> None:
-    """``--compile MODE [--compile-backend BACKEND]``, each value named in its error with the fix."""
-    modes = [mode for mode in COMPILE_MODES if mode not in (None, "function")]
-    if options.compile is not None and options.compile not in modes:
-        parser.error(
-            f"--compile must be one of {', '.join(modes)}, got {options.compile!r}; e.g. --compile block"
-        )
-    if options.compile_backend is not None and options.compile is None:
-        parser.error(
-            f"--compile-backend {options.compile_backend} needs --compile MODE; e.g. --compile block "
-            f"--compile-backend {options.compile_backend}"
-        )
-    if options.compile_backend is not None and options.compile_backend not in COMPILE_BACKENDS:
-        parser.error(
-            f"--compile-backend must be one of {', '.join(COMPILE_BACKENDS)}, got "
-            f"{options.compile_backend!r}; e.g. --compile-backend aot_eager"
-        )
-    if options.compile_twin is not None and options.compile is None and not options.workload:
-        parser.error(
-            f"--compile-twin {options.compile_twin} needs --compile MODE (e.g. --compile block), or a "
-            "--workload with its own parallelize function"
-        )
-    if options.compile_twin is not None and options.compile_twin not in COMPILE_TWINS:
-        parser.error(
-            f"--compile-twin must be one of {', '.join(COMPILE_TWINS)}, got {options.compile_twin!r}; "
-            "e.g. --compile-twin eager"
-        )
-    options.compile_backend = options.compile_backend or "inductor"
-    options.compile_twin = options.compile_twin or "compiled"
-    clashes = [flag for flag, on in (("--reshard", options.reshard), ("--tp", options.tp is not None)) if on]
-    if options.compile is not None and clashes:
-        parser.error(f"--compile runs the compiled rows; not with {clashes[0]} (their rows are not compiled)")
 
 
 def _gpus(backend: str) -> int:
@@ -363,11 +338,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     from harness.controller.pool import PoolError, RankPool
 
-    pool = RankPool(threads_per_rank=1)
+    pools = [RankPool(threads_per_rank=1) for _ in range(lanes.jobs(options))]
+    executors = [runner.pool_executor(pool, deadline_per_config_s=options.deadline) for pool in pools]
     try:
         outcomes = runner.run(
             options.configs,
-            runner.pool_executor(pool, deadline_per_config_s=options.deadline),
+            executors[0],
+            parallel=executors[1:],
             gpus=gpus,
             batch_size=options.batch_size,
             keep_records=False,
@@ -379,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"parity: the ranks could not be started: {error}", file=sys.stderr)
         return 2
     finally:
-        pool.close()
+        for pool in pools:
+            pool.close()
     return finish([outcome.result for outcome in outcomes])
 
 

@@ -48,6 +48,20 @@ def test_each_rank_copies_only_its_share_of_the_parameters(ranks):
     assert ranks.run(_share_sizes, world_size=2) == [[5, 2], [5, 1]]
 
 
+def _skip_checks(threshold_mb: float) -> list[str]:
+    kept, train.SHARED_SKIP_MB = train.SHARED_SKIP_MB, threshold_mb
+    try:
+        groups = [[torch.zeros(1024)]]  # 4 KiB
+        return [type(train.skip_check(role, groups, _ENGINE)).__name__ for role in ("reference", "candidate")]
+    finally:
+        train.SHARED_SKIP_MB = kept  # the pool's ranks run other tests after this one
+
+
+def test_a_small_reference_decides_its_skips_alone_and_a_large_one_by_shares(ranks):
+    assert ranks.run(_skip_checks, 1.0, world_size=2) == [["LocalSkipCheck", "LocalSkipCheck"]] * 2
+    assert ranks.run(_skip_checks, 1 / 1024, world_size=2) == [["SharedSkipCheck", "LocalSkipCheck"]] * 2
+
+
 def _forward_only(compiled: bool) -> tuple[list[str], list[float]]:
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
     if dist.get_rank() == 1:  # what DDP's broadcast from rank 0 must undo

@@ -34,6 +34,7 @@ def test_list_prints_the_selected_ids_and_why_some_cannot_run_here():
     ("args", "complaint"),
     [
         (["--world-size", "0"], "--world-size must be >= 1, got 0"),
+        (["--jobs", "0"], "--jobs must be >= 1 group of ranks, got 0; e.g. --jobs 1"),
         (["-k", "fsdp2 and"], "-k 'fsdp2 and': a word or '(' is missing"),
         (["-k", "fsdp9"], "-k 'fsdp9' selects no configuration; see --list for the ids"),
         (["--scaler", "apex"], "argument --scaler: invalid choice: 'apex'"),

@@ -42,10 +42,10 @@ ENGINES = [
 def _pieces_after_one_step(config: ParityConfig) -> dict[str, list[tuple[int, int, bool]]]:
     """Per tensor, this rank's ``(start, numel, equal to the same elements of the full gather)``."""
     engine, optimizer = candidate_steps.after_backward(config)
-    grads = local.grads(engine, None)
+    grads, _ = local.grads(engine, None)  # every rank holds every gradient here
     full_grads = engine.full_grads()
     optimizer.step()
-    params, state = local.params_and_state(engine, [optimizer])
+    params, state, _ = local.params_and_state(engine, [optimizer])
     full_params, full_state = engine.full_after_step([optimizer])
     wholes = {
         **{f"grad {n}": t for n, t in full_grads.items()},
@@ -215,12 +215,14 @@ def test_full_tensors_travel_for_the_origin_and_the_first_failing_step_only(monk
     wanted = [(0.0, 0.0), (tiny, 0.0), (tiny, 0.0), (tiny, 1.0), (tiny, 2.0)]
     engine = _FakeEngine()
     monkeypatch.setattr(
-        local, "grads", lambda e, scale: {"w": local.Piece((4,), torch.float32, 0, e.grad.clone())}
+        local,
+        "grads",
+        lambda e, scale: ({"w": local.Piece((4,), torch.float32, 0, e.grad.clone())}, {"w": True}),
     )
     monkeypatch.setattr(
         local,
         "params_and_state",
-        lambda e, opts: ({"w": local.Piece((4,), torch.float32, 0, e.param.clone())}, {}),
+        lambda e, opts: ({"w": local.Piece((4,), torch.float32, 0, e.param.clone())}, {}, None),
     )
     reference = stepcheck.ReferenceSteps([_reference_step(1.0) for _ in wanted])
     check = stepcheck.Check(

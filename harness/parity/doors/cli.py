@@ -15,6 +15,7 @@ from pathlib import Path
 
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan.config import ParityConfig, Scale, unique
+from harness.parity.plan.config.axes import COMPILE_BACKENDS, COMPILE_MODES, COMPILE_TWINS
 from harness.parity.plan.config.compile import cache_folder
 from harness.parity.plan.matrices import compile as compile_matrix
 from harness.parity.plan.matrices import default as matrix
@@ -29,6 +30,40 @@ from harness.parity.workload.spec import WorkloadError
 
 class BadWorkload(Exception):
     """A ``--workload`` that cannot be used; printed as it is, exit status 2."""
+
+
+def check_compile(parser: argparse.ArgumentParser, options: argparse.Namespace) -> None:
+    """``--compile MODE [--compile-backend BACKEND]``, each value named in its error with the fix."""
+    modes = [mode for mode in COMPILE_MODES if mode not in (None, "function")]
+    if options.compile is not None and options.compile not in modes:
+        parser.error(
+            f"--compile must be one of {', '.join(modes)}, got {options.compile!r}; e.g. --compile block"
+        )
+    if options.compile_backend is not None and options.compile is None:
+        parser.error(
+            f"--compile-backend {options.compile_backend} needs --compile MODE; e.g. --compile block "
+            f"--compile-backend {options.compile_backend}"
+        )
+    if options.compile_backend is not None and options.compile_backend not in COMPILE_BACKENDS:
+        parser.error(
+            f"--compile-backend must be one of {', '.join(COMPILE_BACKENDS)}, got "
+            f"{options.compile_backend!r}; e.g. --compile-backend aot_eager"
+        )
+    if options.compile_twin is not None and options.compile is None and not options.workload:
+        parser.error(
+            f"--compile-twin {options.compile_twin} needs --compile MODE (e.g. --compile block), or a "
+            "--workload with its own parallelize function"
+        )
+    if options.compile_twin is not None and options.compile_twin not in COMPILE_TWINS:
+        parser.error(
+            f"--compile-twin must be one of {', '.join(COMPILE_TWINS)}, got {options.compile_twin!r}; "
+            "e.g. --compile-twin eager"
+        )
+    options.compile_backend = options.compile_backend or "inductor"
+    options.compile_twin = options.compile_twin or "compiled"
+    clashes = [flag for flag, on in (("--reshard", options.reshard), ("--tp", options.tp is not None)) if on]
+    if options.compile is not None and clashes:
+        parser.error(f"--compile runs the compiled rows; not with {clashes[0]} (their rows are not compiled)")
 
 
 def configs_for(options: argparse.Namespace) -> list[ParityConfig]:

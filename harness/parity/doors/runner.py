@@ -25,11 +25,12 @@ hides the others.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from harness.parity.doors import ground_truths, reshard
+from harness.parity.doors import ground_truths, lanes, reshard
 from harness.parity.judge import pinpoint, semantics, staged
 from harness.parity.judge import result as results
 from harness.parity.judge.result import ParityResult
@@ -137,9 +138,12 @@ def run(
     keep_tensors: bool = False,
     drift: bool = False,
     ground_truth: bool = False,
+    parallel: Sequence[Executor] = (),
 ) -> list[Outcome]:
     """Judge every configuration (in the given order), localizing each failure unless
-    ``localize`` is False; see the module docstring. The records hold full tensors only for the
+    ``localize`` is False; see the module docstring. ``parallel``: more executors, each on ranks of
+    its own: each world's rows are split among ``execute`` and these, and run at once
+    (``lanes.py``; progress is then reported in the order rows finish). The records hold full tensors only for the
     steps the known causes read, unless ``keep_tensors`` (every step: for tests that read them).
     ``drift``: each row the staged check decides also gets the drift a reordering alone produces.
     ``ground_truth``: each row also gets its split's ground truth (``judge/semantics.py``), each
@@ -153,8 +157,13 @@ def run(
     runnable = [config for config in configs if unsupported_reason(config, gpus=gpus) is None]
     ran = 0
     truths = ground_truths.measured(runnable, execute, BatchFailed) if ground_truth else {}
+    lock = threading.Lock()  # lanes finish rows from their own threads
 
     def finish(outcome: Outcome) -> None:
+        with lock:
+            _finish(outcome)
+
+    def _finish(outcome: Outcome) -> None:
         nonlocal ran
         found = truths.get(semantics.key(outcome.result.config))
         if found is not None:
@@ -188,12 +197,21 @@ def run(
                 finish(Outcome(result=verdict))
 
     plain = [config for config in runnable if config.resume.world_size is None]
+    executors = [execute, *parallel]
     for (backend, world_size), group in by_world(plain):
-        sent = {request.config.id: request for request in requests.requests(group)}
-        for batch in _chunks(group, batch_size):
-            finish_all(
-                _judged_batch(batch, execute, backend, world_size, localize, keep_tensors, drift, sent)
-            )
+
+        def work(
+            lane: list[ParityConfig], lane_execute: Executor, backend=backend, world_size=world_size
+        ) -> None:
+            sent = {request.config.id: request for request in requests.requests(lane)}
+            for batch in _chunks(lane, batch_size):
+                finish_all(
+                    _judged_batch(
+                        batch, lane_execute, backend, world_size, localize, keep_tensors, drift, sent
+                    )
+                )
+
+        lanes.run(lanes.split(group, len(executors)), executors, work)
     resharded = [config for config in runnable if config.resume.world_size is not None]
     for _, group in reshard.groups(resharded):  # two halves, at two world sizes (reshard.py)
         for batch in _chunks(group, batch_size):

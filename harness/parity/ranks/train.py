@@ -142,6 +142,22 @@ class SharedSkipCheck:
         return [None if n == 0 else c == 0 for c, n in zip(changed, numel, strict=True)]
 
 
+SHARED_SKIP_MB = 16.0
+"""A reference whose parameters hold less copies all of them and decides alone: on a small model
+the all-reduce :class:`SharedSkipCheck` needs costs more (a collective's latency, every step) than
+the copy it saves."""
+
+
+def skip_check(
+    role: str, groups: list[list[torch.Tensor]], engine: engines.Engine
+) -> LocalSkipCheck | SharedSkipCheck:
+    """The skip check of a ``role`` run: a reference's shared when its parameters reach
+    :data:`SHARED_SKIP_MB` (the same on every rank: each holds the same model)."""
+    size = sum(p.numel() * p.element_size() for group in groups for p in group) / 2**20
+    shared = role == "reference" and dist.is_initialized() and size >= SHARED_SKIP_MB
+    return (SharedSkipCheck if shared else LocalSkipCheck)(groups, engine)
+
+
 Observer = Callable[[engines.Engine, int], AbstractContextManager[Any]]
 """``observe(engine, step)``: a context around one step's forward and backward (``localize.py``
 puts hooks on every module inside it)."""
@@ -321,7 +337,7 @@ class Run:
             check.grads(step, engine, None if unscaled else scale)
         elif self.record:
             grads = engine.full_grads() if unscaled else stepcheck.unscaled(engine.full_grads(), scale)
-        skips = (SharedSkipCheck if self.role == "reference" else LocalSkipCheck)(groups, engine)
+        skips = skip_check(self.role, groups, engine)
         found_inf = []
         for opt in optimizers:
             scaler.step(opt)

@@ -16,8 +16,10 @@ same elements a gather onto rank 0 would have seen. A rank that owns nothing of 
 states its global shape and dtype (``values=None``), so that names, shapes and dtypes are checked
 from any rank's view.
 
-Collective only where every rank must agree on what exists (``gather.anywhere``: a gradient or
-optimizer state that some ranks lack is zeros on those ranks, as in the full gathers).
+No collective of its own where it can be helped: a gradient or FSDP2 optimizer state that this
+rank lacks is zeros here (as in the full gathers), and the caller agrees which exist on any rank in
+the all-reduce its comparison's flags take anyway (``stepcheck.Check``). FSDP1's state agrees here
+(``_max_everywhere``: its scalar keys' values travel with it).
 """
 
 from __future__ import annotations
@@ -61,24 +63,33 @@ def _rank() -> int:
 
 
 # -- grads ---------------------------------------------------------------------------------------
-def grads(engine: engines.Engine, scale: float | None) -> _Pieces:
-    """This rank's pieces of every gradient (``scale``: still scaled, divide by it exactly as
-    ``stepcheck.unscaled`` does), copied: they must outlive the optimizer step."""
+def grads(engine: engines.Engine, scale: float | None) -> tuple[_Pieces, dict[str, bool]]:
+    """This rank's pieces of every gradient a rank may hold (``scale``: still scaled, divide by it
+    exactly as ``stepcheck.unscaled`` does), copied: they must outlive the optimizer step; and
+    whether this rank holds each. One it lacks is zeros here, as in the full gathers: the caller
+    agrees which exist on any rank in the all-reduce its comparison's flags take anyway
+    (``stepcheck.Check.grads``), one collective, not two."""
     if isinstance(engine, engines.FSDP2):
-        found = _fsdp2_grads(engine)
+        found, held = _fsdp2_grads(engine)
     elif isinstance(engine, engines.FSDP1):
-        found = _fsdp1_grads(engine)
+        found, held = _fsdp1_grads(engine)
     else:
         owner = _rank() == 0
-        found = {name: _whole(p.grad, owner) for name, p in engine.named_trainable() if p.grad is not None}
+        trainable = engine.named_trainable()
+        found = {name: _whole(_or_zeros(p.grad, p), owner) for name, p in trainable}
+        held = {name: p.grad is not None for name, p in trainable}
     if scale is None:
-        return {name: _copied(piece) for name, piece in found.items()}
+        return {name: _copied(piece) for name, piece in found.items()}, held
     return {
         name: dataclasses.replace(
             piece, values=None if piece.values is None else (piece.values.double() / scale).to(piece.dtype)
         )
         for name, piece in found.items()
-    }
+    }, held
+
+
+def _or_zeros(grad: torch.Tensor | None, param: torch.Tensor) -> torch.Tensor:
+    return grad if grad is not None else torch.zeros_like(param)
 
 
 def _copied(piece: Piece) -> Piece:
@@ -129,11 +140,10 @@ def _fsdp2_piece(value: Any, param: Any) -> Piece:
     return _whole(value if value is not None else torch.zeros_like(param), _rank() == 0)
 
 
-def _fsdp2_grads(engine: engines.FSDP2) -> _Pieces:
+def _fsdp2_grads(engine: engines.FSDP2) -> tuple[_Pieces, dict[str, bool]]:
     trainable = engine.named_trainable()
-    held = gather.anywhere([p.grad is not None for _, p in trainable], engine.device)
-    return {
-        name: _fsdp2_piece(p.grad, p) for (name, p), anywhere in zip(trainable, held, strict=True) if anywhere
+    return {name: _fsdp2_piece(p.grad, p) for name, p in trainable}, {
+        name: p.grad is not None for name, p in trainable
     }
 
 
@@ -161,26 +171,30 @@ def _fsdp1_cut(unit: Any, local: torch.Tensor | None, dtype: torch.dtype, owner:
     return out
 
 
-def _fsdp1_grads(engine: engines.FSDP1) -> _Pieces:
-    units = flat.units(engine.wrapped)
-    held = gather.anywhere([unit.flat.grad is not None for unit in units], engine.device)
+def _fsdp1_grads(engine: engines.FSDP1) -> tuple[_Pieces, dict[str, bool]]:
     found: _Pieces = {}
-    for unit, somewhere in zip(units, held, strict=True):
-        if somewhere:
-            grad = unit.flat.grad if unit.flat.grad is not None else torch.zeros_like(unit.flat)
-            found.update(_fsdp1_cut(unit, grad, grad.dtype, _fsdp1_owner(unit)))
-    return found
+    held: dict[str, bool] = {}
+    for unit in flat.units(engine.wrapped):
+        grad = unit.flat.grad if unit.flat.grad is not None else torch.zeros_like(unit.flat)
+        cut = _fsdp1_cut(unit, grad, grad.dtype, _fsdp1_owner(unit))
+        found.update(cut)
+        held.update(dict.fromkeys(cut, unit.flat.grad is not None))
+    return found, held
 
 
 # -- parameters and optimizer state -------------------------------------------------------------
 def params_and_state(
     engine: engines.Engine, optimizers: list[torch.optim.Optimizer]
-) -> tuple[_Pieces, _Pieces]:
-    """``(parameters by name, optimizer state by "name:key")``: views, valid until the next step."""
+) -> tuple[_Pieces, _Pieces, dict[str, bool] | None]:
+    """``(parameters by name, optimizer state by "name:key", held)``: views, valid until the next
+    step. ``held``: FSDP2's state of every trainable parameter, zeros where this rank holds none,
+    and whether it does, for the caller to agree with its comparison's flags (one all-reduce);
+    ``None`` where the state is already the state some rank holds (FSDP1 agrees on it here,
+    with the scalar keys' values; a replicated engine holds all of it)."""
     if isinstance(engine, engines.FSDP2):
         return _fsdp2_params_and_state(engine, optimizers)
     if isinstance(engine, engines.FSDP1):
-        return _fsdp1_params_and_state(engine, optimizers)
+        return (*_fsdp1_params_and_state(engine, optimizers), None)
     owner = _rank() == 0
     params, state = engine.full_after_step(optimizers)
     pieces = {name: _whole(value, owner) for name, value in params.items()}
@@ -189,27 +203,25 @@ def params_and_state(
         for name, values in state.items()
         for key, value in values.items()
     }
-    return pieces, states
+    return pieces, states, None
 
 
 def _fsdp2_params_and_state(
     engine: engines.FSDP2, optimizers: list[torch.optim.Optimizer]
-) -> tuple[_Pieces, _Pieces]:
+) -> tuple[_Pieces, _Pieces, dict[str, bool]]:
     element_keys, scalar_keys = gather.state_keys(optimizers)
     state = {id(p): values for opt in optimizers for p, values in opt.state.items()}
-    trainable = engine.named_trainable()
     params = {name: _fsdp2_piece(p, p) for name, p in engine.named_parameters_whole()}
-    present = gather.anywhere([bool(state.get(id(p))) for _, p in trainable], engine.device)
     states: _Pieces = {}
-    for (name, param), somewhere in zip(trainable, present, strict=True):
-        if not somewhere:
-            continue
+    held: dict[str, bool] = {}
+    for name, param in engine.named_trainable():
         values = state.get(id(param), {})
         for key in element_keys:
             states[f"{name}:{key}"] = _fsdp2_piece(values.get(key), param)
         for key in scalar_keys:
             states[f"{name}:{key}"] = _whole(values.get(key, torch.zeros(())), _rank() == 0)
-    return params, states
+        held.update(dict.fromkeys((f"{name}:{key}" for key in (*element_keys, *scalar_keys)), bool(values)))
+    return params, states, held
 
 
 def _fsdp1_params_and_state(

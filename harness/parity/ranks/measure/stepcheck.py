@@ -161,11 +161,36 @@ def _compare(
 ) -> _Measured:
     """Each piece against the same elements of ``reference`` (``align``: floating-point buffers
     compared in the coarser of their dtypes, as the judge does)."""
+    return _merged(_compare_each(reference, pieces, profile, align=align), set(reference))
+
+
+def _merged(each: dict[str, _Measured], expected: set[str]) -> _Measured:
+    """Per-tensor measurements as one (a name missing from either side differs and fails)."""
     found = _Measured()
-    if set(reference) != set(pieces):
+    if expected != set(each):
         found.differ = found.fail = True
-    for name in sorted(set(reference) & set(pieces)):
-        want, piece = reference[name], pieces[name]
+    for one in each.values():
+        found.partials.update(one.partials)
+        found.differ |= one.differ
+        found.fail |= one.fail
+    return found
+
+
+def _compare_each(
+    reference: Tensors,
+    pieces: dict[str, local.Piece],
+    profile: profiles.ToleranceProfile,
+    *,
+    align: bool = False,
+) -> dict[str, _Measured]:
+    """:func:`_compare`, per piece (one ``reference`` lacks differs and fails)."""
+    out: dict[str, _Measured] = {}
+    for name in sorted(pieces):
+        found = out[name] = _Measured()
+        want, piece = reference.get(name), pieces[name]
+        if want is None:
+            found.differ = found.fail = True
+            continue
         dtype = piece.dtype
         if align and want.dtype != dtype and want.is_floating_point() and dtype.is_floating_point:
             dtype = ulp.coarser(want.dtype, dtype)
@@ -185,8 +210,8 @@ def _compare(
         diff = distance.tensor_diff(want_part, got, profile, step=0, kind="", name=name)
         found.partials[name] = distance.partial(diff)
         found.differ = True
-        found.fail |= diff.mismatched > 0
-    return found
+        found.fail = diff.mismatched > 0
+    return out
 
 
 def _any_rank(flags: list[bool], device: torch.device) -> list[bool]:
@@ -263,15 +288,27 @@ class Check:
 
     def grads(self, step: int, engine: engines.Engine, scale: float | None) -> None:
         """Measure this rank's gradients as the optimizer will receive them (``scale``: still
-        scaled by it); gather them whole when this step may be one whose tensors travel."""
-        pieces = local.grads(engine, scale)
+        scaled by it); gather them whole when this step may be one whose tensors travel. One
+        all-reduce agrees which gradients exist on any rank and whether any rank's differ, fail
+        or (the reference's) overflow."""
+        pieces, held = local.grads(engine, scale)
         reference = _tensors(self._reference()).grads
-        self._grads = _compare(reference, pieces, self.profile)
+        each = _compare_each(reference, pieces, self.profile)
+        names = list(pieces)
+        finite = all(bool(value.isfinite().all()) for value in reference.values())
+        flags = [held[n] for n in names] + [each[n].differ for n in names] + [each[n].fail for n in names]
+        agreed = _any_rank([*flags, not finite], engine.device)
+        count = len(names)
+        anywhere = {n for i, n in enumerate(names) if agreed[i]}
+        for i, name in enumerate(names):
+            each[name].differ, each[name].fail = agreed[count + i], agreed[2 * count + i]
+        kept = {name: each[name] for name in sorted(anywhere)}
+        self._grads = _merged(kept, set(reference))
+        pieces = {name: pieces[name] for name in names if name in anywhere}
         self._grad_meta = meta(pieces)
         self._squares = squares(pieces)
-        finite = all(bool(value.isfinite().all()) for value in reference.values())
         poisoned = step in self.poisoned
-        differ, fail, overflow = _any_rank([self._grads.differ, self._grads.fail, not finite], engine.device)
+        differ, fail, overflow = self._grads.differ, self._grads.fail, agreed[-1]
         self._grads.fail = fail and not poisoned
         self._origin = not self._origin_found and differ and not overflow and not poisoned
         wanted = self.keep_all or (differ and not poisoned and not self._failure_found)
@@ -290,21 +327,33 @@ class Check:
     ) -> RankStep:
         """Measure parameters, optimizer state and this rank's buffers: ``record`` with the
         distances, the tensors' names, shapes and dtypes and, on a kept step, the full tensors."""
-        params, state = local.params_and_state(engine, optimizers)
+        params, state, state_held = local.params_and_state(engine, optimizers)
         reference = self._reference()
         ref = _tensors(reference)
-        measured = {
-            "grad": self._grads,
-            "param": _compare(ref.params, params, self.profile),
-            "optim_state": _compare(flat_state(ref.optim_state), state, self.profile),
-        }
+        ref_state = flat_state(ref.optim_state)
+        measured = {"grad": self._grads, "param": _compare(ref.params, params, self.profile)}
         buffers = own_buffers(engine.own_buffers(), self.rank)
         own = {name: local.Piece(tuple(v.shape), v.dtype, 0, v.reshape(-1)) for name, v in buffers.items()}
         measured["buffer"] = _compare(
             own_buffers(reference.buffers, self.rank), own, self.profile, align=True
         )
-        local_fail = any(m.fail for kind, m in measured.items() if kind != "grad") or self._grads.fail
-        (failed,) = _any_rank([local_fail], engine.device)
+        local_fail = measured["param"].fail or measured["buffer"].fail or self._grads.fail
+        each = _compare_each(ref_state, state, self.profile)
+        if state_held is None:  # every rank measures the same state names (``local.params_and_state``)
+            measured["optim_state"] = _merged(each, set(ref_state))
+            (failed,) = _any_rank([local_fail or measured["optim_state"].fail], engine.device)
+        else:  # one all-reduce: which state exists on any rank, and any rank's failure
+            names = list(state)
+            agreed = _any_rank(
+                [local_fail, *(state_held[n] for n in names), *(each[n].fail for n in names)], engine.device
+            )
+            anywhere = {n for i, n in enumerate(names, start=1) if agreed[i]}
+            for i, name in enumerate(names, start=1 + len(names)):
+                each[name].fail = agreed[i]
+            measured["optim_state"] = _merged({n: each[n] for n in sorted(anywhere)}, set(ref_state))
+            state = {name: state[name] for name in names if name in anywhere}
+            failed = agreed[0] or measured["optim_state"].fail
+        measured = {kind: measured[kind] for kind in ("grad", "param", "optim_state", "buffer")}
         keep = self.keep_all or self._origin or (failed and not self._failure_found)
         self._origin_found |= self._origin
         self._failure_found |= failed

@@ -1,0 +1,121 @@
+"""One world's rows on several groups of ranks at once (controller side).
+
+Why: on the small models of a default matrix a row's time is mostly its collectives' latency, not
+its arithmetic. On 2 cores with gloo over loopback, a collective costs 0.2 to 1 ms and a matrix
+at world size 2 makes about 25,000 of them: each rank spends half its time waiting (measured with
+cProfile), so two whole matrices run at once take 46 s where one alone takes 42 s. A second group
+of ranks works while the first waits. Each group holds its own models, so the CLI asks for more
+than one only where models are small (``jobs``).
+
+Rows that share a reference or a float32 twin go to the same lane: a rank keeps a reference only
+for the rows after it (``ranks/requests.py``), and a row in another lane would train it again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from harness.parity.plan.config import ParityConfig
+from harness.parity.ranks import requests
+
+Executor = Callable[..., list[list[Any]]]
+"""``runner.Executor`` (named here too: a lower module of the door cannot import the runner)."""
+
+
+class Stopped(Exception):
+    """Another lane failed, or the run was interrupted: this lane stops before its next rank call."""
+
+
+def jobs(options: argparse.Namespace) -> int:
+    """How many groups of ranks the CLI runs at once: ``--jobs`` when given; else 2 for the
+    embedded matrix on gloo (small models: their rows wait on collectives more than they compute)
+    and 1 for a user's workload (each group holds its own copy of the models), compiled rows
+    (compiling is arithmetic: a second group only competes for the cores) and NCCL (a GPU per rank)."""
+    if options.jobs is not None:
+        return int(options.jobs)
+    embedded = not options.workload and options.compile is None
+    return 2 if embedded and options.backend == "gloo" else 1
+
+
+def split(configs: list[ParityConfig], count: int) -> list[list[ParityConfig]]:
+    """``configs`` in at most ``count`` lanes of about equal length, each in the given order, with
+    every configuration in the lane of any other that shares its reference or its twin."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1 lane, got {count}")
+    if count == 1 or len(configs) < 2:
+        return [list(configs)]
+    parent: dict[Any, Any] = {}
+
+    def root(key: Any) -> Any:
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    for config in configs:
+        for shared in (config.reference_key(), requests.twin_key(config)):
+            if shared is not None:
+                parent[root(("row", config.id))] = root(("reference", shared))
+    families: dict[Any, list[int]] = {}
+    for index, config in enumerate(configs):
+        families.setdefault(root(("row", config.id)), []).append(index)
+    lanes: list[list[int]] = [[] for _ in range(min(count, len(families)))]
+    for family in sorted(families.values(), key=lambda rows: (-len(rows), rows[0])):
+        min(lanes, key=len).extend(family)  # the largest families first, each to the shortest lane
+    return [[configs[index] for index in sorted(lane)] for lane in lanes if lane]
+
+
+def run(
+    lanes: list[list[ParityConfig]],
+    executors: Sequence[Executor],
+    work: Callable[[list[ParityConfig], Executor], None],
+) -> None:
+    """``work(lane, executor)`` for each lane with its own executor, all at once: the first in the
+    calling thread (so an interruption there, as Ctrl-C, reaches the rank call in flight as it
+    would without lanes), the others in daemon threads. When one lane raises, the others stop
+    before their next rank call, and the first error is raised here once they have."""
+    if len(executors) < len(lanes):
+        raise ValueError(f"{len(lanes)} lanes need as many executors, got {len(executors)}")
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def guarded(execute: Executor) -> Executor:
+        def call(*args: Any, **kwargs: Any) -> list[list[Any]]:
+            if stop.is_set():
+                raise Stopped("another lane of the run failed or was interrupted")
+            return execute(*args, **kwargs)
+
+        return call
+
+    def lane(configs: list[ParityConfig], execute: Executor) -> None:
+        try:
+            work(configs, guarded(execute))
+        except Stopped:
+            pass
+        except BaseException as error:  # noqa: BLE001 - raised in the calling thread
+            errors.append(error)
+            stop.set()
+
+    threads = [
+        threading.Thread(target=lane, args=(configs, execute), name=f"parity-lane-{number}", daemon=True)
+        for number, (configs, execute) in enumerate(
+            zip(lanes[1:], executors[1 : len(lanes)], strict=True), start=1
+        )
+    ]
+    try:
+        for thread in threads:
+            thread.start()
+        if lanes:
+            try:
+                work(lanes[0], guarded(executors[0]))
+            except Stopped:
+                pass
+        for thread in threads:
+            thread.join()
+    except BaseException:
+        stop.set()  # the other lanes stop at their next rank call; the caller closes their ranks
+        raise
+    if errors:
+        raise errors[0]

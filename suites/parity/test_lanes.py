@@ -1,0 +1,133 @@
+"""One world's rows on several groups of ranks at once (``doors/lanes.py``), without ranks: the
+executors are fakes, as in ``test_runner.py``."""
+
+import argparse
+import threading
+
+import pytest
+
+from harness.parity.doors import lanes, runner
+from harness.parity.plan.config import Layout, ParityConfig, Precision
+from harness.parity.ranks import requests
+
+_FAMILY = [  # one FSDP2 fp32 SGD reference, and the float32 twin of the fp16 row's
+    ParityConfig(engine="fsdp2", layout=Layout(reshard_after_forward=True)),
+    ParityConfig(engine="fsdp2", layout=Layout(reshard_after_forward=False)),
+    ParityConfig(
+        engine="fsdp2", layout=Layout(reshard_after_forward=True), precision=Precision(dtype="fp16")
+    ),
+]
+_OTHERS = [ParityConfig(engine="ddp", optimizer="adam"), ParityConfig(engine="ddp", optimizer="sgd")]
+
+
+def test_the_family_shares_one_reference_as_the_tests_assume():
+    first, fsdp2, fp16 = _FAMILY
+    assert first.reference_key() == fsdp2.reference_key() == requests.twin_key(fp16)
+    assert first.reference_key() != _OTHERS[0].reference_key()
+
+
+def test_rows_that_share_a_reference_or_a_twin_run_in_one_lane():
+    mixed = [_FAMILY[0], *_OTHERS, *_FAMILY[1:]]
+    found = lanes.split(mixed, 2)
+    assert len(found) == 2
+    (with_family,) = [lane for lane in found if _FAMILY[0] in lane]
+    assert all(config in with_family for config in _FAMILY)
+
+
+def test_unrelated_rows_are_spread_over_the_lanes_each_in_the_given_order():
+    configs = [ParityConfig(engine="ddp", optimizer=o) for o in ("sgd", "adam", "adam_fused")]
+    found = lanes.split(configs, 2)
+    assert sorted(len(lane) for lane in found) == [1, 2]
+    for lane in found:
+        assert lane == sorted(lane, key=configs.index)
+
+
+def test_one_lane_is_every_row_in_the_given_order():
+    configs = [*_OTHERS, *_FAMILY]
+    assert lanes.split(configs, 1) == [configs]
+
+
+def test_no_lane_is_refused():
+    with pytest.raises(ValueError, match="count must be >= 1 lane, got 0"):
+        lanes.split(_OTHERS, 0)
+
+
+def test_the_lanes_run_at_the_same_time():
+    """Each lane's executor waits at a barrier for the other's: run one after the other, they
+    would time out there."""
+    meeting = threading.Barrier(2, timeout=30)
+    seen = []
+
+    def execute(batch, backend, world_size):
+        meeting.wait()
+        seen.append(len(batch))
+        return []
+
+    lanes.run([[_OTHERS[0]], [_OTHERS[1]]], [execute, execute], lambda lane, run: run(lane, "gloo", 2))
+    assert seen == [1, 1]
+
+
+def test_an_error_in_one_lane_is_raised_and_the_other_stops_at_its_next_rank_call():
+    calls = []
+    started = threading.Event()
+
+    def broken(batch, backend, world_size):
+        started.wait(30)
+        raise KeyError("a bug in the judge")
+
+    def healthy(batch, backend, world_size):
+        calls.append(len(batch))
+        started.set()
+        threading.Event().wait(0.5)  # the other lane fails meanwhile
+        return []
+
+    def work(lane, execute):
+        for config in lane:
+            execute([config], "gloo", 2)
+
+    with pytest.raises(KeyError, match="a bug in the judge"):
+        lanes.run([[_OTHERS[0]] * 50, [_OTHERS[1]]], [healthy, broken], work)
+    assert len(calls) < 50
+
+
+def test_fewer_executors_than_lanes_are_refused():
+    with pytest.raises(ValueError, match="2 lanes need as many executors, got 1"):
+        lanes.run([[_OTHERS[0]], [_OTHERS[1]]], [runner.pool_executor], lambda lane, run: None)
+
+
+def test_the_runner_gives_every_row_its_verdict_across_lanes():
+    configs = [*_FAMILY, *_OTHERS]
+    seen: dict[str, list[str]] = {"a": [], "b": []}
+
+    def executor(name):
+        def execute(batch, backend, world_size):
+            seen[name] += [request.config.id for request in batch]
+            raise runner.BatchFailed(f"not run by {name}")
+
+        return execute
+
+    progress = []
+    outcomes = runner.run(configs, executor("a"), parallel=[executor("b")], on_progress=progress.append)
+    assert [o.result.config for o in outcomes] == configs
+    assert all(o.result.status == "error" for o in outcomes)
+    assert seen["a"] and seen["b"] and not set(seen["a"]) & set(seen["b"])
+    assert sorted(p.done for p in progress) == list(range(1, len(configs) + 1))
+
+
+def _options(**given):
+    defaults = {"jobs": None, "workload": [], "compile": None, "backend": "gloo"}
+    return argparse.Namespace(**{**defaults, **given})
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({}, 2),
+        ({"workload": ["my_models:llama"]}, 1),
+        ({"compile": "block"}, 1),
+        ({"backend": "nccl"}, 1),
+        ({"jobs": 3, "workload": ["my_models:llama"]}, 3),
+    ],
+)
+def test_the_cli_runs_two_groups_of_ranks_only_for_the_embedded_matrix_on_gloo(given, expected):
+    assert lanes.jobs(_options(**given)) == expected
