@@ -68,8 +68,9 @@ reshard: setup ## resume across world sizes: rows saved at 4 ranks and loaded at
 	$(PY) -m pytest suites -q -m reshard
 
 # make two-d [REPORTS=reports]; the built-in decoder's 2-D matrix report in $(REPORTS)/two-d
-two-d: setup ## 2-D layouts at world size 4: HSDP (2x2, 4x1) and FSDP2 + tensor parallelism (2x2) of the built-in decoder and tiny HF Llama, and every 2-D plant (-m two_d)
+two-d: setup ## 2-D layouts at world size 4: HSDP (2x2, 4x1) and FSDP2 + tensor parallelism (2x2, 1x4) of the built-in decoder and tiny HF Llama, and every 2-D plant (-m two_d)
 	$(PY) -m harness.parity --backend gloo --world-size 4 --tp 2 --workload llama --out $(REPORTS)/two-d
+	$(PY) -m harness.parity --backend gloo --world-size 4 --tp 4 --workload llama -k tp4 --out $(REPORTS)/two-d-tp4
 	$(PY) -m pytest suites -q -m "two_d and not world_sizes"
 
 property: setup ## the judge's property on a large drawn sample (-m property): one element moved anywhere turns its row red

@@ -15,6 +15,7 @@ from ci.mutation.edits import Edit, Plant
 
 _PARITY = "harness/parity"
 _CHECKS = "suites/parity/test_checks.py"
+_TWO_D = "suites/parity/test_two_d.py"
 _COMPARE = "suites/parity/test_compare.py"
 _ULP = "suites/parity/test_ulp.py"
 _CAUSES = "suites/parity/test_causes.py"
@@ -634,6 +635,47 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
             f"{_FUSED}::test_a_fused_adam_row_passes_bitwise_straight_through",
             "suites/parity/test_step_pieces.py::test_a_step_over_the_pieces_is_bitwise_a_fused_step_over_each_shard_alone",
         ),
+    ),
+    Plant(
+        name="tp_partials_added_in_rank_order",
+        bug="the TP twin adds its partial products in rank order instead of through the candidate's "
+        "collective: from tp 4 on the ring sums each element in another order",
+        edits=(
+            _edit(
+                "ranks/sides/tensor_parallel.py",
+                "        if self.mesh is None:\n            total = parts[0]\n",
+                "        if True:  # planted\n            total = parts[0]\n",
+            ),
+        ),
+        tests=(f"{_TWO_D}::test_a_correct_2d_row_passes_bitwise_at_world_size_4",),
+    ),
+    Plant(
+        name="tp_rowwise_bias_added_whole",
+        bug="the TP twin adds a row-split linear's whole bias to every partial product, not bias / tp",
+        edits=(
+            _edit(
+                "ranks/sides/tensor_parallel.py",
+                "        return tuple(bias / parts for _ in range(parts))\n",
+                "        return tuple(bias for _ in range(parts))  # planted\n",
+            ),
+        ),
+        tests=(
+            f"{_TWO_D}::test_a_correct_2d_row_passes_bitwise_at_world_size_4",
+            "suites/parity/test_two_d_plan.py::test_the_twin_splits_a_row_split_linear_with_a_bias",
+        ),
+    ),
+    Plant(
+        name="tp_input_gradient_all_reduced",
+        bug="the TP twin all-reduces the gradient of a block's gathered input where the candidate "
+        "reduce-scatters it back to its sequence shards (another ring order from tp 4 on)",
+        edits=(
+            _edit(
+                "ranks/sides/tensor_parallel.py",
+                "            module.forward = _replicated_input(module, parts, held, reducer, to)",
+                "            module.forward = _replicated_input(module, parts, held, reducer, _replicate())  # planted",
+            ),
+        ),
+        tests=(f"{_TWO_D}::test_a_correct_2d_row_passes_bitwise_at_world_size_4",),
     ),
 )
 """The engine's plants, in the order ``make mutation`` runs them (after the scaler's)."""

@@ -67,6 +67,23 @@ def llama() -> Workload:
     )
 
 
+def llama_wide() -> Workload:
+    """:func:`llama` with 8 heads over 4 key-value heads: tensor parallelism gives each rank whole
+    key-value heads, so its rows at tp 4 need four of them."""
+    t = _need()
+    config = t.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=2 * HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=SEQ,
+        tie_word_embeddings=True,
+    )
+    return dataclasses.replace(llama(), name="hf_llama_wide", model=lambda: t.LlamaForCausalLM(config))
+
+
 def mixtral() -> Workload:
     """``MixtralForCausalLM``: 8 experts, top 2, over 16 tokens a rank (some experts get none),
     with the router's load-balancing loss in the loss."""

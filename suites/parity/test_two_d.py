@@ -1,11 +1,12 @@
 """2-D layouts at world size 4: HSDP (``fully_shard`` on a replicate x shard mesh, 2 x 2 and 4 x 1)
-and FSDP2 + tensor parallelism (dp 2 x tp 2) on the built-in Llama-style decoder pass bitwise, and
-each planted 2-D bug fails its row and is named.
+and FSDP2 + tensor parallelism (dp 2 x tp 2, and tp 4) on the built-in Llama-style decoder and on
+a residual MLP with biases pass bitwise, and each planted 2-D bug fails its row and is named.
 
 Why bitwise and not a tolerance: HSDP's reference reduces through the candidate's two stages
 (reduce-scatter over the shard group, all-reduce over the replicas) with divide factors derived on
-its own side; the TP reference computes each TP'd linear as the plan splits it, and two partial
-products sum the same in any order (``ranks/sides/tensor_parallel.py``). The plants live in
+its own side; the TP reference computes each TP'd linear as the plan splits it and sums the partial
+products through the candidate's own collective, in the ring's order at any degree
+(``ranks/sides/tensor_parallel.py``). The plants live in
 ``fixtures/two_d_plants.py``. The whole 2-D matrix of the decoder is the ``two_d`` tier
 (``make two-d``, ``test_two_d_tier.py``); ``make test`` runs one correct row and one plant of
 this module, the ``two_d`` marker the rest.
@@ -17,7 +18,7 @@ import pytest
 
 from fixtures.two_d_plants import TwoDPlant, planted_executor
 from harness.parity.doors import runner
-from harness.parity.plan.config import ParityConfig
+from harness.parity.plan.config import Mesh, ParityConfig
 from harness.parity.plan.matrices import two_d as two_d_matrix
 
 _COMMON = {"engine": "fsdp2", "reshard_after_forward": True, "workload": "llama", "world_size": 4, "steps": 3}
@@ -31,9 +32,31 @@ SEQUENCE_SMOKE = ParityConfig.from_flat(
 """The two correct 2-D rows ``make test`` runs, a few seconds (the rest are the ``two_d`` tier's):
 Megatron's plan, and torchtitan's sequence-parallel one (each rank's partial gradients summed
 before the ranks', ``tensor_parallel._FanOut``)."""
+SEQUENCE_TP4 = SEQUENCE_SMOKE.with_(mesh=Mesh(tp=4))
+BIASED_TP4 = ParityConfig.from_flat(
+    **{**_COMMON, "workload": "fixtures.user_workloads:biased_mlp"}, optimizer="sgd", tp=4, precision="bf16"
+)
+"""The tp 4 rows ``make test`` runs: torchtitan's sequence-parallel plan (reduce-scatters of four
+addends, in the ring's order: ``tensor_parallel._Reducer``) and row-split linears with biases."""
 CORRECT = [
     SMOKE,
     SEQUENCE_SMOKE,
+    SEQUENCE_TP4,
+    BIASED_TP4,
+    ParityConfig.from_flat(optimizer="adamw", **_COMMON, tp=4, precision="bf16", recipe="reduce32"),
+    ParityConfig.from_flat(optimizer="adamw", **_COMMON, tp=4, precision="fp16"),
+    ParityConfig.from_flat(
+        **{**_COMMON, "workload": "fixtures.user_workloads:biased_mlp"},
+        optimizer="adamw",
+        tp=2,
+        precision="fp16",
+    ),
+    ParityConfig.from_flat(
+        **{**_COMMON, "workload": "fixtures.user_workloads:biased_mlp"},
+        optimizer="adamw",
+        tp=4,
+        precision="fp32",
+    ),
     ParityConfig.from_flat(optimizer="adamw", **_COMMON, hsdp=2, precision="bf16"),
     ParityConfig.from_flat(optimizer="sgd", **_COMMON, hsdp=4, precision="fp32"),
 ]
@@ -67,6 +90,16 @@ PLANTS = {
         TwoDPlant(kind="none"),
         "tp_grad_not_reduced",
     ),
+    "tp4_partial_over_half_the_group": (
+        ParityConfig.from_flat(optimizer="sgd", **_COMMON, tp=4),
+        TwoDPlant(kind="tp_partial_over_half_the_group"),
+        "tp_partial_not_reduced",
+    ),
+    "tp4_reference_sums_in_order": (
+        ParityConfig.from_flat(optimizer="sgd", **_COMMON, tp=4),
+        TwoDPlant(kind="reference_sums_in_order"),
+        None,
+    ),
     "reference_without_tp_split": (
         ParityConfig.from_flat(optimizer="sgd", **_COMMON, tp=2),
         TwoDPlant(kind="reference_without_tp_split"),
@@ -81,7 +114,9 @@ def _tiered(values, *fast):
     return [v if v in fast else pytest.param(v, marks=pytest.mark.two_d) for v in values]
 
 
-@pytest.mark.parametrize("config", _tiered(CORRECT, SMOKE, SEQUENCE_SMOKE), ids=lambda c: c.id)
+@pytest.mark.parametrize(
+    "config", _tiered(CORRECT, SMOKE, SEQUENCE_SMOKE, SEQUENCE_TP4, BIASED_TP4), ids=lambda c: c.id
+)
 def test_a_correct_2d_row_passes_bitwise_at_world_size_4(module_ranks, config):
     (outcome,) = runner.run([config], planted_executor(module_ranks, TwoDPlant(kind="none")))
     result = outcome.result

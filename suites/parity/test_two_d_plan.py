@@ -4,6 +4,7 @@ accept, and the error that names the fix for what they refuse. Pure: no ranks.""
 from __future__ import annotations
 
 import pytest
+import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
@@ -40,7 +41,8 @@ def test_ids_name_the_mesh_and_the_references_of_different_meshes_are_kept_apart
         ({"hsdp": 2, "tp": 2}, "set one of them"),
         ({"hsdp": 3}, "divides world_size 4"),
         ({"hsdp": 1}, "leave it None"),
-        ({"tp": 4}, "tp must be one of (2,)"),
+        ({"tp": 1}, "tp=1 is no tensor parallelism: leave it None"),
+        ({"tp": 8}, "tp must be a degree that divides world_size 4"),
         ({"tp": 2, "workload": "mlp"}, "tp_plan='auto'"),
         ({"tp": 2, "offload": True}, "plain loop"),
         ({"tp": 2, "accumulate": 2}, "plain loop"),  # the hand accumulation divides over the world
@@ -131,11 +133,22 @@ def test_auto_reads_hugging_face_llamas_plan_under_its_base_model():
 def test_the_twin_refuses_a_style_it_cannot_mirror_before_training():
     from harness.parity.ranks.sides import tensor_parallel
 
-    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4, bias=True))
-    with pytest.raises(ValueError, match="RowwiseParallel nn.Linear with a bias"):
-        tensor_parallel.mirror(model, {"1": RowwiseParallel()}, 2)
     with pytest.raises(ValueError, match="is a Conv1d under ColwiseParallel"):
         tensor_parallel.mirror(nn.Sequential(nn.Conv1d(4, 4, 1)), {"0": ColwiseParallel()}, 2)
+
+
+def test_the_twin_splits_a_row_split_linear_with_a_bias():
+    from harness.parity.ranks.sides import tensor_parallel
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4, bias=True))
+    assert tensor_parallel.mirror(model, {"0": ColwiseParallel(), "1": RowwiseParallel()}, 2) == [
+        ("0", "colwise"),
+        ("1", "rowwise"),
+    ]
+    x = torch.randn(3, 4)
+    split = model(x)
+    whole = nn.functional.linear(nn.functional.linear(x, model[0].weight, model[0].bias), model[1].weight)
+    torch.testing.assert_close(split, whole + model[1].bias)  # the bias added once, in halves
 
 
 def test_the_cli_runs_the_2d_matrix_with_tp_and_says_the_plan():

@@ -217,3 +217,12 @@ def test_torchrun_checks_a_function_on_the_mesh_it_is_given(tmp_path):
         "## Your parallelization: your bf16_fp32_reduce() on mesh `dp=2`"
         in (tmp_path / "parity.md").read_text()
     )
+
+
+def test_a_context_parallel_dimension_on_cpu_is_refused_naming_torchs_reason():
+    with pytest.raises(ValueError, match="does not have a sharding strategy registered") as refused:
+        ParityConfig(
+            engine="user", workload=f"{_FUNCTIONS}:per_block_workload", world_size=4,
+            mesh=Mesh(dims=(("cp", 2), ("dp", 2))),
+        )  # fmt: skip
+    assert "--backend nccl" in str(refused.value)

@@ -80,9 +80,11 @@ def partial_not_reduced(e: Evidence) -> Cause | None:
         ),
         explanation=(
             "A RowwiseParallel linear computes partial products on each TP rank, and its output is their "
-            "sum across the TP group; the reference (the same linear split the same way, summed) "
-            "differs from the candidate's there, so the partial sums were not reduced: a missing "
-            "all-reduce, or an output layout other than Replicate handed on as if it were whole"
+            "sum across the TP group; the reference (the same linear split the same way, summed over "
+            "the same group in the same order) differs from the candidate's there, so the partial sums "
+            "were not reduced as the plan says: a missing all-reduce, one over another group than the "
+            "TP group (a mesh dimension mixed up), or an output layout other than Replicate handed on "
+            "as if it were whole"
         ),
         reference="torch.distributed.tensor.parallel.RowwiseParallel",
     )

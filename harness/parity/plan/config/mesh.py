@@ -28,14 +28,6 @@ from harness.parity.workload import registry
 if TYPE_CHECKING:
     from harness.parity.plan.config import ParityConfig
 
-TP_DEGREES = (2,)
-"""The tensor-parallel degrees the reference can mirror bitwise: a ``RowwiseParallel`` output (and
-a ``ColwiseParallel`` input gradient) is a sum of ``T`` partial products across the TP group, and
-two addends sum the same in any order, so the reference computes both partials and adds them
-(``ranks/sides/tensor_parallel.py``). From three on, the sum's order is the all-reduce's ring and
-the reference would have to mirror it."""
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Mesh:
     """A 1-D mesh over every rank (both ``None``), or one of two 2-D meshes."""
@@ -86,18 +78,19 @@ class Mesh:
                 f"the mesh {self.words()} holds {product} ranks, not the world size {config.world_size}: "
                 "make its sizes multiply to the world size"
             )
+        if "cp" in names and config.backend == "gloo":
+            raise ValueError(
+                "a 'cp' mesh dimension (context parallelism) cannot run on CPU: torch 2.13's "
+                "context_parallel registers ring attention for the CUDA attention kernels only (on CPU, "
+                "scaled_dot_product_attention fails with 'aten._scaled_dot_product_flash_attention_for_cpu"
+                ".default does not have a sharding strategy registered'); check it with --backend nccl on GPUs"
+            )
         for name in ("pp", "cp"):
             if name in names:
                 raise ValueError(
                     f"a {name!r} mesh dimension (pipeline or context parallelism) is not checked yet: the "
                     "reference mirrors data and tensor parallelism (dp, tp, and any other data-parallel name)"
                 )
-        tp = dict(self.dims).get("tp")
-        if tp not in (None, 1, *TP_DEGREES):
-            raise ValueError(
-                f"mesh dimension tp={tp}: the reference mirrors tensor parallelism of degree {TP_DEGREES} "
-                "bitwise (a partial sum of more addends has an order it does not mirror yet)"
-            )
 
     def words(self) -> str:
         """The user's mesh as the CLI writes it: ``dp=2,tp=2``."""
@@ -153,10 +146,9 @@ class Mesh:
                 f"hsdp must be >= 2 replicas (hsdp=1 is plain FSDP2: leave it None), got {self.hsdp}"
             )
         if self.tp is not None:
-            if self.tp not in TP_DEGREES:
+            if self.tp < 2:
                 raise ValueError(
-                    f"tp must be one of {TP_DEGREES} (the degrees whose partial sums the reference mirrors "
-                    f"bitwise), got {self.tp}"
+                    f"tp must be >= 2 (tp=1 is no tensor parallelism: leave it None), got {self.tp}"
                 )
             if registry.get(config.workload).tp_plan is None:
                 raise ValueError(

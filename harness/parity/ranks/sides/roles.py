@@ -13,6 +13,7 @@ import torch
 from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks.sides import tensor_parallel, twin
 from harness.parity.ranks.sides.engines import FSDP1, FSDP2, Engine, unit_modules
+from harness.parity.ranks.sides.full import gather
 from harness.parity.ranks.sides.references import LowPrecisionDDP, MirroredDDP, SingleProcess
 from harness.parity.workload import registry, tp_plan
 
@@ -47,9 +48,12 @@ def build(config: ParityConfig, role: str, device: torch.device) -> Engine:
         model = engine.trained_module()
         twin.mirror_fsdp2_inputs(model, unit_modules(model, engine.units))
     if role == "reference" and config.mesh.tp is not None:
-        # The twin of TP's arithmetic: each TP'd linear as partial products, summed.
+        # The twin of TP's arithmetic: each TP'd linear as partial products, summed as the candidate sums.
         model = engine.trained_module()
-        split = tensor_parallel.mirror(model, tp_plan.resolve(engine.workload, model), config.mesh.tp)
+        shape, names = config.mesh.shape(config.world_size)  # type: ignore[misc]
+        tp_mesh = gather.mesh(device.type, shape, names)["tp"]
+        plan = tp_plan.resolve(engine.workload, model)
+        split = tensor_parallel.mirror(model, plan, config.mesh.tp, tp_mesh)
         engine.description += "; TP'd linears split as the candidate's plan: " + ", ".join(
             f"{name} ({kind})" for name, kind in split
         )

@@ -6,20 +6,28 @@ products across the TP group; a ``ColwiseParallel`` one computes its share of th
 gradient of its input is again a sum of ``T`` partial products. One unsplit matmul sums the same
 products in another order, so an unsharded reference drifts from a correct candidate by rounding
 from the first step. The twin therefore computes each TP'd linear as the plan splits it: the
-partial products on the same shapes (contiguous, as the candidate's local shards are), summed.
-With ``T = 2`` (``plan/config/mesh.TP_DEGREES``) the all-reduce adds two addends, which sum the same in
-any order, so the verdict stays bitwise (measured: the built-in decoder, under Megatron's and under
-torchtitan's sequence-parallel plan, and Hugging Face Llama, in fp32, bf16 and fp16, at world size
-4, the decoder at 8 too: every value equal). Everything else of the twin is the unsharded model.
+partial products on the same shapes (contiguous, as the candidate's local shards are), and sums
+them across the TP group as the candidate does (:class:`_Reducer`): every rank of a TP group holds
+the same batch and the same whole weights, so each computes every part, and the rank at TP
+coordinate ``t`` hands part ``t`` to the candidate's own redistribution (``Partial`` to the style's
+layout, on the same shapes), whose ring sums each element in the candidate's order at any degree;
+the result is gathered back whole (an all-gather copies). Measured bitwise: the built-in decoder,
+under Megatron's and under torchtitan's sequence-parallel plan, and Hugging Face Llama, in fp32,
+bf16 and fp16, at tp 2 and 4. Everything else of the twin is the unsharded model.
+
+A ``RowwiseParallel`` linear's bias is added as torch adds it: each TP rank adds ``bias / T`` to
+its partial product before the sum (DTensor's ``Replicate`` to ``Partial``), and its gradient is
+the output's gradient summed, once (measured at tp 2 and 4 against torch 2.13).
 
 What the twin takes from the candidate: the plan (which modules, which style), and nothing else;
 the shapes of the parts are derived from the weight and ``T``. So a candidate whose partial sums
 are not reduced, or whose plan leaves a module out that the model's code needs split, differs.
 
-The styles the twin mirrors: ``ColwiseParallel`` and ``RowwiseParallel`` on ``nn.Linear`` (any
-layouts: what they move changes no value) and on ``nn.Embedding`` (a vocabulary split adds zeros),
-``SequenceParallel`` (the module run on each share of the sequence, its weight's gradient the sum
-of the shares'), ``PrepareModuleInput``/``PrepareModuleOutput`` (data moved, nothing computed); any
+The styles the twin mirrors: ``ColwiseParallel`` and ``RowwiseParallel`` on ``nn.Linear``, with
+or without a bias (any layouts: what they move changes no value, and the sums go to the layout
+the style names) and on ``nn.Embedding`` (a vocabulary split adds zeros),
+``SequenceParallel`` (the module run on each share of the sequence, its parameters' gradients the
+shares' summed as the candidate sums them), ``PrepareModuleInput``/``PrepareModuleOutput`` (data moved, nothing computed); any
 other style or module is refused with its name, before training.
 """
 
@@ -108,24 +116,83 @@ class FSDP2TP(FSDP2):
         return tp_plan.resolve(self.workload, module)
 
 
-class _FanOut(torch.autograd.Function):
-    """One copy of ``x`` per TP rank, as one autograd node: each copy collects the gradients one TP
-    rank computes locally from its share of the weights (summed in the order autograd delivers
-    them, as that rank's autograd does), and the node sums the ranks' totals, as the TP all-reduce
-    (or reduce-scatter) of the ``Partial`` gradient does, before autograd adds the result to the
-    gradients of the input's other consumers."""
+class _Reducer:
+    """How the candidate sums a ``Partial`` tensor over its TP group: this rank's part (its TP
+    coordinate's) through the same redistribution, to the layout the style names, then gathered
+    whole. Without a mesh (one process: a test of the split alone) the parts are summed in order,
+    which is the candidate's sum for two parts only (two addends sum alike in any order)."""
+
+    def __init__(self, mesh: Any | None) -> None:
+        self.mesh = mesh
+        self.coordinate = mesh.get_local_rank() if mesh is not None else 0
+
+    def sum(self, parts: list[torch.Tensor], to: Any) -> torch.Tensor:
+        if self.mesh is None:
+            total = parts[0]
+            for part in parts[1:]:
+                total = total + part
+            return total
+        from torch.distributed.tensor import DTensor, Partial
+
+        local = parts[self.coordinate].contiguous()
+        summed = DTensor.from_local(local, self.mesh, [Partial()], run_check=False)
+        return summed.redistribute(self.mesh, [to]).full_tensor()
+
+
+def _replicate() -> Any:
+    from torch.distributed.tensor import Replicate
+
+    return Replicate()
+
+
+class _RingSum(torch.autograd.Function):
+    """The sum of a ``RowwiseParallel`` linear's partial products, as its output layout has it;
+    each part's gradient is the output's, whole (the candidate's backward gathers it)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
-        return tuple(x.view_as(x) for _ in range(parts))
+    def forward(ctx: Any, reducer: _Reducer, to: Any, *parts: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.count = len(parts)
+        return reducer.sum(list(parts), to)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        return (None, None, *(grad for _ in range(ctx.count)))
+
+
+class _BiasShares(torch.autograd.Function):
+    """``bias / T`` once per TP rank (DTensor's ``Replicate`` to ``Partial``); the bias's gradient is
+    one part's, as each candidate rank's is (every part receives the same output gradient)."""
+
+    @staticmethod
+    def forward(ctx: Any, bias: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        return tuple(bias / parts for _ in range(parts))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, None]:  # type: ignore[override]
-        held = [grad for grad in grads if grad is not None]
-        total = held[0] if held else None
-        for grad in held[1:]:
-            total = total + grad
-        return total, None
+        return next((grad for grad in grads if grad is not None), None), None
+
+
+class _FanOut(torch.autograd.Function):
+    """One copy of ``x`` per TP rank, as one autograd node: each copy collects the gradients one TP
+    rank computes locally from its share of the weights (summed in the order autograd delivers
+    them, as that rank's autograd does), and the node sums the ranks' totals as the candidate's TP
+    all-reduce (or reduce-scatter, to ``to``) of the ``Partial`` gradient does (:class:`_Reducer`),
+    before autograd adds the result to the gradients of the input's other consumers."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, parts: int, reducer: _Reducer, to: Any
+    ) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        ctx.reducer, ctx.to = reducer, to
+        return tuple(x.view_as(x) for _ in range(parts))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, None, None, None]:  # type: ignore[override]
+        held = next((grad for grad in grads if grad is not None), None)
+        if held is None:
+            return None, None, None, None
+        parts = [grad if grad is not None else torch.zeros_like(held) for grad in grads]
+        return ctx.reducer.sum(parts, ctx.to), None, None, None
 
 
 class _Shares:
@@ -152,9 +219,9 @@ class _Shares:
             self.running.pop()  # the modules nest: the innermost ends first
 
 
-def _columns(module: nn.Linear, parts: int, held: _Shares) -> Any:
+def _columns(module: nn.Linear, parts: int, held: _Shares, reducer: _Reducer, to: Any) -> Any:
     def forward(x: torch.Tensor) -> torch.Tensor:
-        shares = held.of(x) or _FanOut.apply(x, parts)
+        shares = held.of(x) or _FanOut.apply(x, parts, reducer, to)
         weights = module.weight.chunk(parts, 0)
         biases = module.bias.chunk(parts, 0) if module.bias is not None else [None] * parts
         return torch.cat(
@@ -165,27 +232,30 @@ def _columns(module: nn.Linear, parts: int, held: _Shares) -> Any:
     return forward
 
 
-def _replicated_input(module: nn.Module, parts: int, held: _Shares) -> Any:
+def _replicated_input(module: nn.Module, parts: int, held: _Shares, reducer: _Reducer, to: Any) -> Any:
     """A module whose ``PrepareModuleInput`` hands its code a ``Replicate`` DTensor: the TP
-    reduction of its input's gradient happens here, once for every column-split linear inside."""
+    reduction of its input's gradient happens here (to the layout its input came in), once for
+    every column-split linear inside."""
     inner = module.forward
 
     def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        shares = _FanOut.apply(x, parts)
+        shares = _FanOut.apply(x, parts, reducer, to)
         with held.held(shares):
             return inner(shares[0], *args, **kwargs)
 
     return forward
 
 
-def _rows(module: nn.Linear, parts: int) -> Any:
+def _rows(module: nn.Linear, parts: int, reducer: _Reducer, to: Any) -> Any:
     def forward(x: torch.Tensor) -> torch.Tensor:
         inputs = [piece.contiguous() for piece in x.chunk(parts, -1)]
         weights = [w.contiguous() for w in module.weight.chunk(parts, 1)]
-        out = F.linear(inputs[0], weights[0])
-        for piece, weight in zip(inputs[1:], weights[1:], strict=True):
-            out = out + F.linear(piece, weight)
-        return out
+        shares = _BiasShares.apply(module.bias, parts) if module.bias is not None else [None] * parts
+        products = [  # the bias inside each product, as the candidate's addmm adds it (one rounding)
+            F.linear(piece, weight, share)
+            for piece, weight, share in zip(inputs, weights, shares, strict=True)
+        ]
+        return _RingSum.apply(reducer, to, *products)
 
     return forward
 
@@ -202,13 +272,27 @@ def _is_sequence(style: Any) -> bool:
     return isinstance(style, SequenceParallel)
 
 
-def _sequence(module: nn.Module, dim: int, parts: int) -> Any:
+def _sequence(module: nn.Module, dim: int, parts: int, reducer: _Reducer) -> Any:
     """A ``SequenceParallel`` module (a norm) run on each TP rank's share of the sequence: the parts
-    computed apart and joined, so its weight's gradient is the sum of the parts' (two addends)."""
+    computed apart and joined, each with its own copy of the module's parameters, whose gradients
+    are summed across the TP group as the candidate's ``Partial`` ones are (:class:`_FanOut`)."""
     inner = module.forward
+    names = [name for name, _ in module.named_parameters(recurse=False)]
+    inside = [False]  # the forward a part's functional call reaches is the module's own
 
     def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return torch.cat([inner(piece.contiguous(), *args, **kwargs) for piece in x.chunk(parts, dim)], dim)
+        if inside[0]:
+            return inner(x, *args, **kwargs)
+        copies = {name: _FanOut.apply(getattr(module, name), parts, reducer, _replicate()) for name in names}
+        outs = []
+        for index, piece in enumerate(x.chunk(parts, dim)):
+            inside[0] = True
+            try:
+                own = {name: copy[index] for name, copy in copies.items()}
+                outs.append(torch.func.functional_call(module, own, (piece.contiguous(), *args), kwargs))
+            finally:
+                inside[0] = False
+        return torch.cat(outs, dim)
 
     return forward
 
@@ -252,11 +336,6 @@ def _kind(name: str, module: nn.Module, style: Any, parts: int) -> str:
             "mirrors ColwiseParallel and RowwiseParallel on nn.Linear and nn.Embedding, SequenceParallel, "
             "PrepareModuleInput and PrepareModuleOutput (leave other modules out of the plan)"
         )
-    if kind == "rowwise" and module.bias is not None:
-        raise ValueError(
-            f"tp_plan: {name!r} is a RowwiseParallel nn.Linear with a bias; the reference mirrors "
-            "RowwiseParallel on bias-free linears only (Llama-style projections)"
-        )
     dim = 0 if kind == "colwise" else 1
     if module.weight.shape[dim] % parts:
         raise ValueError(
@@ -266,26 +345,34 @@ def _kind(name: str, module: nn.Module, style: Any, parts: int) -> str:
     return kind
 
 
-def mirror(model: nn.Module, plan: dict[str, Any], parts: int) -> list[tuple[str, str]]:
+def mirror(
+    model: nn.Module, plan: dict[str, Any], parts: int, mesh: Any | None = None
+) -> list[tuple[str, str]]:
     """Make every module ``plan`` parallelizes in ``model`` (the reference's trained module) compute
-    as the plan splits it over ``parts`` TP ranks; ``[(module name, how)]``.
+    as the plan splits it over ``parts`` TP ranks, summing as the candidate does over ``mesh`` (its
+    1-D TP mesh; ``None``: one process, exact for two parts only); ``[(module name, how)]``.
 
-    The layouts a style moves data between (all-gathers, the chunks of a redistribution, a
-    reduce-scatter's two addends) change no value, so a linear is mirrored by its split whatever
-    its input and output layouts; a ``SequenceParallel`` module runs per sequence share."""
+    The layouts a style moves data between (all-gathers, the chunks of a redistribution) change no
+    value, so a linear is mirrored by its split whatever its input and output layouts; its sums go
+    to the layout the style names; a ``SequenceParallel`` module runs per sequence share."""
     modules = dict(model.named_modules())
     held = _Shares()
+    reducer = _Reducer(mesh)
     done = []
     for name, style in tp_plan.styled_modules(plan, model):
         module = modules[name]
         kind = _kind(name, module, style, parts)
         if kind == "colwise":
-            module.forward = _columns(module, parts, held)  # type: ignore[method-assign, arg-type]
+            to = (style.input_layouts or (_replicate(),))[0]
+            module.forward = _columns(module, parts, held, reducer, to)  # type: ignore[method-assign, arg-type]
         elif kind == "rowwise":
-            module.forward = _rows(module, parts)  # type: ignore[method-assign, arg-type]
+            to = (style.output_layouts or (_replicate(),))[0]
+            module.forward = _rows(module, parts, reducer, to)  # type: ignore[method-assign, arg-type]
         elif kind == "replicated":
-            module.forward = _replicated_input(module, parts, held)  # type: ignore[method-assign]
+            to = (style.input_layouts or (_replicate(),))[0]
+            module.forward = _replicated_input(module, parts, held, reducer, to)  # type: ignore[method-assign]
         elif kind == "sequence":
-            module.forward = _sequence(module, style.sequence_sharding[0].dim, parts)  # type: ignore[method-assign]
+            dim = style.sequence_sharding[0].dim
+            module.forward = _sequence(module, dim, parts, reducer)  # type: ignore[method-assign]
         done.append((name, kind))
     return done

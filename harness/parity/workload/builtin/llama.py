@@ -17,7 +17,8 @@ from harness.parity.workload.spec import Workload
 
 VOCAB = 64
 WIDTH = 32
-HEADS = 2
+HEADS = 4
+"""Four heads: tensor parallelism gives each rank whole heads, so the decoder splits up to ``--tp 4``."""
 HEAD_WIDTH = WIDTH // HEADS
 LAYERS = 2
 SEQUENCE = 16

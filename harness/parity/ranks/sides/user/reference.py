@@ -139,7 +139,9 @@ class _Twin:
             + ("DDP around the root, as yours" if self.found.ddp else "DDP's forward")
         ]
         if self.found.tp:
-            done = tensor_parallel.mirror(model, dict(self.found.tp), self.found.tp_degree or 1)
+            mesh = candidate.user_mesh(self.config, self.device)  # type: ignore[attr-defined]
+            mesh = mesh[self.found.tp_dim] if self.found.tp_dim else mesh
+            done = tensor_parallel.mirror(model, dict(self.found.tp), self.found.tp_degree or 1, mesh)
             words.append("TP'd linears split as yours: " + ", ".join(f"{n} ({k})" for n, k in done))
         eager = self.config.compile.twin == "eager"
         kept = [] if eager else self.checkpoint_under_compile(model)
