@@ -137,6 +137,26 @@ def test_the_twin_refuses_a_style_it_cannot_mirror_before_training():
         tensor_parallel.mirror(nn.Sequential(nn.Conv1d(4, 4, 1)), {"0": ColwiseParallel()}, 2)
 
 
+def test_the_twin_reads_a_prepare_module_input_output_by_its_input_half():
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInputOutput
+
+    from harness.parity.ranks.sides import tensor_parallel
+
+    def style(use_local_input: bool) -> PrepareModuleInputOutput:
+        return PrepareModuleInputOutput(
+            input_layouts=Shard(1),
+            desired_input_layouts=Replicate(),
+            use_local_input=use_local_input,
+            output_layouts=Replicate(),
+            desired_output_layouts=Shard(1),
+        )
+
+    model = nn.Sequential(nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 4)))
+    done = tensor_parallel.mirror(model, {"0": style(False), "1": style(True)}, 2)
+    assert done == [("0", "replicated"), ("1", "layout")]
+
+
 def test_the_twin_splits_a_row_split_linear_with_a_bias():
     from harness.parity.ranks.sides import tensor_parallel
 

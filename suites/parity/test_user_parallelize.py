@@ -173,11 +173,12 @@ def test_an_eager_twin_shows_inductors_own_difference_named(module_ranks):
 
 
 @pytest.mark.world_sizes
-def test_a_tp_plan_inside_the_function_is_mirrored_at_tp_2(module_ranks):
-    config = _config("tensor_parallel", world_size=4, mesh="dp=2,tp=2")
+@pytest.mark.parametrize("degree", [2, 4])
+def test_a_tp_plan_inside_the_function_is_mirrored(module_ranks, degree):
+    config = _config("tensor_parallel", world_size=4, mesh=f"dp={4 // degree},tp={degree}")
     (outcome,) = runner.run([config], ranks_executor(module_ranks))
     assert (outcome.result.status, outcome.result.closeness) == ("pass", "bitwise"), outcome.result.reason
-    assert "ColwiseParallel over tp 2" in outcome.result.candidate
+    assert f"ColwiseParallel over tp {degree}" in outcome.result.candidate
 
 
 def test_a_correct_function_is_bitwise_at_world_size_4(module_ranks):

@@ -28,6 +28,7 @@ from harness.parity.workload import registry
 if TYPE_CHECKING:
     from harness.parity.plan.config import ParityConfig
 
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Mesh:
     """A 1-D mesh over every rank (both ``None``), or one of two 2-D meshes."""

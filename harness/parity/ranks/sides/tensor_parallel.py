@@ -27,7 +27,8 @@ The styles the twin mirrors: ``ColwiseParallel`` and ``RowwiseParallel`` on ``nn
 or without a bias (any layouts: what they move changes no value, and the sums go to the layout
 the style names) and on ``nn.Embedding`` (a vocabulary split adds zeros),
 ``SequenceParallel`` (the module run on each share of the sequence, its parameters' gradients the
-shares' summed as the candidate sums them), ``PrepareModuleInput``/``PrepareModuleOutput`` (data moved, nothing computed); any
+shares' summed as the candidate sums them), ``PrepareModuleInput``/``PrepareModuleOutput``/
+``PrepareModuleInputOutput`` (data moved, nothing computed); any
 other style or module is refused with its name, before training.
 """
 
@@ -297,6 +298,13 @@ def _sequence(module: nn.Module, dim: int, parts: int, reducer: _Reducer) -> Any
     return forward
 
 
+def _input_side(style: Any) -> Any:
+    """A ``PrepareModuleInputOutput``'s input half (its output half moves data only), else ``style``."""
+    from torch.distributed.tensor.parallel import PrepareModuleInputOutput
+
+    return style.prepare_module_input if isinstance(style, PrepareModuleInputOutput) else style
+
+
 def _kind(name: str, module: nn.Module, style: Any, parts: int) -> str:
     """How the twin computes ``module`` under ``style``: ``colwise``/``rowwise`` (a linear split),
     ``sequence`` (run per sequence share), ``layout`` (the style moves data only: the twin's
@@ -309,6 +317,7 @@ def _kind(name: str, module: nn.Module, style: Any, parts: int) -> str:
         SequenceParallel,
     )
 
+    style = _input_side(style)
     if isinstance(style, PrepareModuleInput):
         from torch.distributed.tensor import Replicate
 
@@ -334,7 +343,8 @@ def _kind(name: str, module: nn.Module, style: Any, parts: int) -> str:
         raise ValueError(
             f"tp_plan: {name!r} is a {type(module).__name__} under {type(style).__name__}; the reference "
             "mirrors ColwiseParallel and RowwiseParallel on nn.Linear and nn.Embedding, SequenceParallel, "
-            "PrepareModuleInput and PrepareModuleOutput (leave other modules out of the plan)"
+            "PrepareModuleInput, PrepareModuleOutput and PrepareModuleInputOutput (leave other modules out "
+            "of the plan)"
         )
     dim = 0 if kind == "colwise" else 1
     if module.weight.shape[dim] % parts:
@@ -369,7 +379,7 @@ def mirror(
             to = (style.output_layouts or (_replicate(),))[0]
             module.forward = _rows(module, parts, reducer, to)  # type: ignore[method-assign, arg-type]
         elif kind == "replicated":
-            to = (style.input_layouts or (_replicate(),))[0]
+            to = (_input_side(style).input_layouts or (_replicate(),))[0]
             module.forward = _replicated_input(module, parts, held, reducer, to)  # type: ignore[method-assign]
         elif kind == "sequence":
             dim = style.sequence_sharding[0].dim
