@@ -43,23 +43,29 @@ def _causal_lm_loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return model(input_ids=ids, labels=ids).loss
 
 
-def llama() -> Workload:
-    """``LlamaForCausalLM`` with tied embeddings; units from ``_no_split_modules``, the TP plan from
-    ``config.base_model_tp_plan``."""
+def _llama_model(heads: int, kv_heads: int) -> Any:
+    """A builder of a tiny ``LlamaForCausalLM`` with tied embeddings and ``heads`` query heads over
+    ``kv_heads`` key-value heads."""
     t = _need()
     config = t.LlamaConfig(
         vocab_size=VOCAB,
         hidden_size=HIDDEN,
         intermediate_size=2 * HIDDEN,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=SEQ,
         tie_word_embeddings=True,
     )
+    return lambda: t.LlamaForCausalLM(config)
+
+
+def llama() -> Workload:
+    """``LlamaForCausalLM`` with tied embeddings; units from ``_no_split_modules``, the TP plan from
+    ``config.base_model_tp_plan``."""
     return Workload(
         name="hf_llama",
-        model=lambda: t.LlamaForCausalLM(config),
+        model=_llama_model(4, 2),
         batch=_tokens,
         loss=_causal_lm_loss,
         units="auto",
@@ -70,18 +76,7 @@ def llama() -> Workload:
 def llama_wide() -> Workload:
     """:func:`llama` with 8 heads over 4 key-value heads: tensor parallelism gives each rank whole
     key-value heads, so its rows at tp 4 need four of them."""
-    t = _need()
-    config = t.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=2 * HIDDEN,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        max_position_embeddings=SEQ,
-        tie_word_embeddings=True,
-    )
-    return dataclasses.replace(llama(), name="hf_llama_wide", model=lambda: t.LlamaForCausalLM(config))
+    return dataclasses.replace(llama(), name="hf_llama_wide", model=_llama_model(8, 4))
 
 
 def mixtral() -> Workload:
