@@ -206,3 +206,17 @@ def test_parity_test_with_tp_expands_the_2d_matrix_and_refuses_a_1d_world():
 
 def test_the_built_in_decoder_declares_megatrons_plan():
     assert registry.get("llama").tp_plan is not None
+
+
+def test_a_tp_degree_that_splits_a_hugging_face_models_heads_is_refused_naming_the_fix():
+    pytest.importorskip("transformers")
+    done = cli_in_process(
+        "--workload", "suites.models.workloads:llama", "--world-size", "4", "--tp", "4", "--list"
+    )
+    assert done.returncode == 2, done.stdout
+    assert "tp 4 splits LlamaForCausalLM's 2 key-value heads (num_key_value_heads)" in done.stderr
+    assert "use a tp that divides 2 (2)" in done.stderr
+    wide = cli_in_process(
+        "--workload", "suites.models.workloads:llama_wide", "--world-size", "4", "--tp", "4", "--list"
+    )
+    assert wide.returncode == 0, wide.stderr

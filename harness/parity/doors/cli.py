@@ -102,6 +102,7 @@ def configs_for(options: argparse.Namespace) -> list[ParityConfig]:
                 workload = registry.get(name)
                 model = registry.build_model(workload, 0)
                 options.tp_plans[workload.name] = tp_plan.describe(workload, model)
+                tp_plan.check_degree(workload, model, options.tp)
                 configs += two_d_matrix.rows(name, tp=options.tp, scale=scale, **where)
                 continue
             user = registry.get(name).parallelize is not None

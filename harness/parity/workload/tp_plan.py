@@ -78,6 +78,28 @@ def resolve(workload: Workload, model: nn.Module) -> dict[str, Any]:
     return plan
 
 
+_HEADS = (("num_attention_heads", "attention heads"), ("num_key_value_heads", "key-value heads"))
+
+
+def check_degree(workload: Workload, model: nn.Module, degree: int) -> None:
+    """Refuse a TP degree that splits a Hugging Face model's heads under its own plan
+    (``tp_plan="auto"``): its column-split q, k and v give each rank whole heads only when the
+    degree divides the number of heads and of key-value heads; a rank holding part of a head fails
+    in the model's reshape, far from the cause. Raises :class:`WorkloadError` naming the fix."""
+    config = getattr(model, "config", None)
+    if workload.tp_plan != AUTO or config is None:
+        return
+    for field, words in _HEADS:
+        heads = getattr(config, field, None)
+        if isinstance(heads, int) and heads % degree:
+            fits = [d for d in range(2, heads + 1) if heads % d == 0]
+            raise WorkloadError(
+                f"workload {workload.name!r}: tp {degree} splits {type(model).__name__}'s {heads} {words} "
+                f"({field}), and each TP rank must hold whole heads; use a tp that divides {heads} "
+                f"({', '.join(map(str, fits)) or 'none above 1'}), or a model with more heads"
+            )
+
+
 def matches(key: str, name: str) -> bool:
     """Whether the plan key ``key`` names the module ``name`` (part by part, ``fnmatch``)."""
     keys, parts = key.split("."), name.split(".")

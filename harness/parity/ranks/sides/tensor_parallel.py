@@ -67,6 +67,7 @@ class FSDP2TP(FSDP2):
         shape, names = config.mesh.shape(config.world_size)  # type: ignore[misc]
         mesh = gather.mesh(self.device.type, shape, names)
         plan = self.plan(module)
+        tp_plan.check_degree(self.workload, module, config.mesh.tp)
         self.plan_text = ", ".join(f"{key} {type(style).__name__}" for key, style in plan.items())
         parallelize_module(module, mesh["tp"], plan)
         self.tp_group = mesh["tp"].get_group()
