@@ -62,7 +62,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         metavar="N",
         help="groups of ranks that run configurations at once, each with its own models in memory "
-        "(default 2 for the embedded matrix on gloo, whose ranks mostly wait on collectives; else 1)",
+        "(default on gloo: 2 when every model has at most 1M parameters, whose ranks mostly wait on "
+        "collectives, as the embedded matrix's; else 1)",
     )
     parser.add_argument(
         "--deadline",

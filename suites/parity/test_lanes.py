@@ -115,19 +115,25 @@ def test_the_runner_gives_every_row_its_verdict_across_lanes():
 
 
 def _options(**given):
-    defaults = {"jobs": None, "workload": [], "compile": None, "backend": "gloo"}
+    defaults = {"jobs": None, "workload": [], "compile": None, "backend": "gloo", "parameters": {}}
     return argparse.Namespace(**{**defaults, **given})
+
+
+_SMALL = {"workload": ["my_models:tiny"], "parameters": {"tiny": lanes.SMALL_MODEL}}
+_LARGE = {"workload": ["my_models:tiny", "my_models:llama"], "parameters": {"tiny": 10, "llama": 10_000_000}}
 
 
 @pytest.mark.parametrize(
     ("given", "expected"),
     [
         ({}, 2),
-        ({"workload": ["my_models:llama"]}, 1),
+        (_SMALL, 2),
+        (_LARGE, 1),
+        ({"workload": ["my_models:llama"]}, 1),  # its size unknown
         ({"compile": "block"}, 1),
         ({"backend": "nccl"}, 1),
-        ({"jobs": 3, "workload": ["my_models:llama"]}, 3),
+        ({**_LARGE, "jobs": 3}, 3),
     ],
 )
-def test_the_cli_runs_two_groups_of_ranks_only_for_the_embedded_matrix_on_gloo(given, expected):
+def test_the_cli_runs_two_groups_of_ranks_only_for_small_models_on_gloo(given, expected):
     assert lanes.jobs(_options(**given)) == expected

@@ -88,6 +88,8 @@ def configs_for(options: argparse.Namespace) -> list[ParityConfig]:
     options.recipes = {}
     options.loops = {}
     options.tp_plans = {}
+    options.parameters = {}
+    """Per workload, its model's parameter count (``lanes.jobs`` reads it)."""
     configs = []
     for name in options.workload:
         try:
@@ -95,12 +97,13 @@ def configs_for(options: argparse.Namespace) -> list[ParityConfig]:
                 from harness.parity.workload.checks import check
 
                 check(registry.get(name))
-            options.units[registry.get(name).name] = units.chosen(name)
+            workload = registry.get(name)
+            model = registry.build_model(workload, 0)  # once, on the controller
+            options.units[workload.name] = units.describe(workload, model)
+            options.parameters[workload.name] = sum(p.numel() for p in model.parameters())
             if options.tp is not None:
                 # Checked here: no plan, an "auto" plan the model lacks or a key that matches
                 # nothing exits 2 naming the fix.
-                workload = registry.get(name)
-                model = registry.build_model(workload, 0)
                 options.tp_plans[workload.name] = tp_plan.describe(workload, model)
                 tp_plan.check_degree(workload, model, options.tp)
                 configs += two_d_matrix.rows(name, tp=options.tp, scale=scale, **where)

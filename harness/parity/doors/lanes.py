@@ -29,15 +29,26 @@ class Stopped(Exception):
     """Another lane failed, or the run was interrupted: this lane stops before its next rank call."""
 
 
+SMALL_MODEL = 1_000_000
+"""Parameters up to which a model's rows are latency-bound here: the embedded matrix's models and
+tiny test configurations (a rank of the default matrix waits half its time; one of a 10M Llama
+waits a quarter, and two groups would only compete for the cores and double the memory)."""
+
+
 def jobs(options: argparse.Namespace) -> int:
-    """How many groups of ranks the CLI runs at once: ``--jobs`` when given; else 2 for the
-    embedded matrix on gloo (small models: their rows wait on collectives more than they compute)
-    and 1 for a user's workload (each group holds its own copy of the models), compiled rows
-    (compiling is arithmetic: a second group only competes for the cores) and NCCL (a GPU per rank)."""
+    """How many groups of ranks the CLI runs at once: ``--jobs`` when given; else 2 on gloo when
+    every model is small (the embedded matrix, or each ``--workload``'s model up to
+    :data:`SMALL_MODEL` parameters: their rows wait on collectives more than they compute), and 1
+    for a larger model (each group holds its own copy), compiled rows (compiling is arithmetic:
+    a second group only competes for the cores) and NCCL (a GPU per rank)."""
     if options.jobs is not None:
         return int(options.jobs)
-    embedded = not options.workload and options.compile is None
-    return 2 if embedded and options.backend == "gloo" else 1
+    if options.backend != "gloo" or options.compile is not None:
+        return 1
+    sizes = list(getattr(options, "parameters", {}).values())
+    if options.workload and not sizes:  # sizes unknown: as for a large model
+        return 1
+    return 2 if all(size <= SMALL_MODEL for size in sizes) else 1
 
 
 def split(configs: list[ParityConfig], count: int) -> list[list[ParityConfig]]:
