@@ -76,7 +76,7 @@ WS8_ROWS = [
 ]
 WS8_ROWS += [
     config
-    for workload in ("llama", SEQUENCE_PARALLEL, BIASED)
+    for workload in ["llama", SEQUENCE_PARALLEL, BIASED, *TP4_WORKLOADS[3:]]  # and the 8-head Llama
     for config in two_d_matrix.rows(workload, world_size=8, tp=4)
     if config.optimizer == "sgd" and not config.faults and config.mesh.tp is not None
 ]
