@@ -1,8 +1,9 @@
 """Parity matrix speed: the whole CPU matrix on the warm pool against one spawn per configuration.
 
-``make bench`` calls :func:`measure` and :func:`render`. The matrix runs as ``make parity`` runs it (a fresh
-:class:`harness.controller.pool.RankPool`, batches of configurations, cached references), and its wall time
-includes starting the pool. The alternative, what PyTorch's ``MultiProcessTestCase`` does for every
+``make bench`` calls :func:`measure` and :func:`render`. The matrix runs as ``make parity`` runs it (fresh
+rank pools, :class:`harness.controller.pool.RankPool`, two groups of ranks at once, batches of
+configurations, cached references), and its wall time includes starting the pools; it runs again on one group, for what the
+second saves. The alternative, what PyTorch's ``MultiProcessTestCase`` does for every
 test, spawns fresh ranks (``spawn``: a new interpreter importing torch) for each configuration,
 builds a process group and runs the same ``entry.run_batch([config])``; it is timed on a
 sample (``SAMPLE`` configurations spread over the matrix) and extrapolated to the matrix's size.
@@ -78,15 +79,22 @@ def spawn_one(config: ParityConfig) -> float:
         return time.perf_counter() - started
 
 
-def _on_pool(configs: list[ParityConfig]) -> tuple[float, list[runner.Outcome]]:
+MATRIX_JOBS = 2
+"""Groups of ranks the matrix runs on, as ``make parity`` runs it (``doors/lanes.py``)."""
+
+
+def _on_pool(configs: list[ParityConfig], jobs: int = 1) -> tuple[float, list[runner.Outcome]]:
+    """The wall time of ``configs`` on ``jobs`` fresh groups of ranks (their start included)."""
     from harness.controller.pool import RankPool
 
     started = time.perf_counter()
-    pool = RankPool(threads_per_rank=1)
+    pools = [RankPool(threads_per_rank=1) for _ in range(jobs)]
+    executors = [runner.pool_executor(pool) for pool in pools]
     try:
-        outcomes = runner.run(configs, runner.pool_executor(pool), keep_records=False)
+        outcomes = runner.run(configs, executors[0], parallel=executors[1:], keep_records=False)
     finally:
-        pool.close()
+        for pool in pools:
+            pool.close()
     return time.perf_counter() - started, outcomes
 
 
@@ -122,15 +130,20 @@ def plain_loop(workload_name: str, steps: int) -> float:
 
 def measure_user_workload(name: str = USER_WORKLOAD) -> dict[str, object]:
     """The tool's wall time on one workload's matrix against the same steps in a plain loop."""
+    from harness.parity.doors import lanes
     from harness.parity.plan.matrices import workload as workload_matrix
+    from harness.parity.workload import registry
 
     configs = [c for c in workload_matrix.for_workload(name) if unsupported_reason(c) is None]
-    wall, _ = _on_pool(configs)
+    size = sum(p.numel() for p in registry.build_model(registry.get(name), 0).parameters())
+    jobs = MATRIX_JOBS if size <= lanes.SMALL_MODEL else 1  # the CLI's default for it (``lanes.jobs``)
+    wall, _ = _on_pool(configs, jobs)
     steps = 2 * sum(c.steps for c in configs)  # candidate and reference, per rank
     plain = plain_loop(name, steps)
     return {
         "workload": name,
         "configs": len(configs),
+        "jobs": jobs,
         "steps": steps,
         "tool_wall_s": wall,
         "plain_loop_s": plain,
@@ -141,7 +154,8 @@ def measure_user_workload(name: str = USER_WORKLOAD) -> dict[str, object]:
 def measure() -> dict[str, object]:
 
     configs = [c for c in matrix.default_matrix() if unsupported_reason(c) is None]
-    wall, outcomes = _on_pool(configs)
+    wall, outcomes = _on_pool(configs, MATRIX_JOBS)
+    one_group, _ = _on_pool(configs, 1)
     broken = [o.result.config.id for o in outcomes if o.result.broken]
     step = max(1, len(configs) // SAMPLE)
     sample = configs[::step][:SAMPLE]
@@ -158,6 +172,9 @@ def measure() -> dict[str, object]:
         "configs": len(configs),
         "broken": len(broken),
         "matrix_wall_s": wall,
+        "jobs": MATRIX_JOBS,
+        "one_group_wall_s": one_group,
+        "ratio_one_group_per_jobs": one_group / wall,
         "per_config_warm_s": wall / len(configs),
         "spawn_per_config_s": spawn_mean,
         "spawn_extrapolated_s": spawn_mean * len(configs),
@@ -279,6 +296,7 @@ def render(m: dict[str, object]) -> str:
             f"warm pool, whole matrix:   {m['matrix_wall_s']:7.1f} s for {m['configs']} configurations "
             f"({m['per_config_warm_s'] * 1e3:.0f} ms each, {m['configs'] / m['matrix_wall_s']:.1f} "
             f"configurations/s, pool start included; {m['broken']} broken)",
+            *_render_groups(m),
             f"one spawn per config:      {m['spawn_per_config_s']:7.2f} s each (mean of {m['spawn_sample']}), "
             f"{extrapolated:.0f} s for the matrix",
             "-" * 72,
@@ -290,6 +308,15 @@ def render(m: dict[str, object]) -> str:
             *_render_localization(m.get("localization")),
         ]
     )
+
+
+def _render_groups(m: dict[str, object]) -> list[str]:
+    if "one_group_wall_s" not in m:  # a bench.json written before the lanes
+        return []
+    return [
+        f"  on {m['jobs']} groups of ranks at once (make parity); on one group (--jobs 1): "
+        f"{m['one_group_wall_s']:.1f} s, {m['ratio_one_group_per_jobs']:.2f}x"
+    ]
 
 
 def _render_recipes(found: object) -> list[str]:
@@ -312,7 +339,8 @@ def _render_user(u: object) -> list[str]:
     return [
         "",
         f"user workload {u['workload']!r}, its whole matrix: {u['tool_wall_s']:7.1f} s for {u['configs']} "
-        f"configurations ({u['steps']} steps trained, pool start included)",
+        f"configurations ({u['steps']} steps trained on {u.get('jobs', 1)} group(s) of ranks, pool start "
+        "included)",
         f"the same {u['steps']} steps in a plain loop:   {u['plain_loop_s']:7.1f} s (one process, no wrapper, "
         "scaler or recording)",
         f"ratio tool / plain loop: {u['ratio_tool_per_plain']:.1f}x",

@@ -104,6 +104,25 @@ def test_the_parity_part_says_what_each_recipes_rows_cost():
     assert "  autocast-fp16     1 rows    0.4 s ( 400 ms each,  40% of the matrix)" in text, text
 
 
+def test_the_parity_part_says_what_the_second_group_of_ranks_saves():
+    parity = {
+        "configs": 3,
+        "broken": 0,
+        "matrix_wall_s": 24.0,
+        "jobs": 2,
+        "one_group_wall_s": 42.0,
+        "ratio_one_group_per_jobs": 1.75,
+        "per_config_warm_s": 8.0,
+        "spawn_per_config_s": 5.0,
+        "spawn_extrapolated_s": 15.0,
+        "ratio_spawn_per_warm": 0.6,
+        "spawn_sample": 3,
+        "spawn_failures": [],
+    }
+    text = render(_document(parity=parity))
+    assert "on 2 groups of ranks at once (make parity); on one group (--jobs 1): 42.0 s, 1.75x" in text, text
+
+
 def test_the_recipe_costs_are_counted_from_the_outcomes():
     from ci.bench.parity_wall import cost_by_recipe
     from harness.parity.doors.runner import Outcome
