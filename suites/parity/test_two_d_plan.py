@@ -210,13 +210,13 @@ def test_the_built_in_decoder_declares_megatrons_plan():
 
 def test_a_tp_degree_that_splits_a_hugging_face_models_heads_is_refused_naming_the_fix():
     pytest.importorskip("transformers")
-    done = cli_in_process(
-        "--workload", "suites.models.workloads:llama", "--world-size", "4", "--tp", "4", "--list"
-    )
-    assert done.returncode == 2, done.stdout
-    assert "tp 4 splits LlamaForCausalLM's 2 key-value heads (num_key_value_heads)" in done.stderr
-    assert "use a tp that divides 2 (2)" in done.stderr
-    wide = cli_in_process(
-        "--workload", "suites.models.workloads:llama_wide", "--world-size", "4", "--tp", "4", "--list"
-    )
-    assert wide.returncode == 0, wide.stderr
+    from harness.parity.workload.spec import WorkloadError
+    from suites.models import workloads
+
+    narrow, wide = workloads.llama(), workloads.llama_wide()  # 2 and 4 key-value heads
+    with pytest.raises(WorkloadError) as refused:
+        tp_plan.check_degree(narrow, narrow.model(), 4)
+    assert "tp 4 splits LlamaForCausalLM's 2 key-value heads (num_key_value_heads)" in str(refused.value)
+    assert "use a tp that divides 2 (2)" in str(refused.value)
+    tp_plan.check_degree(narrow, narrow.model(), 2)
+    tp_plan.check_degree(wide, wide.model(), 4)
