@@ -28,7 +28,7 @@ import tempfile
 import time
 import warnings
 
-from harness.parity.doors import runner
+from harness.parity.doors import lanes, runner
 from harness.parity.plan.config import ParityConfig, unsupported_reason
 from harness.parity.plan.matrices import default as matrix
 
@@ -79,10 +79,6 @@ def spawn_one(config: ParityConfig) -> float:
         return time.perf_counter() - started
 
 
-MATRIX_JOBS = 2
-"""Groups of ranks the matrix runs on, as ``make parity`` runs it (``doors/lanes.py``)."""
-
-
 def _on_pool(configs: list[ParityConfig], jobs: int = 1) -> tuple[float, list[runner.Outcome]]:
     """The wall time of ``configs`` on ``jobs`` fresh groups of ranks (their start included)."""
     from harness.controller.pool import RankPool
@@ -130,13 +126,12 @@ def plain_loop(workload_name: str, steps: int) -> float:
 
 def measure_user_workload(name: str = USER_WORKLOAD) -> dict[str, object]:
     """The tool's wall time on one workload's matrix against the same steps in a plain loop."""
-    from harness.parity.doors import lanes
     from harness.parity.plan.matrices import workload as workload_matrix
     from harness.parity.workload import registry
 
     configs = [c for c in workload_matrix.for_workload(name) if unsupported_reason(c) is None]
     size = sum(p.numel() for p in registry.build_model(registry.get(name), 0).parameters())
-    jobs = MATRIX_JOBS if size <= lanes.SMALL_MODEL else 1  # the CLI's default for it (``lanes.jobs``)
+    jobs = lanes.for_sizes([size])  # the CLI's default for it
     wall, _ = _on_pool(configs, jobs)
     steps = 2 * sum(c.steps for c in configs)  # candidate and reference, per rank
     plain = plain_loop(name, steps)
@@ -154,7 +149,7 @@ def measure_user_workload(name: str = USER_WORKLOAD) -> dict[str, object]:
 def measure() -> dict[str, object]:
 
     configs = [c for c in matrix.default_matrix() if unsupported_reason(c) is None]
-    wall, outcomes = _on_pool(configs, MATRIX_JOBS)
+    wall, outcomes = _on_pool(configs, lanes.SMALL_JOBS)  # as make parity runs it
     one_group, _ = _on_pool(configs, 1)
     broken = [o.result.config.id for o in outcomes if o.result.broken]
     step = max(1, len(configs) // SAMPLE)
@@ -172,7 +167,7 @@ def measure() -> dict[str, object]:
         "configs": len(configs),
         "broken": len(broken),
         "matrix_wall_s": wall,
-        "jobs": MATRIX_JOBS,
+        "jobs": lanes.SMALL_JOBS,
         "one_group_wall_s": one_group,
         "ratio_one_group_per_jobs": one_group / wall,
         "per_config_warm_s": wall / len(configs),

@@ -375,10 +375,10 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/measure/stepcheck.py",
-                '        measured["buffer"] = _compare(\n'
+                '        measured["buffer"] = compared.compare(\n'
                 "            own_buffers(reference.buffers, self.rank), own, self.profile, align=True\n"
                 "        )\n",
-                '        measured["buffer"] = _Measured()  # planted\n',
+                '        measured["buffer"] = compared.Measured()  # planted\n',
             ),
         ),
         tests=(_EVERY_ELEMENT,),
@@ -390,7 +390,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "inside a flat shard) is never judged",
         edits=(
             _edit(
-                "ranks/measure/stepcheck.py",
+                "ranks/measure/compared.py",
                 '        got = piece.values.to("cpu", dtype)\n',
                 '        got = piece.values.to("cpu", dtype)[:-1]  # planted\n',
             ),

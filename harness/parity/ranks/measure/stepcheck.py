@@ -26,10 +26,10 @@ import torch.distributed as dist
 
 from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig, poisoned_steps
-from harness.parity.ranks.measure import distance, gap, local, ulp
+from harness.parity.ranks.measure import compared, gap, local
 from harness.parity.ranks.sides import engines
 from harness.parity.ranks.sides.full import reuse
-from harness.parity.ranks.wire import Gap, Meta, Partial, RankStep, StepTensors, Tensors
+from harness.parity.ranks.wire import Gap, Meta, RankStep, StepTensors, Tensors
 
 
 class ReferenceSteps:
@@ -143,85 +143,6 @@ def squares(pieces: dict[str, local.Piece]) -> dict[str, float]:
     }
 
 
-@dataclasses.dataclass(slots=True)
-class _Measured:
-    partials: dict[str, Partial] = dataclasses.field(default_factory=dict)
-    differ: bool = False
-    """Some element (or a shape or dtype) is not bitwise equal."""
-    fail: bool = False
-    """Some element is outside the profile (or a name, shape or dtype differs)."""
-
-
-def _compare(
-    reference: Tensors,
-    pieces: dict[str, local.Piece],
-    profile: profiles.ToleranceProfile,
-    *,
-    align: bool = False,
-) -> _Measured:
-    """Each piece against the same elements of ``reference`` (``align``: floating-point buffers
-    compared in the coarser of their dtypes, as the judge does)."""
-    return _merged(_compare_each(reference, pieces, profile, align=align), set(reference))
-
-
-def _merged(each: dict[str, _Measured], expected: set[str]) -> _Measured:
-    """Per-tensor measurements as one (a name missing from either side differs and fails)."""
-    found = _Measured()
-    if expected != set(each):
-        found.differ = found.fail = True
-    for one in each.values():
-        found.partials.update(one.partials)
-        found.differ |= one.differ
-        found.fail |= one.fail
-    return found
-
-
-def _compare_each(
-    reference: Tensors,
-    pieces: dict[str, local.Piece],
-    profile: profiles.ToleranceProfile,
-    *,
-    align: bool = False,
-) -> dict[str, _Measured]:
-    """:func:`_compare`, per piece (one ``reference`` lacks differs and fails)."""
-    out: dict[str, _Measured] = {}
-    for name in sorted(pieces):
-        found = out[name] = _Measured()
-        want, piece = reference.get(name), pieces[name]
-        if want is None:
-            found.differ = found.fail = True
-            continue
-        dtype = piece.dtype
-        if align and want.dtype != dtype and want.is_floating_point() and dtype.is_floating_point:
-            dtype = ulp.coarser(want.dtype, dtype)
-        elif want.dtype != dtype:
-            found.differ = found.fail = True
-            continue
-        if tuple(want.shape) != piece.shape:
-            found.differ = found.fail = True
-            continue
-        if piece.values is None:
-            continue
-        got = piece.values.to("cpu", dtype)
-        want_part = want.reshape(-1)[piece.start : piece.start + got.numel()].to(dtype)
-        if torch.equal(want_part, got):  # the common case, once per tensor: nothing to measure
-            found.partials[name] = distance.partial(distance.equal_diff(got.numel()))
-            continue
-        diff = distance.tensor_diff(want_part, got, profile, step=0, kind="", name=name)
-        found.partials[name] = distance.partial(diff)
-        found.differ = True
-        found.fail = diff.mismatched > 0
-    return out
-
-
-def _any_rank(flags: list[bool], device: torch.device) -> list[bool]:
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return flags
-    values = torch.tensor([float(f) for f in flags], device=device)
-    dist.all_reduce(values, op=dist.ReduceOp.MAX)
-    return [bool(v) for v in values.tolist()]
-
-
 class Check:
     """One candidate run measured against ``reference`` as it trains (``train.run``'s ``check``).
 
@@ -252,7 +173,7 @@ class Check:
         self._origin_found = False
         self._failure_found = False
         self._ref: RankStep | None = None
-        self._grads: _Measured = _Measured()
+        self._grads: compared.Measured = compared.Measured()
         self._grad_meta: Meta = {}
         self._squares: dict[str, float] = {}
         self._full_grads: Tensors | None = None
@@ -293,22 +214,16 @@ class Check:
         or (the reference's) overflow."""
         pieces, held = local.grads(engine, scale)
         reference = _tensors(self._reference()).grads
-        each = _compare_each(reference, pieces, self.profile)
-        names = list(pieces)
         finite = all(bool(value.isfinite().all()) for value in reference.values())
-        flags = [held[n] for n in names] + [each[n].differ for n in names] + [each[n].fail for n in names]
-        agreed = _any_rank([*flags, not finite], engine.device)
-        count = len(names)
-        anywhere = {n for i, n in enumerate(names) if agreed[i]}
-        for i, name in enumerate(names):
-            each[name].differ, each[name].fail = agreed[count + i], agreed[2 * count + i]
-        kept = {name: each[name] for name in sorted(anywhere)}
-        self._grads = _merged(kept, set(reference))
-        pieces = {name: pieces[name] for name in names if name in anywhere}
+        kept, (overflow,) = compared.agreed(
+            compared.compare_each(reference, pieces, self.profile), held, [not finite], engine.device
+        )
+        self._grads = compared.merged(kept, set(reference))
+        pieces = {name: pieces[name] for name in pieces if name in kept}
         self._grad_meta = meta(pieces)
         self._squares = squares(pieces)
         poisoned = step in self.poisoned
-        differ, fail, overflow = self._grads.differ, self._grads.fail, agreed[-1]
+        differ, fail = self._grads.differ, self._grads.fail
         self._grads.fail = fail and not poisoned
         self._origin = not self._origin_found and differ and not overflow and not poisoned
         wanted = self.keep_all or (differ and not poisoned and not self._failure_found)
@@ -331,28 +246,22 @@ class Check:
         reference = self._reference()
         ref = _tensors(reference)
         ref_state = flat_state(ref.optim_state)
-        measured = {"grad": self._grads, "param": _compare(ref.params, params, self.profile)}
+        measured = {"grad": self._grads, "param": compared.compare(ref.params, params, self.profile)}
         buffers = own_buffers(engine.own_buffers(), self.rank)
         own = {name: local.Piece(tuple(v.shape), v.dtype, 0, v.reshape(-1)) for name, v in buffers.items()}
-        measured["buffer"] = _compare(
+        measured["buffer"] = compared.compare(
             own_buffers(reference.buffers, self.rank), own, self.profile, align=True
         )
         local_fail = measured["param"].fail or measured["buffer"].fail or self._grads.fail
-        each = _compare_each(ref_state, state, self.profile)
+        each = compared.compare_each(ref_state, state, self.profile)
         if state_held is None:  # every rank measures the same state names (``local.params_and_state``)
-            measured["optim_state"] = _merged(each, set(ref_state))
-            (failed,) = _any_rank([local_fail or measured["optim_state"].fail], engine.device)
+            measured["optim_state"] = compared.merged(each, set(ref_state))
+            (failed,) = compared.any_rank([local_fail or measured["optim_state"].fail], engine.device)
         else:  # one all-reduce: which state exists on any rank, and any rank's failure
-            names = list(state)
-            agreed = _any_rank(
-                [local_fail, *(state_held[n] for n in names), *(each[n].fail for n in names)], engine.device
-            )
-            anywhere = {n for i, n in enumerate(names, start=1) if agreed[i]}
-            for i, name in enumerate(names, start=1 + len(names)):
-                each[name].fail = agreed[i]
-            measured["optim_state"] = _merged({n: each[n] for n in sorted(anywhere)}, set(ref_state))
-            state = {name: state[name] for name in names if name in anywhere}
-            failed = agreed[0] or measured["optim_state"].fail
+            kept, (any_failed,) = compared.agreed(each, state_held, [local_fail], engine.device)
+            measured["optim_state"] = compared.merged(kept, set(ref_state))
+            state = {name: state[name] for name in state if name in kept}
+            failed = any_failed or measured["optim_state"].fail
         measured = {kind: measured[kind] for kind in ("grad", "param", "optim_state", "buffer")}
         keep = self.keep_all or self._origin or (failed and not self._failure_found)
         self._origin_found |= self._origin
