@@ -147,6 +147,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "parallelism of degree N over its tp_plan, and HSDP (replicate x shard)",
     )
     parser.add_argument(
+        "--pp",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run your --workload's pipeline rows instead: its model cut into stages at its pp_split, "
+        "FSDP2 over the --world-size / N ranks of each stage, torch's schedules (--world-size 2 or more)",
+    )
+    parser.add_argument(
+        "--schedule",
+        default=None,
+        metavar="NAME",
+        help="with --pp: one schedule (gpipe, 1f1b, interleaved1f1b, looped_bfs, interleaved_zb, zbv, "
+        "dualpipev); default: every one",
+    )
+    parser.add_argument(
+        "--microbatches",
+        type=int,
+        default=4,
+        metavar="M",
+        help="with --pp: microbatches per step (default 4; must divide the batch)",
+    )
+    parser.add_argument(
         "--mesh",
         default=None,
         metavar="NAME=SIZE,...",
@@ -238,6 +260,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             f"--tp {options.tp} needs a 2-D mesh: --world-size 4 or more that --tp divides "
             f"(got --world-size {options.world_size}); e.g. --world-size 4 --tp 2"
         )
+    cli.check_pipeline(parser, options)
     if options.world_size < 1:
         parser.error(f"--world-size must be >= 1, got {options.world_size}")
     if launched.launched() and options.world_size != launched.world_size():

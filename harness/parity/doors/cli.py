@@ -17,8 +17,10 @@ from harness.parity.judge.result import ParityResult
 from harness.parity.plan.config import ParityConfig, Scale, unique
 from harness.parity.plan.config.axes import COMPILE_BACKENDS, COMPILE_MODES, COMPILE_TWINS
 from harness.parity.plan.config.compile import cache_folder
+from harness.parity.plan.config.mesh import SCHEDULES
 from harness.parity.plan.matrices import compile as compile_matrix
 from harness.parity.plan.matrices import default as matrix
+from harness.parity.plan.matrices import pipeline as pipeline_matrix
 from harness.parity.plan.matrices import resume as resume_matrix
 from harness.parity.plan.matrices import two_d as two_d_matrix
 from harness.parity.plan.matrices import workload as workload_matrix
@@ -66,6 +68,27 @@ def check_compile(parser: argparse.ArgumentParser, options: argparse.Namespace) 
         parser.error(f"--compile runs the compiled rows; not with {clashes[0]} (their rows are not compiled)")
 
 
+def check_pipeline(parser: argparse.ArgumentParser, options: argparse.Namespace) -> None:
+    """``--pp N [--schedule NAME] [--microbatches M]``, each refused naming the fix."""
+    if options.pp is None:
+        if options.schedule is not None:
+            parser.error(f"--schedule {options.schedule} needs --pp N; e.g. --pp 2 --schedule 1f1b")
+        return
+    if not options.workload:
+        parser.error("--pp runs a --workload's pipeline rows; e.g. --workload llama --pp 2")
+    if options.pp < 2 or options.world_size % options.pp:
+        parser.error(
+            f"--pp {options.pp} needs at least 2 stages and a --world-size it divides (got --world-size "
+            f"{options.world_size}); e.g. --world-size 2 --pp 2, or --world-size 4 --pp 2 for dp 2 per stage"
+        )
+    if options.schedule is not None and options.schedule not in SCHEDULES:
+        parser.error(f"--schedule must be one of {', '.join(SCHEDULES)}, got {options.schedule!r}")
+    if options.microbatches < 1:
+        parser.error(f"--microbatches must be >= 1, got {options.microbatches}")
+    if options.tp is not None:
+        parser.error("--pp and --tp are different meshes (pp x dp, dp x tp); choose one")
+
+
 def configs_for(options: argparse.Namespace) -> list[ParityConfig]:
     """The embedded matrix, or every ``--workload``'s (each checked first: :class:`BadWorkload`)."""
     where = {"world_size": options.world_size, "backend": options.backend}
@@ -101,6 +124,23 @@ def configs_for(options: argparse.Namespace) -> list[ParityConfig]:
             model = registry.build_model(workload, 0)  # once, on the controller
             options.units[workload.name] = units.describe(workload, model)
             options.parameters[workload.name] = sum(p.numel() for p in model.parameters())
+            if getattr(options, "pp", None) is not None:
+                schedules = (options.schedule,) if options.schedule else tuple(SCHEDULES)
+                found = pipeline_matrix.rows(
+                    name,
+                    pp=options.pp,
+                    schedules=schedules,
+                    microbatches=options.microbatches,
+                    scale=scale,
+                    **where,
+                )
+                if not found:
+                    raise WorkloadError(
+                        f"--pp needs a workload that can be cut into stages; {workload.name!r} has no pp_split "
+                        "(give it Workload(pp_split='auto', pp_io=..., pp_loss=...))"
+                    )
+                configs += found
+                continue
             if options.tp is not None:
                 # Checked here: no plan, an "auto" plan the model lacks or a key that matches
                 # nothing exits 2 naming the fix.

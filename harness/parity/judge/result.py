@@ -17,6 +17,7 @@ from harness.parity.judge import causes, compare, measured, pinpoint
 from harness.parity.judge import semantics as semantics_check
 from harness.parity.judge import staged as staged_check
 from harness.parity.judge.causes import function, two_d
+from harness.parity.judge.expected import expected_failure
 from harness.parity.plan import profiles
 from harness.parity.plan.config import ParityConfig, poisoned_steps
 from harness.parity.ranks.measure import gap, ulp
@@ -24,7 +25,6 @@ from harness.parity.ranks.measure.distance import TensorDiff
 from harness.parity.ranks.measure.record import RunRecord, joined, merge_rank_runs
 from harness.parity.ranks.sides.twin import DTYPES
 from harness.parity.ranks.wire import Gap, RankRow
-from harness.parity.workload import registry
 
 STATUSES = ("pass", "fail", "crash", "error", "skip")
 """``pass``: within the profile at every step; ``fail``: diverged; ``crash``: the candidate raised;
@@ -143,60 +143,15 @@ class ParityResult:
         return not self.broken or bool(self.expected_failure)
 
 
-def expected_failure(config: ParityConfig) -> str:
-    """Why ``config`` must fail (empty: it must pass): a candidate checkpointing without RNG replay
-    (the rows that show the ``checkpoint_rng`` cause, on a workload with dropout), and torch's
-    ShardedGradScaler where it is wrong.
-
-    Its fused-optimizer path never agrees found_inf across ranks, so any overflow that some ranks
-    see and others do not makes them diverge: a planted inf on one rank, or, in fp16 starting at
-    scale 2**20, the first steps' natural overflows, which a sharded FSDP1 strategy leaves in some
-    ranks' gradient shards only (NO_SHARD gives every rank the whole reduced gradient). FSDP2
-    escapes: the unscale kernel on its DTensor gradients all-reduces found_inf inside DTensor
-    dispatch, but ``unscale_`` followed by a fused step crashes there. And it coalesces only fp16
-    sparse gradients before its check.
-    """
-    if config.loop.checkpoint == "no_replay":
-        return (
-            "checkpointing without RNG replay: under dropout the recompute draws other masks "
-            "(the checkpoint_rng cause)"
-        )
-    if config.scale.scaler != "torch":
-        return ""
-    if registry.get(config.workload).sparse and config.precision.dtype != "fp16":
-        return (
-            "torch's scaler coalesces only fp16 sparse gradients: fp32/bf16 duplicates that overflow "
-            "only once summed go unnoticed"
-        )
-    if not config.fused:
-        return ""
-    if config.engine == "fsdp2":
-        if config.loop.path == "unscale_clip":
-            return "torch's scaler crashes: unscale_ then a fused step on DTensor grads (found_inf shape [1] vs [])"
-        return ""
-    if any(f.rank is not None for f in config.faults):
-        return "torch's scaler never agrees found_inf on the fused path: ranks without the inf step anyway"
-    if (
-        config.precision.dtype == "fp16"
-        and config.scale.init_scale >= 2.0**20
-        and config.layout.sharding not in (None, "no_shard")
-    ):
-        return (
-            "torch's scaler never agrees found_inf on the fused path: early fp16 overflows land in "
-            "some ranks' gradient shards only"
-        )
-    return ""
-
-
 def localizable(result: ParityResult) -> int | None:
     """The step to probe module by module when ``result`` failed, else ``None``: where the staged
     check first found a stage differing from a common state, else the straight comparison's first
     diverging step (where the straight runs crossed their profile: later than the bug when the
     profile let its first steps through, or earlier when drift crossed it first), for
     configurations whose two sides run the same model per rank (not the single-process sparse
-    reference, which runs every rank's batch at once)."""
-    if result.status != "fail" or result.config.reference != "ddp":
-        return None
+    reference, which runs every rank's batch at once, nor a pipeline, whose stages run apart)."""
+    if result.status != "fail" or result.config.reference != "ddp" or result.config.mesh.pp is not None:
+        return None  # a pipeline's modules run on the ranks of their stages only
     found = result.staged
     if found is not None and not found.error and found.findings:
         return found.findings[0].step

@@ -101,6 +101,8 @@ def unjudged(config: ParityConfig) -> str | None:
     ``Engine.staged_refusal``), which the check records as the reason it could not run."""
     if config.mesh.tp is not None:
         return "the staged check does not judge tensor-parallel rows (their reference mirrors the split)"
+    if config.mesh.pp is not None:
+        return "the staged check does not judge pipeline rows (each stage holds its own part of the model)"
     if config.engine not in ("fsdp1", "fsdp2", "user") or config.reference != "ddp":
         return (
             "the staged check judges FSDP candidates against their DDP twin only (DDP's reducer runs in C++)"

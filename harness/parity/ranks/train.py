@@ -318,8 +318,7 @@ class Run:
             if config.loop.accumulate > 1:
                 recorded_loss = accumulate.forward_backward(engine, self.role, config, step, scaler, hand)
             else:
-                loss, recorded_loss = engine.losses(step, scale)
-                scaler.scale(loss).backward()
+                recorded_loss = engine.forward_backward(step, scaler)
         if hand is None:
             engine.after_backward()
         for fault in faults_now(config, self.role, step, rank):

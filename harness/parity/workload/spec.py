@@ -118,6 +118,19 @@ class Workload:
     part: ``{"layers.*.attention.q": ColwiseParallel(), "layers.*.attention.o": RowwiseParallel()}``),
     or ``"auto"``: a Hugging Face model's ``config.base_model_tp_plan`` (``workload/tp_plan.py``);
     ``None``: no TP rows."""
+    pp_split: tuple[str, ...] | str | None = None
+    """Pipeline parallelism (``Mesh.pp``): the modules where each stage after the first begins, as
+    torchtitan's ``pipeline_parallel_split_points`` (``("layers.1",)``), or ``"auto"``: the model's
+    top-level modules (a ``ModuleList``/``ModuleDict``'s entries one by one) cut into as many
+    stages as the schedule runs, evenly by count. A stage is the model with every module outside
+    it set to ``None`` (torchtitan's convention): its ``forward`` must skip what is ``None``
+    (``x = self.embed(x) if self.embed is not None else x``). ``None``: no PP rows."""
+    pp_io: Callable[[Any], tuple[torch.Tensor, torch.Tensor]] | None = None
+    """With ``pp_split``: ``batch -> (first stage's input, loss target)``, the two tensors the
+    schedule cuts into microbatches along dim 0."""
+    pp_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    """With ``pp_split``: ``(last stage's output, target) -> one microbatch's loss``, a mean over it
+    (the schedule divides the summed gradients by the microbatch count)."""
     joint_losses: Callable[[nn.Module, list[Any]], list[torch.Tensor]] | None = None
     """``(model, batches) -> one loss per batch`` from a single forward pass (for the sparse
     single-process reference, whose gradient must come out of one backward call)."""
@@ -183,6 +196,13 @@ class Workload:
                 f"ParallelStyle, or 'auto', got {self.tp_plan!r}; use e.g. "
                 "tp_plan={'layers.*.ffn.up': ColwiseParallel(), 'layers.*.ffn.down': RowwiseParallel()}"
             )
+        if self.pp_split is not None and not (callable(self.pp_io) and callable(self.pp_loss)):
+            raise WorkloadError(
+                f"Workload {self.name!r}: pp_split needs pp_io (batch -> (input, target)) and pp_loss "
+                "((output, target) -> loss): the schedule feeds the first stage and scores the last"
+            )
+        if isinstance(self.pp_split, list):
+            object.__setattr__(self, "pp_split", tuple(self.pp_split))
         if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
             raise WorkloadError(
                 f"Workload {self.name!r}: steps must be an int >= 1 or None, got {self.steps!r}"

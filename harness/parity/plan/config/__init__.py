@@ -46,6 +46,7 @@ from harness.parity.plan.config.mesh import Mesh
 from harness.parity.plan.config.precision import Precision
 from harness.parity.plan.config.resume import Resume
 from harness.parity.plan.config.scale import Scale
+from harness.parity.plan.config.where import unsupported_reason
 from harness.parity.plan.precision import PrecisionPolicy
 from harness.parity.workload import registry
 
@@ -94,6 +95,9 @@ _FLAT = {
     "hsdp": ("mesh", "hsdp"),
     "tp": ("mesh", "tp"),
     "mesh_dims": ("mesh", "dims"),
+    "pp": ("mesh", "pp"),
+    "schedule": ("mesh", "schedule"),
+    "microbatches": ("mesh", "microbatches"),
     "precision": ("precision", "dtype"),
     "mixed": ("precision", "mixed"),
     "recipe": ("precision", "recipe"),
@@ -120,7 +124,7 @@ _FLAT_ORDER = (
     "mixed", "recipe", "optimizer", "offload", "workload", "path", "clip", "accumulate", "sync",
     "checkpoint", "faults", "scaler", "reference", "world_size", "backend", "steps", "resume_at",
     "resume_method", "resume_layout", "resume_world_size", "init_scale", "growth_interval", "seed",
-    "compile", "compile_backend", "compile_twin", "mesh_dims",
+    "compile", "compile_backend", "compile_twin", "mesh_dims", "pp", "schedule", "microbatches",
 )  # fmt: skip
 """The order ``parity.json`` records the fields in (that of the flat type they were once)."""
 
@@ -294,6 +298,7 @@ class ParityConfig:
             self.world_size,
             self.mesh.tp,  # whose batch each rank trains, and the TP'd modules the twin splits
             self.mesh.dims,
+            self.mesh.pipeline_key(),
             self.backend,
             self.steps,
             self.resume.reference_key(),
@@ -347,30 +352,6 @@ def _routed(changes: dict[str, object], base: ParityConfig | None) -> dict[str, 
         whole = core.get(part, getattr(base, part) if base is not None else _PARTS[part]())
         core[part] = dataclasses.replace(whole, **fields)  # type: ignore[type-var]
     return core
-
-
-# -- where a configuration can run ------------------------------------------------------------------
-def unsupported_reason(config: ParityConfig, *, gpus: int = 0) -> str | None:
-    """Why ``config`` cannot run here (``None`` when it can): said in the report and the skip."""
-    widest = max(config.world_size, config.resume.world_size or 0)
-    if config.backend == "nccl" and gpus < widest:
-        return f"nccl world size {widest} needs {widest} CUDA GPUs, this machine has {gpus}"
-    if config.layout.sharding == "hybrid_shard" and (config.world_size < 4 or config.world_size % 2):
-        return (
-            "HYBRID_SHARD shards within a node and replicates across nodes, so it needs a 2-D mesh: "
-            f"an even world size >= 4, not {config.world_size} (run with --world-size 4)"
-        )
-    if (reason := config.mesh.unsupported(config.world_size)) is not None:
-        return reason
-    if config.engine == "fsdp1" and config.layout.offload and config.backend == "gloo":
-        return (
-            "FSDP1 CPUOffload(offload_params=True) needs an accelerator (pinned memory); the GPU tier runs it"
-        )
-    if registry.get(config.workload).sparse and config.precision.dtype == "fp16" and config.backend == "gloo":
-        return "gloo cannot all-reduce fp16 sparse gradients ('cadd_sparse' not implemented for 'Half'); the GPU tier runs it"
-    if config.world_size < 2 and any(f.rank not in (None, 0) for f in config.faults):
-        return f"a fault on rank {max(f.rank or 0 for f in config.faults)} needs world size >= 2"
-    return None
 
 
 def unique(configs: Iterable[ParityConfig]) -> list[ParityConfig]:

@@ -12,6 +12,11 @@ workload's plan); the mesh owns them, its words in the id and its share of the r
   ``parallelize_module(model, mesh["tp"], workload.tp_plan)`` then ``fully_shard(mesh=mesh["dp"])``.
   Every rank of a TP group trains its data-parallel group's batch, so the batch of a rank is that
   of its ``dp`` coordinate (:meth:`Mesh.data_rank`).
+* **FSDP2 + PP** (``Mesh(pp=P, schedule="1f1b", microbatches=M)``): a mesh ``P`` (pp) x
+  ``world_size // P`` (dp) named ``("pp", "dp")``; the workload's model cut into stages at its
+  ``pp_split`` (``sides/pipeline/``), each stage ``fully_shard``-ed over ``dp`` and run by
+  torch's schedule over ``M`` microbatches. Every stage of a ``dp`` coordinate trains that
+  coordinate's batch (:meth:`Mesh.data_rank`).
 * **The user's own** (``Mesh(dims=(("dp", 2), ("tp", 2)))``, engine ``user``): the mesh handed to
   the workload's ``parallelize`` function, its dimensions named and sized as the user's code reads
   them (``--mesh dp=2,tp=2``; by default one dimension ``dp`` over every rank). A dimension named
@@ -28,6 +33,67 @@ from harness.parity.workload import registry
 if TYPE_CHECKING:
     from harness.parity.plan.config import ParityConfig
 
+SCHEDULES: dict[str, tuple[str, int]] = {
+    "gpipe": ("ScheduleGPipe", 1),
+    "1f1b": ("Schedule1F1B", 1),
+    "interleaved1f1b": ("ScheduleInterleaved1F1B", 2),
+    "looped_bfs": ("ScheduleLoopedBFS", 2),
+    "interleaved_zb": ("ScheduleInterleavedZeroBubble", 2),
+    "zbv": ("ScheduleZBVZeroBubble", 2),
+    "dualpipev": ("ScheduleDualPipeV", 2),
+}
+"""``--schedule`` name: (torch's class in ``torch.distributed.pipelining``, stages per rank).
+The multi-stage schedules hold two stages per rank: looped (rank ``r``: stages ``r`` and
+``r + pp``), or in a V (``zbv``, ``dualpipev``: ``r`` and ``2 pp - 1 - r``)."""
+
+
+DESCENDING = frozenset({"looped_bfs"})
+"""Schedules whose stages back-propagate the microbatches last first (torch 2.13's
+``ScheduleLoopedBFS``: ``reversed(range(n_microbatches))``); every other one goes first first."""
+
+
+SPLIT_BACKWARD = frozenset({"interleaved_zb", "zbv", "dualpipev"})
+"""Schedules that cut a stage's backward in two: input gradients first (``I``), weight gradients
+later (``W``: ``stage_backward_weight``, which adds each microbatch's into ``param.grad`` itself,
+outside FSDP2's accumulation)."""
+
+
+def pipeline_unsupported(config: ParityConfig) -> str | None:
+    """Why a pipeline row is not checked here (``None``: it is). Measured on torch 2.13, gloo:
+    under the schedules that split the backward, a float32 reduce dtype over bf16 parameters
+    leaves every weight gradient up to a bf16 unit in the last place from any twin we built
+    (summing the microbatches in float32 as FSDP2 does elsewhere, or in bf16 as the ``W`` step
+    adds them): the twin does not mirror it bitwise, and the staged check, which could bound it,
+    does not judge pipeline rows yet."""
+    mesh, policy = config.mesh, config.policy
+    if mesh.pp is None or mesh.schedule not in SPLIT_BACKWARD or policy is None:
+        return None
+    if policy.reduce_dtype == policy.param:
+        return None
+    return (
+        f"{mesh.schedule} splits the backward, and with a reduce dtype ({policy.reduce_dtype}) other than "
+        f"the parameters' ({policy.param}) its weight gradients are not mirrored bitwise (measured: up to "
+        "one bf16 ulp), and the staged check does not judge pipeline rows yet"
+    )
+
+
+def check_pipeline(mesh: Mesh, config: ParityConfig) -> None:
+    """A pipeline's schedule, microbatches and workload, each refused naming the fix."""
+    if mesh.pp is None:
+        return
+    if mesh.schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {mesh.schedule!r}")
+    if not isinstance(mesh.pp, int) or mesh.pp < 2:
+        raise ValueError(f"pp must be >= 2 stages (pp=1 is no pipeline: leave it None), got {mesh.pp!r}")
+    if not isinstance(mesh.microbatches, int) or mesh.microbatches < 1:
+        raise ValueError(f"microbatches must be >= 1, got {mesh.microbatches!r}")
+    spec = registry.get(config.workload)
+    if spec.pp_split is None:
+        raise ValueError(
+            f"pp={mesh.pp} needs a workload that can be cut into stages; {config.workload!r} has no "
+            "pp_split: give it Workload(pp_split='auto' or ['layers.1', ...], pp_io=..., pp_loss=...)"
+        )
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Mesh:
@@ -38,6 +104,14 @@ class Mesh:
     tp: int | None = None
     """FSDP2 only: tensor parallelism of degree ``tp`` (the workload's ``tp_plan``) on a mesh
     ``world_size // tp`` (dp) x ``tp``, FSDP over dp (``tp2`` in the id)."""
+
+    pp: int | None = None
+    """FSDP2 only: pipeline parallelism over ``pp`` ranks (``pp2-1f1b-mb4`` in the id), FSDP over
+    the ``world_size // pp`` ranks of each stage."""
+    schedule: str = "1f1b"
+    """The pipeline schedule (:data:`SCHEDULES`); read when ``pp`` is set."""
+    microbatches: int = 4
+    """How many microbatches the schedule cuts each batch into; read when ``pp`` is set."""
 
     dims: tuple[tuple[str, int], ...] | None = None
     """Engine ``user`` only: the user's mesh, ``((name, size), ...)`` in row-major order."""
@@ -113,12 +187,13 @@ class Mesh:
     def check(self, config: ParityConfig) -> None:
         """Refuse a 2-D layout the engine cannot run, naming the field and the fix."""
         self.check_dims(config)
-        if self.hsdp is not None and self.tp is not None:
+        if sum(value is not None for value in (self.hsdp, self.tp, self.pp)) > 1:
             raise ValueError(
-                "hsdp and tp are two different 2-D meshes (replicate x shard, dp x tp); a 3-D mesh is "
-                "not built: set one of them"
+                "hsdp, tp and pp are different 2-D meshes (replicate x shard, dp x tp, pp x dp); a 3-D "
+                "mesh is not built: set one of them"
             )
-        for field in ("hsdp", "tp"):
+        check_pipeline(self, config)
+        for field in ("hsdp", "tp", "pp"):
             value = getattr(self, field)
             if value is None:
                 continue
@@ -160,13 +235,15 @@ class Mesh:
 
     def shape(self, world_size: int) -> tuple[tuple[int, int], tuple[str, str]] | None:
         """``((rows, columns), names)`` of the 2-D mesh, ``None`` for a 1-D one."""
+        if self.pp is not None:
+            return (self.pp, world_size // self.pp), ("pp", "dp")
         if self.hsdp is not None:
             return (self.hsdp, world_size // self.hsdp), ("replicate", "shard")
         if self.tp is not None:
             return (world_size // self.tp, self.tp), ("dp", "tp")
         return None
 
-    def data_rank(self, rank: int) -> int:
+    def data_rank(self, rank: int, world_size: int | None = None) -> int:
         """Whose batch ``rank`` trains: its own, or under TP its ``dp`` coordinate's (the mesh is
         row-major, so the ranks ``dp * T .. dp * T + T - 1`` form one TP group and share a batch).
         On a user's mesh: the rank's index over its data-parallel dimensions (every one but ``tp``)."""
@@ -181,6 +258,9 @@ class Mesh:
                 if name != "tp":
                     index = index * size + coord
             return index
+        if self.pp is not None:  # row-major (pp, dp): the ranks of one stage are consecutive
+            assert world_size is not None, "a pipeline's batch follows its dp coordinate: pass the world size"
+            return rank % (world_size // self.pp)
         return rank // self.tp if self.tp is not None else rank
 
     def data_parallel_size(self, world_size: int) -> int:
@@ -191,6 +271,8 @@ class Mesh:
             for name, extent in self.dims:
                 size *= extent if name != "tp" else 1
             return size
+        if self.pp is not None:
+            return world_size // self.pp
         return world_size // self.tp if self.tp is not None else world_size
 
     def id_parts(self, world_size: int) -> list[str]:
@@ -202,10 +284,14 @@ class Mesh:
             return [f"hsdp{self.hsdp}x{world_size // self.hsdp}"]
         if self.tp is not None:
             return [f"tp{self.tp}"]
+        if self.pp is not None:
+            return [f"pp{self.pp}", self.schedule, f"mb{self.microbatches}"]
         return []
 
     def unsupported(self, world_size: int) -> str | None:
         """Why the mesh cannot run at ``world_size`` (``None`` when it can)."""
+        if self.pp is not None and world_size % self.pp:
+            return f"pp={self.pp} stages need a world size they divide, not {world_size}"
         if self.two_d and world_size < 4:
             return (
                 f"a 2-D mesh ({' x '.join(self.id_parts(world_size))}) needs a world size of at least 4, "
@@ -218,4 +304,12 @@ class Mesh:
         dimensions; the layout itself is read on the ranks)."""
         if self.dims is not None:
             return ("user", self.dims)
+        if self.pp is not None:  # each stage's buckets, reduced over its dp group
+            return ("pp", self.pp)
         return ("hsdp", self.hsdp) if self.hsdp is not None else ()
+
+    def pipeline_key(self) -> tuple[object, ...]:
+        """What of a pipeline its reference mirrors: the stages (their buckets, whose batch each
+        rank trains), the microbatches, and the order the schedule adds them in
+        (:data:`DESCENDING`)."""
+        return () if self.pp is None else (self.pp, self.microbatches, self.schedule in DESCENDING)

@@ -98,7 +98,7 @@ def _copied(piece: Piece) -> Piece:
     return dataclasses.replace(piece, values=piece.values.detach().to("cpu", copy=True))
 
 
-def _dtensor_piece(value: Any, param: Any) -> Piece:
+def _dtensor_piece(value: Any, param: Any, own: bool = False) -> Piece:
     """The local shard of a DTensor laid out like ``param`` (zeros when ``value`` is ``None``:
     this rank lacks what another holds). ``Shard(0)`` over the mesh's last dimension (FSDP2, or
     HSDP's ``(Replicate(), Shard(0))``) is compared where it lives, by the shard group that holds
@@ -125,7 +125,7 @@ def _dtensor_piece(value: Any, param: Any) -> Piece:
     chunk = -(-shape[0] // mesh.size(dim)) if shape else 0
     start = min(mesh_rank * chunk, shape[0] if shape else 0) * row
     dtype = param.dtype if value is None else value.dtype
-    owner = (mesh.ndim == 1 and mesh.size() == dist.get_world_size()) or _holds_rank_zero(mesh, dim)
+    owner = own or (mesh.ndim == 1 and mesh.size() == dist.get_world_size()) or _holds_rank_zero(mesh, dim)
     return Piece(shape, dtype, start, local.detach().reshape(-1) if owner else None)
 
 
@@ -134,17 +134,46 @@ def _holds_rank_zero(mesh: Any, dim: int) -> bool:
     return 0 in dist.get_process_group_ranks(mesh.get_group(dim))
 
 
-def _fsdp2_piece(value: Any, param: Any) -> Piece:
+def _fsdp2_piece(value: Any, param: Any, own: bool = False) -> Piece:
     if hasattr(param, "device_mesh"):
-        return _dtensor_piece(value, param)
+        return _dtensor_piece(value, param, own)
     return _whole(value if value is not None else torch.zeros_like(param), _rank() == 0)
+
+
+def _whole_owner(engine: engines.Engine) -> bool:
+    """Who compares a tensor every rank of its group holds whole: rank 0, or (a pipeline's
+    stages) the first ``dp`` rank of each stage."""
+    return engine.data_rank == 0 if engine.compares_own_shards else _rank() == 0
+
+
+def _complete(
+    engine: Any, pieces: _Pieces, held: dict[str, bool], keys: tuple[tuple[str, ...], ...] | None = None
+) -> None:
+    """Name in ``pieces`` every parameter of a pipeline's whole model (``engine.whole_meta``) and,
+    with ``keys`` (element, scalar), its optimizer state's entries: one this rank's stages do not
+    hold as a piece the stage holding it compares, not held here. Every rank then names the same
+    tensors, as the agreeing all-reduce needs (``compared.agreed``)."""
+    for name, (shape, dtype) in engine.whole_meta.items():
+        if keys is None:
+            entries = {name: (shape, dtype)}
+        else:
+            element, scalar = keys
+            entries = {f"{name}:{key}": (shape, dtype) for key in element}
+            entries.update({f"{name}:{key}": ((), torch.float32) for key in scalar})
+        for entry, (entry_shape, entry_dtype) in entries.items():
+            if entry not in pieces:
+                pieces[entry] = Piece(entry_shape, entry_dtype, 0, None)
+                held[entry] = False
 
 
 def _fsdp2_grads(engine: engines.FSDP2) -> tuple[_Pieces, dict[str, bool]]:
     trainable = engine.named_trainable()
-    return {name: _fsdp2_piece(p.grad, p) for name, p in trainable}, {
-        name: p.grad is not None for name, p in trainable
-    }
+    own = engine.compares_own_shards
+    found = {name: _fsdp2_piece(p.grad, p, own) for name, p in trainable}
+    held = {name: p.grad is not None for name, p in trainable}
+    if own:  # a pipeline rank names the stages it does not hold too
+        _complete(engine, found, held)
+    return found, held
 
 
 def _fsdp1_owner(unit: Any) -> bool:
@@ -211,16 +240,20 @@ def _fsdp2_params_and_state(
 ) -> tuple[_Pieces, _Pieces, dict[str, bool]]:
     element_keys, scalar_keys = gather.state_keys(optimizers)
     state = {id(p): values for opt in optimizers for p, values in opt.state.items()}
-    params = {name: _fsdp2_piece(p, p) for name, p in engine.named_parameters_whole()}
+    own = engine.compares_own_shards
+    params = {name: _fsdp2_piece(p, p, own) for name, p in engine.named_parameters_whole()}
     states: _Pieces = {}
     held: dict[str, bool] = {}
     for name, param in engine.named_trainable():
         values = state.get(id(param), {})
         for key in element_keys:
-            states[f"{name}:{key}"] = _fsdp2_piece(values.get(key), param)
+            states[f"{name}:{key}"] = _fsdp2_piece(values.get(key), param, own)
         for key in scalar_keys:
-            states[f"{name}:{key}"] = _whole(values.get(key, torch.zeros(())), _rank() == 0)
+            states[f"{name}:{key}"] = _whole(values.get(key, torch.zeros(())), _whole_owner(engine))
         held.update(dict.fromkeys((f"{name}:{key}" for key in (*element_keys, *scalar_keys)), bool(values)))
+    if own:  # a pipeline rank names the stages it does not hold too
+        _complete(engine, params, {})
+        _complete(engine, states, held, (element_keys, scalar_keys))
     return params, states, held
 
 

@@ -86,7 +86,8 @@ class HandAccumulation:
     float32 model itself); ``masters``: the parameters the optimizer steps (the same for float32).
     ``on_reduce``: told what is handed to each reduction, before it runs (one gradient per ``lows``
     parameter, ``None`` where it has none): each microbatch's gradients (``sync="every"``), or
-    their unreduced sum once (``sync="last"``). The staged check reads the reference's local
+    their unreduced sum once (``sync="last"``; ``sync`` overrides the configuration's: a
+    pipeline's twin, ``pipeline/twin.py``). The staged check reads the reference's local
     gradients there (``ranks/staged.py``); it must not change them.
     """
 
@@ -96,8 +97,9 @@ class HandAccumulation:
         engine: engines.Engine,
         *,
         on_reduce: Callable[[list[torch.Tensor | None]], None] | None = None,
+        sync: str | None = None,
     ) -> None:
-        self.sync = config.loop.sync
+        self.sync = sync or config.loop.sync
         self.on_reduce = on_reduce
         policy = config.policy
         if isinstance(engine, references.LowPrecisionDDP):
@@ -109,7 +111,7 @@ class HandAccumulation:
         self.masters = list(engine.module.parameters())
         self.reduce = torch.float32 if policy is None else DTYPES[policy.reduce_dtype]
         self.unsynced = unsynced_dtype(config, policy)
-        self.factors = twin.divide_factors(config.engine, self.reduce, engine.world_size)
+        self.factors = twin.divide_factors(config.engine, self.reduce, engine.data_parallel_size)
         self.in_reverse = engine.summed_in_reverse
         self._pending: list[torch.Tensor | None] = [None] * len(self.lows)
         self._synced: list[torch.Tensor | None] = [None] * len(self.masters)

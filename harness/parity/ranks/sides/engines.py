@@ -23,31 +23,18 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from harness.parity.plan.config import ParityConfig
 from harness.parity.plan.precision import PrecisionPolicy
 from harness.parity.ranks.sides import reduce_layout, twin
+from harness.parity.ranks.sides import stages as pipeline_split
 from harness.parity.ranks.sides.full import flat, gather
 from harness.parity.ranks.sides.optim.optimizers import make_optimizer
 from harness.parity.ranks.sides.twin import DTYPES
 from harness.parity.ranks.wire import FunctionFacts
 from harness.parity.workload import items, registry, units
+from harness.parity.workload.batches import to_device
 
 
 def unit_modules(module: nn.Module, classes: tuple[type[nn.Module], ...]) -> list[nn.Module]:
     """The modules FSDP wraps below the root: every instance of a unit class, in module order."""
     return [m for m in module.modules() if classes and isinstance(m, classes) and m is not module]
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    return tree_map(batch, lambda t: t.to(device))
-
-
-def tree_map(batch: Any, func: Any) -> Any:
-    """``func`` applied to every tensor of ``batch`` (through dicts, lists and tuples)."""
-    if isinstance(batch, torch.Tensor):
-        return func(batch)
-    if isinstance(batch, dict):
-        return {key: tree_map(value, func) for key, value in batch.items()}
-    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
-        return type(batch)(tree_map(value, func) for value in batch)
-    return batch
 
 
 class Engine:
@@ -61,9 +48,11 @@ class Engine:
         self.workload = registry.get(config.workload)
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
-        self.data_rank = config.mesh.data_rank(self.rank)
+        self.data_rank = config.mesh.data_rank(self.rank, self.world_size)
         """Whose batch this rank trains (under TP, its data-parallel group's; ``plan/config/mesh.py``)."""
         model = registry.build_model(self.workload, config.seed)
+        self.ties = pipeline_split.untie(model) if config.mesh.pp is not None else []
+        """A pipeline's tied parameters, untied on both sides (``stages.untie``)."""
         if self.workload.sparse:  # sparse workloads train in their precision throughout
             model = model.to(DTYPES[config.precision.dtype])
         self.module = model.to(device)
@@ -146,6 +135,16 @@ class Engine:
         if self.workload.finish_batch is None:
             return batch
         return self.workload.finish_batch(batch, DTYPES[self.config.precision.dtype], scale)
+
+    compares_own_shards = False
+    """A pipeline's candidate: each stage compares its own shards (``measure/local.py``)."""
+
+    def forward_backward(self, step: int, scaler: Any) -> float:
+        """One step's forward and scaled backward; this rank's loss as recorded (a pipeline runs
+        its schedule instead: ``pipeline/``)."""
+        loss, recorded = self.losses(step, scaler.get_scale())
+        scaler.scale(loss).backward()
+        return recorded
 
     def losses(self, step: int, scale: float) -> tuple[torch.Tensor, float]:
         """``(loss to back-propagate, this rank's loss as recorded)``."""

@@ -44,6 +44,7 @@ import torch.distributed as dist
 from torch import nn
 
 from harness.parity.plan.config import ParityConfig
+from harness.parity.ranks.sides import stages as split
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,7 +78,7 @@ class Layout:
     """Tensor parallelism: per parameter, the dim TP shards it on (``None``: whole); a ``dp`` group
     reduces the shares of its TP coordinate (``_tp_bucket``)."""
     groups_from: tuple[tuple[tuple[str, int], ...], tuple[str, ...]] | None = None
-    """A user's function: ``(its mesh, the dims its units shard over: shard, or replicate, shard)``."""
+    """A user's function or a pipeline: ``(its mesh, the dims its units shard over)``."""
 
 
 def _owners(model: nn.Module, units: list[nn.Module], engine: str) -> dict[int, int]:
@@ -115,18 +116,17 @@ def of(config: ParityConfig, model: nn.Module, units: list[nn.Module], param_dty
         return Layout(engine=config.engine, buckets=(Bucket(tuple(range(len(params)))),))
     owner = _owners(model, units, config.engine)
     groups: dict[int, list[int]] = {}
+    stage = split.stage_of_params(config, model)  # a pipeline: each stage's root reduces its own
     for index, param in enumerate(params):
-        groups.setdefault(owner.get(id(param), -1), []).append(index)
-    # Bucket order changes no value (each is its own collective); module order, the root's last.
-    keys = sorted(groups, key=lambda k: (k == -1, k))
+        groups.setdefault(owner.get(id(param), -1 - stage.get(index, 0)), []).append(index)
+    keys = sorted(groups, key=lambda k: (k < 0, abs(k)))  # module order, the roots last (no value changes)
     align = 16 // torch.empty((), dtype=param_dtype).element_size() if config.layout.use_orig_params else 0
     buckets = tuple(Bucket(tuple(groups[k]), align if config.engine == "fsdp1" else 0) for k in keys)
     if config.engine == "fsdp2":
+        piped = split.stage_groups(config)  # a pipeline reduces over each stage's dp group
+        grid = None if piped else config.mesh.shape(config.world_size)
         return Layout(
-            engine="fsdp2",
-            buckets=buckets,
-            mesh=config.mesh.shape(config.world_size),
-            tp_dims=_tp_dims(config, model),
+            engine="fsdp2", buckets=buckets, mesh=grid, groups_from=piped, tp_dims=_tp_dims(config, model)
         )
     return Layout(
         engine="fsdp1",

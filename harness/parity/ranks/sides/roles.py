@@ -11,9 +11,12 @@ from __future__ import annotations
 import torch
 
 from harness.parity.plan.config import ParityConfig
+from harness.parity.ranks.sides import stages as pp_split
 from harness.parity.ranks.sides import tensor_parallel, twin
 from harness.parity.ranks.sides.engines import FSDP1, FSDP2, Engine, unit_modules
 from harness.parity.ranks.sides.full import gather
+from harness.parity.ranks.sides.pipeline import candidate as pp_candidate
+from harness.parity.ranks.sides.pipeline import twin as twin_pp
 from harness.parity.ranks.sides.references import LowPrecisionDDP, MirroredDDP, SingleProcess
 from harness.parity.workload import registry, tp_plan
 
@@ -30,6 +33,8 @@ def build(config: ParityConfig, role: str, device: torch.device) -> Engine:
         cls = {"ddp": Engine, "fsdp1": FSDP1, "fsdp2": FSDP2}[config.engine]
         if config.mesh.tp is not None:
             cls = tensor_parallel.FSDP2TP
+        if config.mesh.pp is not None:
+            cls = pp_candidate.PipelineFSDP2
     elif config.reference == "single":
         cls = SingleProcess
     elif config.policy is not None and not registry.get(config.workload).sparse:
@@ -40,7 +45,13 @@ def build(config: ParityConfig, role: str, device: torch.device) -> Engine:
         cls = MirroredDDP
     else:
         cls = Engine
+    if role == "reference" and config.mesh.pp is not None:  # the same microbatches, whole
+        cls = twin_pp.mirror(cls)
     engine = cls(config, device)
+    if role == "reference" and config.mesh.pp is not None:
+        engine.cut = pp_split.of_rank(  # type: ignore[attr-defined]
+            engine.workload, engine.module, config.mesh, engine.rank // engine.data_parallel_size
+        )
     if config.precision.autocast is not None:
         engine.description += f", forward under torch.autocast({config.precision.autocast})"
     if role == "reference" and config.engine == "fsdp2" and cls is not SingleProcess:

@@ -100,16 +100,20 @@ class Decoder(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.layers = nn.ModuleList(DecoderLayer() for _ in range(LAYERS))
+        # A ModuleDict keyed "0", "1", ... (the names a ModuleList gives): a pipeline stage drops
+        # the layers it does not hold and keeps the others' names (torchtitan's convention).
+        self.layers = nn.ModuleDict({str(index): DecoderLayer() for index in range(LAYERS)})
         self.norm = RMSNorm(WIDTH)
         self.output = nn.Linear(WIDTH, VOCAB, bias=False)
         self.output.weight = self.embed.weight
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens)
-        for layer in self.layers:
+        """The whole model, or a pipeline stage of it: a module the stage does not hold is ``None``."""
+        x = self.embed(tokens) if self.embed is not None else tokens
+        for layer in self.layers.values():
             x = layer(x)
-        return self.output(self.norm(x))
+        x = self.norm(x) if self.norm is not None else x
+        return self.output(x) if self.output is not None else x
 
 
 def token_batch(rank: int, step: int) -> torch.Tensor:
@@ -118,8 +122,18 @@ def token_batch(rank: int, step: int) -> torch.Tensor:
 
 
 def next_token_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    logits = model(tokens[:, :-1]).float()
-    return F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+    return logits_loss(model(tokens[:, :-1]), tokens[:, 1:])
+
+
+def logits_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of next-token ``logits`` (in float32) against ``targets``: the loss of the
+    whole model and of a pipeline's last stage alike."""
+    return F.cross_entropy(logits.float().reshape(-1, VOCAB), targets.reshape(-1))
+
+
+def next_token_io(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pipeline's input and target: the tokens, and the same tokens one position on."""
+    return tokens[:, :-1], tokens[:, 1:]
 
 
 def tp_plan() -> dict[str, object]:
@@ -175,4 +189,7 @@ def llama() -> Workload:
         loss=next_token_loss,
         units=(DecoderLayer,),
         tp_plan=tp_plan(),
+        pp_split="auto",
+        pp_io=next_token_io,
+        pp_loss=logits_loss,
     )

@@ -1,0 +1,86 @@
+"""The unsharded twin of a pipeline (rank side): the whole model on every rank, running the
+candidate's microbatches in the order each stage accumulates them.
+
+Why this is the candidate's twin: every schedule torch offers runs a stage's backward passes in
+ascending microbatch order, and autograd adds each into the stage's gradients (FSDP2, told not
+to sync, sums them unsharded in its reduce dtype); after the last, the stage reduces the sum once
+over its ``dp`` group and divides it by the microbatch count (``perform_reduce_grad``). The twin
+does the same arithmetic on the whole model: each microbatch's scaled loss back-propagated in
+order, the sum reduced once per candidate bucket (each stage's units, and each stage's own
+root: ``reduce_layout.of``), divided by the count; then each tied parameter's copies summed
+as the candidate sums them across stages. Two addends sum alike in any order, so the tie's sum
+is bitwise whichever stage adds first. Measured bitwise on gloo against ``ScheduleGPipe`` and
+``Schedule1F1B`` (the issue's measurement) and every schedule the matrix runs.
+
+What a twin cannot mirror: a schedule that cuts the backward in two (``interleaved_zb``,
+``zbv``, ``dualpipev``: input gradients first, weight gradients later) still adds each weight
+gradient into the same sum in ascending order; where torch computes the two halves otherwise
+than one backward, the rows say so by failing (none did, measured).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from harness.parity.ranks.sides import accumulate
+from harness.parity.ranks.sides import stages as split
+from harness.parity.ranks.sides.engines import to_device
+
+
+class PipelineTwin:
+    """Mixed into a reference engine (``MirroredDDP``, ``LowPrecisionDDP``) for a pipeline row:
+    its step is :meth:`forward_backward`; nothing is left for ``after_backward``."""
+
+    def forward_backward(self, step: int, scaler: Any) -> float:
+        engine: Any = self
+        config, workload = engine.config, engine.workload
+        count = config.mesh.microbatches
+        if hasattr(engine, "working"):  # the low-precision twin computes in its working copy
+            with torch.no_grad():
+                for low, master in zip(engine.working.parameters(), engine.module.parameters(), strict=True):
+                    low.copy_(master)
+        hand = accumulate.HandAccumulation(config, engine, sync="last")
+        batch = to_device(
+            engine.finish(engine.batch(step, engine.data_rank), scaler.get_scale()), engine.device
+        )
+        inputs, target = workload.pp_io(batch)
+        parts = split.split_microbatches(inputs, count)
+        targets = split.split_microbatches(target, count)
+        order = split.backward_order(config.mesh.schedule, count)
+        values = [0.0] * count
+        with engine.forward_rng(step):
+            for position, index in enumerate(order):
+                with engine.wrapped.no_sync():
+                    loss = workload.pp_loss(engine.wrapped(parts[index]), targets[index])
+                    scaler.scale(loss).backward()
+                values[index] = loss.item()
+                hand.after_microbatch(position == count - 1)
+        masters = dict(engine.module.named_parameters())
+        for param in masters.values():
+            if param.grad is not None:
+                param.grad.div_(count)
+        for tie in engine.ties:
+            grads = [masters[name].grad for name in tie if masters[name].grad is not None]
+            if not grads:
+                continue
+            total = grads[0].clone()
+            for more in grads[1:]:
+                total += more
+            for name in tie:
+                masters[name].grad = total.clone()
+        return sum(values) / count
+
+    def after_backward(self) -> None:
+        """Reduced in :meth:`forward_backward` already."""
+
+    def own_buffers(self) -> dict[str, torch.Tensor]:
+        """The buffers of the stages the candidate's rank holds (it names no other)."""
+        engine: Any = self
+        return {name: value for name, value in super().own_buffers().items() if engine.cut.holds(name)}  # type: ignore[misc]
+
+
+def mirror(cls: type) -> type:
+    """``cls`` (a reference engine) as a pipeline's twin."""
+    return type(f"Pipelined{cls.__name__}", (PipelineTwin, cls), {})
