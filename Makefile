@@ -48,8 +48,8 @@ WORKLOAD   =
 parity: setup ## the parity matrix against DDP and the whole batch's float64 ground truth; writes reports/parity.{json,md,png}; exits 1 if a configuration broke its tolerance or a split trains unlike the whole batch
 	$(PY) -m harness.parity --ground-truth --backend $(BACKEND) --world-size $(WORLD_SIZE) --scaler $(SCALER) --out $(REPORTS) $(if $(K),-k "$(K)") $(if $(WORKLOAD),--workload "$(WORKLOAD)")
 
-test: setup ## all suites on CPU/gloo but the end-to-end, world-size, 2-D and compiled tiers and the drawn property sample, in under 5 minutes (.ci/run runs exactly this)
-	$(PY) -m pytest suites -q -m "not e2e and not world_sizes and not two_d and not property and not compile"
+test: setup ## all suites on CPU/gloo but the end-to-end, world-size, 2-D, pipeline and compiled tiers and the drawn property sample, in under 5 minutes (.ci/run runs exactly this)
+	$(PY) -m pytest suites -q -m "not e2e and not world_sizes and not two_d and not pipeline and not property and not compile"
 
 e2e: setup ## the end-to-end tests make test leaves out (-m e2e): inner sessions, CLI and gate runs, torchrun launches
 	$(PY) -m pytest suites -q -m e2e
@@ -72,6 +72,12 @@ two-d: setup ## 2-D layouts at world size 4: HSDP (2x2, 4x1) and FSDP2 + tensor 
 	$(PY) -m harness.parity --backend gloo --world-size 4 --tp 2 --workload llama --out $(REPORTS)/two-d
 	$(PY) -m harness.parity --backend gloo --world-size 4 --tp 4 --workload llama -k tp4 --out $(REPORTS)/two-d-tp4
 	$(PY) -m pytest suites -q -m "two_d and not world_sizes"
+
+# make pipeline [REPORTS=reports]; the built-in decoder's pipeline reports in $(REPORTS)/pipeline-w2 and -w4
+pipeline: setup ## FSDP2 + pipeline parallelism: the built-in decoder under every schedule torch offers at pp 2 (world sizes 2 and 4), and every PP plant (-m pipeline)
+	$(PY) -m harness.parity --backend gloo --world-size 2 --pp 2 --workload llama --out $(REPORTS)/pipeline-w2
+	$(PY) -m harness.parity --backend gloo --world-size 4 --pp 2 --workload llama --out $(REPORTS)/pipeline-w4
+	$(PY) -m pytest suites -q -m pipeline
 
 property: setup ## the judge's property on a large drawn sample (-m property): one element moved anywhere turns its row red
 	$(PY) -m pytest suites -q -m property --hypothesis-show-statistics

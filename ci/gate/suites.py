@@ -1,6 +1,6 @@
 """The pytest side of the gate: the command that runs a tier, and what its JUnit XML says.
 
-The CPU tier is what ``make test`` runs (``pytest suites -m "not e2e and not world_sizes and not two_d and not property and not compile"``),
+The CPU tier is what ``make test`` runs (``pytest suites -m "not e2e and not world_sizes and not two_d and not pipeline and not property and not compile"``),
 without the tests marked ``gpu`` (the end-to-end tests, ``make e2e``, the world-size-8 tests, ``make
 world-sizes``, and the judge's property on its drawn sample, ``make property``, are CI jobs of their
 own, so nothing runs twice);
@@ -38,7 +38,7 @@ class Tier:
 CPU = Tier(
     name="cpu",
     backend="gloo",
-    marker="not gpu and not e2e and not world_sizes and not two_d and not property and not compile",
+    marker="not gpu and not e2e and not world_sizes and not two_d and not pipeline and not property and not compile",
 )
 GPU = Tier(name="gpu", backend="nccl", marker="gpu")
 

@@ -128,9 +128,9 @@ WORLD_SIZE_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/sides/accumulate.py",
-                "self.factors = twin.divide_factors(config.engine, self.reduce, engine.world_size)",
-                "self.factors = twin.divide_factors(config.engine, self.reduce, engine.world_size // 2 "
-                'if config.layout.sharding == "hybrid_shard" else engine.world_size)  # planted',
+                "self.factors = twin.divide_factors(config.engine, self.reduce, engine.data_parallel_size)",
+                "self.factors = twin.divide_factors(config.engine, self.reduce, engine.data_parallel_size // 2 "
+                'if config.layout.sharding == "hybrid_shard" else engine.data_parallel_size)  # planted',
             ),
         ),
         tests=(f"{_HAND}[fsdp1-hybrid_shard]",),

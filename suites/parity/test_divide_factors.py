@@ -166,6 +166,10 @@ def test_the_hand_accumulation_divides_over_every_rank_of_its_candidate(fields, 
 
     config = ParityConfig.from_flat(**fields, world_size=4, accumulate=2)
     engine = SimpleNamespace(
-        module=nn.Linear(2, 2), candidate_layout=lambda: None, world_size=4, summed_in_reverse=False
+        module=nn.Linear(2, 2),
+        candidate_layout=lambda: None,
+        world_size=4,
+        data_parallel_size=4,
+        summed_in_reverse=False,
     )
     assert accumulate.HandAccumulation(config, engine).factors == factors

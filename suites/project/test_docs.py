@@ -26,6 +26,7 @@ def test_make_help_lists_every_target_with_one_line():
         "world-sizes",
         "reshard",
         "two-d",
+        "pipeline",
         "property",
         "compile",
         "models",

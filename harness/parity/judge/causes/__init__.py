@@ -21,6 +21,8 @@ One module a family, in the order a step runs:
 * ``resume``: resume_* (the candidate's own audit after the load)
 * ``compiled``: compile_changes_numerics (a candidate compiled otherwise than its reference)
 * ``function``: split_tie (read off a user's ``parallelize`` function)
+* ``pipeline``: pp_zero_bubble_resharded, pp_microbatch_scaling, pp_tie_not_summed,
+  pp_param_not_stepped, pp_stage_inputs_differ
 * ``two_d``: tp_grad_not_reduced; tp_partial_not_reduced (localization); tp_plan_incomplete (a
   crash); divide_factor's explanation under HSDP
 """
@@ -37,6 +39,7 @@ from harness.parity.judge.causes import (
     forward,
     function,
     loop,
+    pipeline,
     reduction,
     resume,
     rounding,
@@ -63,6 +66,7 @@ FAMILIES: tuple[KnownCause, ...] = (
     *rounding.CAUSES,
     *resume.CAUSES,
     *two_d.CAUSES,
+    *pipeline.CAUSES,
     *compiled.CAUSES,
     *function.CAUSES,
     *forward.FROM_LOCALIZATION,
@@ -72,6 +76,11 @@ FAMILIES: tuple[KnownCause, ...] = (
 _LISTED = (
     *(known.name for known in resume.CAUSES),  # a resume row's headline first
     "skip_desync",
+    "pp_zero_bubble_resharded",
+    "pp_microbatch_scaling",
+    "pp_tie_not_summed",
+    "pp_param_not_stepped",
+    "pp_stage_inputs_differ",
     "split_tie",
     "never_reduced",
     "divide_factor",
@@ -98,8 +107,17 @@ CATALOGUE: tuple[KnownCause, ...] = tuple({k.name: k for k in FAMILIES}[name] fo
 them (``tp_plan_incomplete``, read from a crash, is ``two_d.plan_incomplete``)."""
 
 _MORE_SPECIFIC = {
-    "reduction_differs": ("divide_factor", "reduced_in_lower_dtype", "never_reduced", "split_tie"),
-    "forward_differs": ("split_tie", "checkpoint_rng"),
+    "reduction_differs": (
+        "divide_factor",
+        "reduced_in_lower_dtype",
+        "never_reduced",
+        "split_tie",
+        "pp_tie_not_summed",
+        "pp_microbatch_scaling",
+    ),
+    "forward_differs": ("split_tie", "checkpoint_rng", "pp_stage_inputs_differ"),
+    "divide_factor": ("pp_microbatch_scaling",),
+    "optimizer_only": ("pp_param_not_stepped",),
 }
 """A cause left out when one that says more about the same stage is named."""
 

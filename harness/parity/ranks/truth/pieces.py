@@ -31,8 +31,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.parity.ranks.sides.engines import tree_map
 from harness.parity.workload import registry
+from harness.parity.workload.batches import tree_map
 from harness.parity.workload.spec import Workload
 
 

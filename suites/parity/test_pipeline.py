@@ -1,0 +1,72 @@
+"""Pipeline rows (FSDP2 + PP under torch's schedules) pass bitwise against the whole model's twin
+over the same microbatches, and each classic PP bug planted into the candidate fails its row at
+step 0 and is named.
+
+Why bitwise: every stage adds its microbatches' gradients in the order the twin back-propagates
+them (``stages.backward_order``), FSDP2 reduces the sum once per stage bucket over the stage's
+dp ranks and the schedule divides it by the count, which the twin mirrors
+(``ranks/sides/pipeline/twin.py``); tied copies are summed across stages as two addends, alike
+in any order. The plants live in ``fixtures/pipeline_plants.py``. ``make test`` runs one row of
+each kind of schedule at world size 2 and the fastest plant; the ``pipeline`` tier the rest, at
+world sizes 2 (pp 2) and 4 (pp 2 x dp 2).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fixtures.pipeline_plants import PipelinePlant, planted_executor
+from harness.parity.doors import runner
+from harness.parity.plan.config import ParityConfig
+
+_COMMON = {"engine": "fsdp2", "workload": "llama", "world_size": 2, "steps": 3, "reshard_after_forward": False}
+
+
+def _row(schedule: str, **changes: object) -> ParityConfig:
+    fields = {**_COMMON, "optimizer": "adamw", "pp": 2, "schedule": schedule, "microbatches": 4, **changes}
+    return ParityConfig.from_flat(**fields)
+
+
+SMOKE = (_row("1f1b", precision="bf16"), _row("interleaved_zb", precision="fp16", init_scale=256.0))
+"""The rows ``make test`` runs: a single-stage schedule and a multi-stage one that splits the backward."""
+CORRECT = [
+    *SMOKE,
+    _row("gpipe", precision="fp32"),
+    _row("interleaved1f1b", precision="bf16", recipe="reduce32"),
+    _row("looped_bfs", precision="fp16", init_scale=256.0),
+    _row("zbv", precision="bf16"),
+    _row("dualpipev", precision="fp32"),
+    _row("1f1b", precision="bf16", recipe="reduce32", world_size=4),
+    _row("zbv", precision="fp16", init_scale=256.0, world_size=4),
+    _row("gpipe", precision="bf16", world_size=4, reshard_after_forward=True),
+    _row("looped_bfs", precision="fp32", world_size=4, optimizer="sgd"),
+]
+PLANTS = {
+    "tie_not_summed": (_row("1f1b", optimizer="sgd"), "pp_tie_not_summed"),
+    "loss_not_divided": (_row("gpipe", optimizer="sgd"), "pp_microbatch_scaling"),
+    "loss_divided_twice": (_row("interleaved1f1b", optimizer="sgd"), "pp_microbatch_scaling"),
+    "param_not_in_optimizer": (_row("1f1b", optimizer="sgd"), "pp_param_not_stepped"),
+    "microbatch_order": (_row("gpipe", optimizer="sgd"), "pp_stage_inputs_differ"),
+}
+_FAST_PLANT = "tie_not_summed"
+
+
+def _tiered(values, *fast):
+    return [v if v in fast else pytest.param(v, marks=pytest.mark.pipeline) for v in values]
+
+
+@pytest.mark.parametrize("config", _tiered(CORRECT, *SMOKE), ids=lambda c: c.id)
+def test_a_correct_pipeline_row_passes_bitwise(module_ranks, config):
+    (outcome,) = runner.run([config], planted_executor(module_ranks, PipelinePlant(kind="none")))
+    result = outcome.result
+    assert (result.status, result.profile, result.closeness) == ("pass", "exact", "bitwise"), result.reason
+
+
+@pytest.mark.parametrize("case", _tiered(sorted(PLANTS), _FAST_PLANT))
+def test_a_planted_pipeline_bug_fails_at_step_0_and_is_named(module_ranks, case):
+    config, cause = PLANTS[case]
+    (outcome,) = runner.run([config], planted_executor(module_ranks, PipelinePlant(kind=case)))
+    result = outcome.result
+    assert result.status == "fail", f"{case}: {result.status} {result.reason}"
+    assert result.first_diverging_step == 0, result.reason
+    assert cause in [c.name for c in result.causes], (case, [c.name for c in result.causes], result.reason)
