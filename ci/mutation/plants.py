@@ -17,6 +17,7 @@ from __future__ import annotations
 from ci.mutation.cost_plants import COST_PLANTS
 from ci.mutation.edits import Edit, Plant, PlantError, apply
 from ci.mutation.engine_plants import ENGINE_PLANTS
+from ci.mutation.pipeline_plants import PIPELINE_PLANTS
 from ci.mutation.premise_plants import PREMISE_PLANTS
 from ci.mutation.resume_plants import RESUME_PLANTS
 from ci.mutation.semantics_plants import SEMANTICS_PLANTS
@@ -424,6 +425,7 @@ PLANTS: tuple[Plant, ...] = (
     *PREMISE_PLANTS,
     *RESUME_PLANTS,
     *TWO_D_PLANTS,
+    *PIPELINE_PLANTS,
     *SEMANTICS_PLANTS,
     *USER_PLANTS,
     *COST_PLANTS,

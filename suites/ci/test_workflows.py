@@ -100,9 +100,10 @@ def test_the_gate_runs_the_suites_make_test_runs():
     marker = args[args.index("-m") + 1]
     tests = [a for a in args if not a.startswith("-") and a != marker]
     assert tests == list(suites.DEFAULT_TESTS)
-    assert marker == "not e2e and not world_sizes and not two_d and not pipeline and not property and not compile", (
-        "make test leaves the end-to-end, world-size, 2-D and compiled tiers and the drawn property sample out"
-    )
+    assert (
+        marker
+        == "not e2e and not world_sizes and not two_d and not pipeline and not property and not compile"
+    ), "make test leaves the end-to-end, world-size, 2-D and compiled tiers and the drawn property sample out"
     command = suites.pytest_command(
         suites.CPU, tests=suites.DEFAULT_TESTS, keyword="", out=Path("o"), plot=True
     )

@@ -70,6 +70,7 @@ def llama() -> Workload:
         loss=_causal_lm_loss,
         units="auto",
         tp_plan="auto",  # LlamaConfig.base_model_tp_plan: its 2-D rows (--tp 2) at world size 4
+        pp_split="auto",  # its pipeline rows (--pp 2): embedding, layers, norm and head cut evenly
     )
 
 

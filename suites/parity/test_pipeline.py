@@ -19,7 +19,13 @@ from fixtures.pipeline_plants import PipelinePlant, planted_executor
 from harness.parity.doors import runner
 from harness.parity.plan.config import ParityConfig
 
-_COMMON = {"engine": "fsdp2", "workload": "llama", "world_size": 2, "steps": 3, "reshard_after_forward": False}
+_COMMON = {
+    "engine": "fsdp2",
+    "workload": "llama",
+    "world_size": 2,
+    "steps": 3,
+    "reshard_after_forward": False,
+}
 
 
 def _row(schedule: str, **changes: object) -> ParityConfig:

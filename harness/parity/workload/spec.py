@@ -127,7 +127,8 @@ class Workload:
     (``x = self.embed(x) if self.embed is not None else x``). ``None``: no PP rows."""
     pp_io: Callable[[Any], tuple[torch.Tensor, torch.Tensor]] | None = None
     """With ``pp_split``: ``batch -> (first stage's input, loss target)``, the two tensors the
-    schedule cuts into microbatches along dim 0."""
+    schedule cuts into microbatches along dim 0 (``None`` under ``"auto"`` on a Hugging Face causal
+    LM: its token ids and labels, ``workload/hf_pipeline.py``)."""
     pp_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     """With ``pp_split``: ``(last stage's output, target) -> one microbatch's loss``, a mean over it
     (the schedule divides the summed gradients by the microbatch count)."""
@@ -196,10 +197,11 @@ class Workload:
                 f"ParallelStyle, or 'auto', got {self.tp_plan!r}; use e.g. "
                 "tp_plan={'layers.*.ffn.up': ColwiseParallel(), 'layers.*.ffn.down': RowwiseParallel()}"
             )
-        if self.pp_split is not None and not (callable(self.pp_io) and callable(self.pp_loss)):
+        if self.pp_split not in (None, "auto") and not (callable(self.pp_io) and callable(self.pp_loss)):
             raise WorkloadError(
                 f"Workload {self.name!r}: pp_split needs pp_io (batch -> (input, target)) and pp_loss "
-                "((output, target) -> loss): the schedule feeds the first stage and scores the last"
+                "((output, target) -> loss): the schedule feeds the first stage and scores the last "
+                "(pp_split='auto' on a Hugging Face causal LM has both by default)"
             )
         if isinstance(self.pp_split, list):
             object.__setattr__(self, "pp_split", tuple(self.pp_split))

@@ -24,11 +24,16 @@ import torch
 from torch import nn
 
 from harness.parity.plan.config.mesh import DESCENDING, SCHEDULES, Mesh
+from harness.parity.workload import hf_pipeline
 from harness.parity.workload.spec import Workload
 
 
 def items(model: nn.Module) -> list[str]:
-    """The model's items in registration order (see the module docstring)."""
+    """The model's items in registration order (see the module docstring); a Hugging Face
+    decoder's in its forward's order (``workload/hf_pipeline.py``)."""
+    prefix = hf_pipeline.decoder(model)
+    if prefix is not None:
+        return hf_pipeline.items(model, prefix)
     found = []
     for name, child in model.named_children():
         if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
@@ -108,6 +113,9 @@ def cut(model: nn.Module, kept: list[str], *, in_place: bool) -> nn.Module:
     """The stage holding ``kept``: the model (a copy unless ``in_place``) with every other item
     set to ``None`` or dropped from its ``ModuleDict``."""
     stage = model if in_place else copy.deepcopy(model)
+    prefix = hf_pipeline.decoder(stage)
+    if prefix is not None:
+        return hf_pipeline.cut(stage, prefix, kept)
     for item in items(model):
         if item in kept:
             continue
@@ -134,17 +142,24 @@ class Cut:
     count: int
     items: tuple[tuple[str, ...], ...]
     """The items of each held stage."""
+    every: tuple[str, ...] = ()
+    """Every item of the model."""
 
     def holds(self, name: str) -> bool:
-        """Whether a parameter or buffer ``name`` lies in one of this rank's stages."""
-        return any(name == item or name.startswith(item + ".") for kept in self.items for item in kept)
+        """Whether a parameter or buffer ``name`` lies in one of this rank's stages, or outside
+        every item (a module every stage keeps: a Hugging Face decoder's rotary embedding)."""
+
+        def under(items: Any) -> bool:
+            return any(name == item or name.startswith(item + ".") for item in items)
+
+        return any(under(kept) for kept in self.items) or not under(self.every)
 
 
 def of_rank(workload: Workload, model: nn.Module, mesh: Mesh, pp_rank: int) -> Cut:
     count = stage_count(mesh)
     every = stages_of(workload, model, count)
     held = held_stages(mesh, pp_rank)
-    return Cut(tuple(held), count, tuple(tuple(every[index]) for index in held))
+    return Cut(tuple(held), count, tuple(tuple(every[index]) for index in held), tuple(items(model)))
 
 
 def backward_order(schedule: str, count: int) -> list[int]:
@@ -193,6 +208,32 @@ def stage_groups(config: Any) -> tuple[tuple[tuple[str, int], ...], tuple[str, .
         return None
     (rows, columns), names = config.mesh.shape(config.world_size)
     return ((names[0], rows), (names[1], columns)), ("dp",)
+
+
+def io_and_loss(workload: Workload, model: nn.Module) -> tuple[Any, Any]:
+    """``(pp_io, pp_loss)``: the workload's, or a Hugging Face causal LM's under
+    ``pp_split="auto"`` (``hf_pipeline.io``, ``hf_pipeline.loss``); refused naming the fix when
+    neither is there."""
+    if workload.pp_io is not None and workload.pp_loss is not None:
+        return workload.pp_io, workload.pp_loss
+    if hf_pipeline.decoder(model) is not None:
+        return hf_pipeline.io, hf_pipeline.loss
+    raise ValueError(
+        f"workload {workload.name!r}: pp_split='auto' on a {type(model).__name__}, which is not a Hugging Face "
+        "causal LM, needs pp_io (batch -> (input, target)) and pp_loss ((output, target) -> loss)"
+    )
+
+
+def whole_output(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """The whole model's output on a microbatch's input, as its stages compute it in turn (a
+    Hugging Face decoder's logits: ``hf_pipeline.whole_logits``)."""
+    if hf_pipeline.decoder(_unwrapped(model)) is not None:
+        return hf_pipeline.whole_logits(model, inputs)
+    return model(inputs)
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    return getattr(model, "module", model)  # DDP's
 
 
 def split_microbatches(tensor: torch.Tensor, count: int) -> list[torch.Tensor]:

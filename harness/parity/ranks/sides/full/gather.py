@@ -19,7 +19,7 @@ from torch import nn
 
 from harness.rank import context
 
-_WRAPPER_PARTS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
+_WRAPPER_PARTS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod", "_pp_stage")
 _MESH = context.GroupKey[tuple[tuple[Any, ...], Any]]()
 """In the default group's stash: the last mesh made on it, with its ``(device type, shape, names)``."""
 
@@ -27,7 +27,7 @@ _MESH = context.GroupKey[tuple[tuple[Any, ...], Any]]()
 def clean_name(name: str) -> str:
     """A parameter or module name as in the unwrapped model: the parts wrappers insert dropped
     (FSDP1's ``_fsdp_wrapped_module``, a checkpoint wrapper's ``_checkpoint_wrapped_module``,
-    ``torch.compile(module)``'s ``_orig_mod``), wherever they stand in the name."""
+    ``torch.compile(module)``'s ``_orig_mod``, a Hugging Face pipeline stage's ``_pp_stage``), wherever they stand in the name."""
     return ".".join(part for part in name.split(".") if part not in _WRAPPER_PARTS)
 
 

@@ -59,6 +59,7 @@ class PipelineFSDP2(FSDP2):
         """Every parameter of the whole model: a rank names each, held or not."""
         self.whole_order = list(self.whole_meta)
         self.cut = split.of_rank(self.workload, module, mesh, self.pp_rank)
+        self.io, self.loss = split.io_and_loss(self.workload, module)
         kwargs: dict[str, Any] = {
             "mesh": grid["dp"],
             "reshard_after_forward": config.layout.reshard_after_forward,
@@ -109,7 +110,7 @@ class PipelineFSDP2(FSDP2):
         """One microbatch's loss as the schedule back-propagates it: scaled, as the user's
         ``scaler.scale(loss)``; its unscaled value kept for the record (the schedule's first step
         also calls it once on its shape-inference forward: only the last ``microbatches`` count)."""
-        loss = self.workload.pp_loss(output, target)  # type: ignore[misc]
+        loss = self.loss(output, target)
         self._losses.append(loss.item())
         return self._scaler.scale(loss)
 
@@ -141,7 +142,7 @@ class PipelineFSDP2(FSDP2):
         # exists (torch's and ours): every rank scales a zero first, as a PP training loop must.
         scaler.scale(torch.zeros((), device=self.device))
         batch = to_device(self.finish(self.batch(step, self.data_rank), scaler.get_scale()), self.device)
-        inputs, target = self.workload.pp_io(batch)  # type: ignore[misc]
+        inputs, target = self.io(batch)
         split.split_microbatches(inputs, self.config.mesh.microbatches)  # refused as the twin refuses
         first = 0 in self.cut.stages
         last = self.cut.count - 1 in self.cut.stages

@@ -45,7 +45,8 @@ class PipelineTwin:
         batch = to_device(
             engine.finish(engine.batch(step, engine.data_rank), scaler.get_scale()), engine.device
         )
-        inputs, target = workload.pp_io(batch)
+        io, loss_of = split.io_and_loss(workload, engine.module)
+        inputs, target = io(batch)
         parts = split.split_microbatches(inputs, count)
         targets = split.split_microbatches(target, count)
         order = split.backward_order(config.mesh.schedule, count)
@@ -53,7 +54,7 @@ class PipelineTwin:
         with engine.forward_rng(step):
             for position, index in enumerate(order):
                 with engine.wrapped.no_sync():
-                    loss = workload.pp_loss(engine.wrapped(parts[index]), targets[index])
+                    loss = loss_of(split.whole_output(engine.wrapped, parts[index]), targets[index])
                     scaler.scale(loss).backward()
                 values[index] = loss.item()
                 hand.after_microbatch(position == count - 1)

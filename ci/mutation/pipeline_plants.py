@@ -1,0 +1,101 @@
+"""Plants in the pipeline engine: the classic PP bugs written into the candidate
+(``harness/parity/ranks/sides/pipeline/candidate.py``), and its twin and step check loosened.
+
+Why: each candidate plant is one of the bugs users hit under pipeline parallelism (a tie never
+summed across stages, a loss not divided by the microbatch count or divided twice, a stage's
+parameters left out of its optimizer, a last stage scoring other microbatches than the first fed);
+the engine with the bug in it must turn the correct pipeline rows ``make test`` runs red. The
+twin's and the check's plants (the microbatches back-propagated in one order for every schedule,
+a stage's shards compared by rank 0's group only) must turn a row red or let a planted bug through,
+caught by the ``pipeline`` tier's rows and plants.
+"""
+
+from __future__ import annotations
+
+from ci.mutation.edits import Edit, Plant
+
+_PIPELINE = "suites/parity/test_pipeline.py"
+_CORRECT = f"{_PIPELINE}::test_a_correct_pipeline_row_passes_bitwise"
+_PLANTED = f"{_PIPELINE}::test_a_planted_pipeline_bug_fails_at_step_0_and_is_named"
+_CANDIDATE = "ranks/sides/pipeline/candidate.py"
+
+
+def _edit(file: str, old: str, new: str) -> Edit:
+    return Edit(file=file, old=old, new=new, package="harness/parity")
+
+
+PIPELINE_PLANTS: tuple[Plant, ...] = (
+    Plant(
+        name="pp_tie_not_summed",
+        bug="the candidate never sums a tied parameter's copies across the stages that hold them",
+        edits=(_edit(_CANDIDATE, "        sum_ties(self, self.pp_group)\n", "        pass  # planted\n"),),
+        tests=(_CORRECT,),
+    ),
+    Plant(
+        name="pp_loss_not_divided_by_microbatches",
+        bug="the candidate's schedule does not divide the summed gradients by the microbatch count",
+        edits=(
+            _edit(
+                _CANDIDATE, "            scale_grads=True,\n", "            scale_grads=False,  # planted\n"
+            ),
+        ),
+        tests=(_CORRECT,),
+    ),
+    Plant(
+        name="pp_loss_divided_twice",
+        bug="the candidate's loss function divides by the microbatch count and the schedule again",
+        edits=(
+            _edit(
+                _CANDIDATE,
+                "        return self._scaler.scale(loss)\n",
+                "        return self._scaler.scale(loss / self.config.mesh.microbatches)  # planted\n",
+            ),
+        ),
+        tests=(_CORRECT,),
+    ),
+    Plant(
+        name="pp_stage_norms_out_of_the_optimizer",
+        bug="the candidate's optimizers leave out every norm of every stage",
+        edits=(
+            _edit(
+                _CANDIDATE,
+                "        return [(n, p) for n, p in self.named_parameters_whole() if p.requires_grad]\n",
+                '        return [(n, p) for n, p in self.named_parameters_whole() if p.requires_grad and "norm" not in n]\n',
+            ),
+        ),
+        tests=(_CORRECT,),
+    ),
+    Plant(
+        name="pp_last_stage_targets_reordered",
+        bug="the last stage scores the batch's rows in reverse order: other targets than its microbatches'",
+        edits=(
+            _edit(_CANDIDATE, "target=target if last else None", "target=target.flip(0) if last else None"),
+        ),
+        tests=(_CORRECT,),
+    ),
+    Plant(
+        name="pp_twin_ascending_for_every_schedule",
+        bug="the twin back-propagates the microbatches first first under every schedule, LoopedBFS too",
+        edits=(
+            _edit(
+                "ranks/sides/stages.py",
+                "    return order[::-1] if schedule in DESCENDING else order\n",
+                "    return order  # planted\n",
+            ),
+        ),
+        tests=(_CORRECT,),
+    ),
+    Plant(
+        name="pp_stage_shards_compared_by_rank_zero_only",
+        bug="a stage's shards are compared only where rank 0's group holds them: the last stage's never",
+        edits=(
+            _edit(
+                "ranks/measure/local.py",
+                "    owner = own or (mesh.ndim == 1",
+                "    owner = False or (mesh.ndim == 1",
+            ),
+        ),
+        tests=(_PLANTED,),
+    ),
+)
+"""The pipeline's plants."""
