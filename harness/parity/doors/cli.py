@@ -25,6 +25,7 @@ from harness.parity.plan.matrices import resume as resume_matrix
 from harness.parity.plan.matrices import two_d as two_d_matrix
 from harness.parity.plan.matrices import workload as workload_matrix
 from harness.parity.plan.matrices.declared import Declared
+from harness.parity.ranks.sides import stages
 from harness.parity.report import markdown, render
 from harness.parity.workload import registry, tp_plan, units
 from harness.parity.workload.spec import WorkloadError
@@ -111,6 +112,7 @@ def configs_for(options: argparse.Namespace) -> list[ParityConfig]:
     options.recipes = {}
     options.loops = {}
     options.tp_plans = {}
+    options.pipelines = {}
     options.parameters = {}
     """Per workload, its model's parameter count (``lanes.jobs`` reads it)."""
     configs = []
@@ -140,6 +142,7 @@ def configs_for(options: argparse.Namespace) -> list[ParityConfig]:
                         "(give it Workload(pp_split='auto', pp_io=..., pp_loss=...))"
                     )
                 configs += found
+                options.pipelines[workload.name] = stages.describe(workload, model, options.pp, schedules)
                 continue
             if options.tp is not None:
                 # Checked here: no plan, an "auto" plan the model lacks or a key that matches
@@ -226,6 +229,7 @@ def write_reports(
         "recipes": getattr(options, "recipes", {}),
         "loops": getattr(options, "loops", {}),
         "tp_plans": getattr(options, "tp_plans", {}),
+        "pipelines": getattr(options, "pipelines", {}),
         **({"compile_cache": cache_folder()} if any(r.config.compile.compiled for r in results) else {}),
         "launcher": launcher,
         "torch": torch.__version__,

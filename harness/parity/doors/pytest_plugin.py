@@ -17,7 +17,7 @@ from harness.parity.doors.testing import _BATCH, MARKER, gpus, junit_properties,
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{MARKER}(spec, k='', world_size=2, backend='gloo', declared=Declared(), scale=Scale(), tp=None): one test per parity "
+        f"{MARKER}(spec, k='', world_size=2, backend='gloo', declared=Declared(), scale=Scale(), tp=None, pp=None): one test per parity "
         "configuration of the workload (use harness.parity.parity_test)",
     )
 
@@ -26,6 +26,7 @@ def _configs(spec: str, options: dict[str, Any]) -> list[Any]:
     """The workload's configurations the marker selects; a collection error naming the fix if the
     workload cannot be used."""
     from harness.parity.plan.config import Scale
+    from harness.parity.plan.matrices import pipeline as pipeline_matrix
     from harness.parity.plan.matrices import two_d as two_d_matrix
     from harness.parity.plan.matrices import workload as workload_matrix
     from harness.parity.plan.matrices.declared import Declared
@@ -44,8 +45,19 @@ def _configs(spec: str, options: dict[str, Any]) -> list[Any]:
             workload = registry.get(spec)
             tp_plan.resolve(workload, registry.build_model(workload, 0))
         scale = options.get("scale") or Scale()
+        pipeline = options.get("pp")
         matrix = (
-            two_d_matrix.rows(
+            pipeline_matrix.rows(
+                spec,
+                world_size=options.get("world_size", 2),
+                backend=options.get("backend", "gloo"),
+                scale=scale,
+                pp=pipeline[0],
+                schedules=(pipeline[1],),
+                microbatches=pipeline[2],
+            )
+            if pipeline is not None
+            else two_d_matrix.rows(
                 spec,
                 world_size=options.get("world_size", 4),
                 backend=options.get("backend", "gloo"),

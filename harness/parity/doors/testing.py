@@ -50,7 +50,9 @@ def parity_test(
     ``--resume-at``); ``scale``: the candidate's ``Scale`` (``--scaler``); ``mesh``: a ``Mesh`` with
     ``tp`` for the workload's 2-D matrix instead (``--tp``: FSDP2 + TP of that degree over its
     ``tp_plan``, and HSDP), which needs ``world_size=4`` or more, or a ``Mesh(dims=(("dp", 2),
-    ("tp", 2)))`` for a workload with its own ``parallelize`` (``--mesh dp=2,tp=2``); ``ground_truth``: each test also
+    ("tp", 2)))`` for a workload with its own ``parallelize`` (``--mesh dp=2,tp=2``), or a
+    ``Mesh(pp=2, schedule="1f1b", microbatches=4)`` for its pipeline rows under that schedule
+    (``--pp 2 --schedule 1f1b``); ``ground_truth``: each test also
     fails when its split does not compute the whole batch's gradient (``--ground-truth``:
     ``parity.result.semantics``)."""
     import pytest
@@ -70,7 +72,19 @@ def parity_test(
         raise TypeError(f"parity_test(ground_truth=...) takes True or False, got {ground_truth!r}")
     tp = mesh.tp if mesh is not None else None
     dims = mesh.words() if mesh is not None and mesh.dims is not None else None
-    if mesh is not None and dims is None and (tp is None or tp < 1 or world_size < 4 or world_size % tp):
+    pp = (mesh.pp, mesh.schedule, mesh.microbatches) if mesh is not None and mesh.pp is not None else None
+    if pp is not None and (pp[0] < 2 or world_size % pp[0]):
+        raise ValueError(
+            f"parity_test(mesh=Mesh(pp={pp[0]})) runs a pipeline: it needs at least 2 stages and a world_size "
+            f"they divide, got world_size={world_size}; e.g. parity_test(workload, mesh=Mesh(pp=2, "
+            "schedule='1f1b'), world_size=2)"
+        )
+    if (
+        mesh is not None
+        and dims is None
+        and pp is None
+        and (tp is None or tp < 1 or world_size < 4 or world_size % tp)
+    ):
         raise ValueError(
             f"parity_test(mesh=Mesh(tp={tp})) runs a 2-D mesh: it needs a TP degree and world_size=4 or "
             f"more that it divides, got world_size={world_size}; e.g. parity_test(workload, "
@@ -86,6 +100,7 @@ def parity_test(
         declared=declared or Declared(),
         scale=scale or Scale(),
         tp=tp,
+        pp=pp,
         mesh=dims,
         ground_truth=ground_truth,
     )

@@ -215,6 +215,14 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
             + "; ".join(f"`{name}` {plan}" for name, plan in run["tp_plans"].items())
             + ".",
         ]
+    if run.get("pipelines"):
+        lines += [
+            "",
+            "Pipeline stages (each runs torch's schedule over its microbatches; the reference, the whole "
+            "model, back-propagates them in the order the stages add them): "
+            + "; ".join(f"`{name}` {cut}" for name, cut in run["pipelines"].items())
+            + ".",
+        ]
     lines += your_parallelization(results)
     for suite in SUITES:
         rows = [r for r in results if r.config.suite == suite]

@@ -9,6 +9,7 @@
               "recipes": {workload name: the recipe it declares},
               "loops": {workload name: the loop it declares, in words},
               "tp_plans": {workload name: its tensor-parallel plan, in words (``--tp``)},
+              "pipelines": {workload name: its pipeline stages, in words (``--pp``)},
               "compile_cache": inductor's cache folder, when a row compiled (``--compile``)},
       "profiles": {"exact": {"rtol": 0.0, "atol": 0.0}, ...},
       "summary": {"total", "pass", "fail", "crash", "error", "skip", "expected_failures",

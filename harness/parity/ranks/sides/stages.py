@@ -79,6 +79,23 @@ def stages_of(workload: Workload, model: nn.Module, count: int) -> list[list[str
     return [found[start:end] for start, end in zip(starts, bounds, strict=True)]
 
 
+def describe(workload: Workload, model: nn.Module, pp: int, schedules: tuple[str, ...]) -> str:
+    """The cut in words, per stage count the ``schedules`` run (for the report): ``2 stages
+    (gpipe, 1f1b): embed, layers.0 | layers.1, norm, output``."""
+    counts: dict[int, list[str]] = {}
+    for schedule in schedules:
+        counts.setdefault(pp * SCHEDULES[schedule][1], []).append(schedule)
+    how = "auto, evenly" if workload.pp_split == "auto" else f"at {list(workload.pp_split or ())}"
+    return (
+        "; ".join(
+            f"{count} stages ({', '.join(names)}): "
+            + " | ".join(", ".join(kept) for kept in stages_of(workload, model, count))
+            for count, names in counts.items()
+        )
+        + f" (cut {how})"
+    )
+
+
 def held_stages(mesh: Mesh, pp_rank: int) -> list[int]:
     """The stages ``pp_rank`` runs: its own, or two (looped: ``r`` and ``r + pp``; V: ``r`` and
     ``2 pp - 1 - r``)."""
