@@ -60,7 +60,7 @@ PIPELINE_PLANTS: tuple[Plant, ...] = (
             _edit(
                 _CANDIDATE,
                 "        return [(n, p) for n, p in self.named_parameters_whole() if p.requires_grad]\n",
-                '        return [(n, p) for n, p in self.named_parameters_whole() if p.requires_grad and "norm" not in n]\n',
+                '        return [(n, p) for n, p in self.named_parameters_whole() if p.requires_grad and "norm" not in n]  # planted\n',
             ),
         ),
         tests=(_CORRECT,),
@@ -69,7 +69,11 @@ PIPELINE_PLANTS: tuple[Plant, ...] = (
         name="pp_last_stage_targets_reordered",
         bug="the last stage scores the batch's rows in reverse order: other targets than its microbatches'",
         edits=(
-            _edit(_CANDIDATE, "target=target if last else None", "target=target.flip(0) if last else None"),
+            _edit(
+                _CANDIDATE,
+                "target=target if last else None",
+                "target=target.flip(0) if last else None  # planted\n",
+            ),
         ),
         tests=(_CORRECT,),
     ),
@@ -92,7 +96,7 @@ PIPELINE_PLANTS: tuple[Plant, ...] = (
             _edit(
                 "ranks/measure/local.py",
                 "    owner = own or (mesh.ndim == 1",
-                "    owner = False or (mesh.ndim == 1",
+                "    owner = False or (mesh.ndim == 1  # planted: own ignored\n",
             ),
         ),
         tests=(_PLANTED,),

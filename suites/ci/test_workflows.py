@@ -155,6 +155,7 @@ TIERS = {
     "world-sizes": "cpu.yml",
     "reshard": "cpu.yml",
     "two-d": "cpu.yml",
+    "pipeline": "cpu.yml",
     "property": "cpu.yml",
     "compile": "cpu.yml",
     "models": "cpu.yml",

@@ -93,6 +93,11 @@ def _resumed(audit):
 _TP = ParityConfig(
     world_size=4, engine="fsdp2", workload="llama", mesh=Mesh(tp=2), layout=Layout(reshard_after_forward=True)
 )
+_PP = ParityConfig(
+    world_size=2, engine="fsdp2", workload="llama", mesh=Mesh(pp=2), layout=Layout(reshard_after_forward=False)
+)
+_ZB = dataclasses.replace(_PP, mesh=Mesh(pp=2, schedule="zbv"), layout=Layout(reshard_after_forward=True))
+_TIED = FunctionFacts(stage_ties=(("layer.weight", "head.weight"),))
 _NOISY = {"layer.weight": torch.full((2, 2), 0.5), "layer.bias": torch.full((2,), 1e-9)}
 _FEW_ULPS = torch.tensor([0.5, 0.00390625 + 1.5 * 2**-8])
 _EQUAL_EVERYWHERE = Localization(step=0, modules=(_module("layer", failed=False),))
@@ -209,6 +214,37 @@ CASES: dict[str, Case] = {
         kwargs={"config": _TP, "localization": Localization(step=0, first=_module("layers.0.attention.o"))},
     ),
     # Self-contained: a fact of the records, checked by the pattern itself.
+    "pp_microbatch_scaling": Case(
+        reference=[step(0)],
+        candidate=[step(0, grad=1.0)],  # 4x: the microbatch count
+        kwargs={"config": _PP},
+        without=([step(0)], [step(0, grad=0.75)]),
+    ),
+    "pp_tie_not_summed": Case(
+        reference=[step(0)],
+        candidate=[step(0, grad=0.5)],
+        facts=_TIED,
+        kwargs={"config": _PP},
+        without=([step(0)], [_grads(step(0, grad=0.5), **{"layer.bias": torch.ones(2)})]),
+    ),
+    "pp_param_not_stepped": Case(
+        reference=[step(0)],
+        candidate=[replace_step(step(0, weight=2.0), optim_state={})],
+        kwargs={"config": _PP},
+        without=([step(0)], [step(0, weight=2.0)]),
+    ),
+    "pp_stage_inputs_differ": Case(
+        reference=[step(0)],
+        candidate=[replace_step(step(0), losses=(0.5, 0.75))],
+        kwargs={"config": _PP},
+        without=([step(0)], [step(0)]),
+    ),
+    "pp_zero_bubble_resharded": Case(
+        reference=[step(0)],
+        candidate=[step(0, grad=0.5)],
+        kwargs={"config": _ZB},
+        without=([step(0)], [step(0)]),
+    ),
     "split_tie": Case(
         reference=[step(0)],
         candidate=[step(0, grad=0.5)],

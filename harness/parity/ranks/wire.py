@@ -139,6 +139,9 @@ class FunctionFacts:
     split_ties: tuple[str, ...] = ()
     """Ties of the model as built that the function's units hold apart (``lm_head.weight =
     embed.weight``): FSDP keeps a copy for each unit, and the copies part after the first step."""
+    stage_ties: tuple[tuple[str, ...], ...] = ()
+    """A pipeline's tied parameters, each a copy per stage holding it (``("embed.weight",
+    "output.weight")``): their gradients must be summed across the stages."""
 
 
 @_RECORD

@@ -1,17 +1,16 @@
 """Known causes of pipeline rows: the classic PP bugs, each read from what a pipeline row records.
 
 Why a family of its own: these read what only a pipeline row has, its schedule and microbatch
-count (the configuration), the tied parameters its stages hold apart and the model's initial
-weights (built once, controller side, from the row's seed), next to the first diverging step's
-full tensors. Controller side.
+count (the configuration) and the tied parameters its stages hold apart (the candidate's facts),
+next to the first diverging step's full tensors. Controller side.
 
 * ``pp_microbatch_scaling``: every differing gradient is ``M`` or ``1 / M`` times the twin's, ``M``
   the microbatch count: the loss not divided by it (a mean loss with ``scale_grads=False``) or
   divided twice (by hand and by the schedule).
 * ``pp_tie_not_summed``: the only gradients that differ are the copies of a tied parameter (the
   embedding on the first stage, the head on the last): their parts never summed across stages.
-* ``pp_param_not_stepped``: the gradients match, and some parameters are still their initial
-  values after step 0 where the twin's moved: left out of their stage's optimizer.
+* ``pp_param_not_stepped``: the gradients match at step 0, and the parameters that differ are
+  exactly those the candidate's optimizers hold no state for: left out of their stage's optimizer.
 * ``pp_stage_inputs_differ``: the loss differs at step 0, before any update: the last stage scored
   other data than the twin (microbatches cut or ordered otherwise on one stage, a target paired
   with another microbatch's output).
@@ -29,7 +28,6 @@ import torch
 
 from harness.parity.judge.evidence import Cause, Evidence, KnownCause
 from harness.parity.plan.config.mesh import SCHEDULES, SPLIT_BACKWARD
-from harness.parity.workload import registry
 
 
 def _piped(e: Evidence) -> bool:
@@ -71,16 +69,6 @@ def microbatch_scaling(e: Evidence) -> Cause | None:
     return None
 
 
-def _ties(e: Evidence) -> list[tuple[str, ...]]:
-    config = e.config
-    assert config is not None, "a pipeline row"
-    model = registry.build_model(registry.get(config.workload), config.seed)
-    names: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(param), []).append(name)
-    return [tuple(found) for found in names.values() if len(found) > 1]
-
-
 def tie_not_summed(e: Evidence) -> Cause | None:
     if not _piped(e) or e.origin is None:
         return None
@@ -90,7 +78,8 @@ def tie_not_summed(e: Evidence) -> Cause | None:
         for name, want in want_step.grads.items()
         if name in got_step.grads and not torch.equal(want, got_step.grads[name])
     }
-    split = [tie for tie in _ties(e) if differ and differ <= set(tie)]
+    ties = e.facts.stage_ties if e.facts is not None else ()
+    split = [tie for tie in ties if differ and differ <= set(tie)]
     if not split:
         return None
     return Cause(
@@ -112,24 +101,19 @@ def tie_not_summed(e: Evidence) -> Cause | None:
 def param_not_stepped(e: Evidence) -> Cause | None:
     if not _piped(e) or e.candidate.step != 0 or "grad" in e.failed or "param" not in e.failed:
         return None
-    config = e.config
-    assert config is not None, "a pipeline row"
-    initial = dict(registry.build_model(registry.get(config.workload), config.seed).named_parameters())
-    still = sorted(
+    differ = sorted(
         name
-        for name, got in e.candidate.params.items()
-        if name in initial
-        and torch.equal(got, initial[name].detach().to(got.dtype))
-        and name in e.reference.params
-        and not torch.equal(e.reference.params[name], got)
+        for name, want in e.reference.params.items()
+        if name in e.candidate.params and not torch.equal(want, e.candidate.params[name])
     )
-    if not still:
+    still = [n for n in differ if n in e.reference.optim_state and n not in e.candidate.optim_state]
+    if not still or still != differ:
         return None
     return Cause(
         name="pp_param_not_stepped",
         evidence=(
-            f"at step 0 the gradients match the twin's, and {', '.join(still[:4])} still hold their initial "
-            "values where the twin's moved"
+            f"at step 0 the gradients match the twin's, and {', '.join(still[:4])} moved otherwise where the "
+            "candidate's optimizers hold no state for them"
         ),
         explanation=(
             "A stage's parameters left out of its optimizer never step: build each stage's optimizer "
@@ -195,7 +179,7 @@ CAUSES: tuple[KnownCause, ...] = (
     ),
     KnownCause(
         name="pp_param_not_stepped",
-        premise="equal gradients at step 0 (a common state) and parameters still at their initial values",
+        premise="equal gradients at step 0 (a common state), and no optimizer state for the parameters that differ",
         pattern=param_not_stepped,
     ),
     KnownCause(

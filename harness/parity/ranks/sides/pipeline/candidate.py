@@ -29,6 +29,7 @@ from harness.parity.ranks.sides import stages as split
 from harness.parity.ranks.sides import twin
 from harness.parity.ranks.sides.engines import FSDP2, Engine, to_device, unit_modules
 from harness.parity.ranks.sides.full import gather
+from harness.parity.ranks.wire import FunctionFacts
 
 
 class PipelineFSDP2(FSDP2):
@@ -45,6 +46,8 @@ class PipelineFSDP2(FSDP2):
             f"of {self.cut.count} here), reshard_after_forward={config.layout.reshard_after_forward}, "
             f"{config.recipe_name}"
         )
+        if self.ties:
+            self.facts = FunctionFacts(stage_ties=tuple(self.ties))
 
     # -- building ---------------------------------------------------------------------------------
     def wrap(self, module: nn.Module) -> nn.Module:
