@@ -94,7 +94,11 @@ _TP = ParityConfig(
     world_size=4, engine="fsdp2", workload="llama", mesh=Mesh(tp=2), layout=Layout(reshard_after_forward=True)
 )
 _PP = ParityConfig(
-    world_size=2, engine="fsdp2", workload="llama", mesh=Mesh(pp=2), layout=Layout(reshard_after_forward=False)
+    world_size=2,
+    engine="fsdp2",
+    workload="llama",
+    mesh=Mesh(pp=2),
+    layout=Layout(reshard_after_forward=False),
 )
 _ZB = dataclasses.replace(_PP, mesh=Mesh(pp=2, schedule="zbv"), layout=Layout(reshard_after_forward=True))
 _TIED = FunctionFacts(stage_ties=(("layer.weight", "head.weight"),))

@@ -8,7 +8,7 @@ dp ranks and the schedule divides it by the count, which the twin mirrors
 (``ranks/sides/pipeline/twin.py``); tied copies are summed across stages as two addends, alike
 in any order. The plants live in ``fixtures/pipeline_plants.py``. ``make test`` runs one row of
 two schedules at world size 2 and one plant; the ``pipeline`` tier the rest, at
-world sizes 2 (pp 2) and 4 (pp 2 x dp 2).
+world sizes 2 (pp 2), 4 (pp 2 x dp 2, pp 2 x tp 2) and 8 (pp 2 x dp 2 x tp 2).
 """
 
 from __future__ import annotations
@@ -47,14 +47,28 @@ CORRECT = [
     _row("zbv", precision="fp16", init_scale=256.0, world_size=4),
     _row("gpipe", precision="bf16", world_size=4, reshard_after_forward=True),
     _row("looped_bfs", precision="fp32", world_size=4, optimizer="sgd"),
+    _row("1f1b", precision="bf16", world_size=4, tp=2),
+    _row("zbv", precision="fp16", init_scale=256.0, world_size=4, tp=2),
+    _row("interleaved1f1b", precision="bf16", recipe="reduce32", world_size=8, tp=2),
+    _row("gpipe", precision="fp32", world_size=8, tp=2, optimizer="sgd"),
 ]
+"""Every schedule kind, both layouts and every recipe at pp 2 (world size 2), pp 2 x dp 2 (4), pp 2 x
+tp 2 (4) and pp 2 x dp 2 x tp 2 (8)."""
 PLANTS = {
     "tie_not_summed": (_row("1f1b", optimizer="sgd"), "pp_tie_not_summed"),
     "loss_not_divided": (_row("gpipe", optimizer="sgd"), "pp_microbatch_scaling"),
     "loss_divided_twice": (_row("interleaved1f1b", optimizer="sgd"), "pp_microbatch_scaling"),
     "param_not_in_optimizer": (_row("1f1b", optimizer="sgd"), "pp_param_not_stepped"),
     "microbatch_order": (_row("gpipe", optimizer="sgd"), "pp_stage_inputs_differ"),
+    "tie_not_summed_3d": (_row("1f1b", optimizer="sgd", world_size=8, tp=2), "pp_tie_not_summed"),
+    "param_not_in_optimizer_3d": (_row("1f1b", optimizer="sgd", world_size=8, tp=2), "pp_param_not_stepped"),
+    "tp_param_not_in_optimizer_3d": (
+        _row("gpipe", optimizer="sgd", world_size=8, tp=2),
+        "pp_param_not_stepped",
+    ),
 }
+"""Each plant at pp 2, and (``_3d``) at pp 2 x dp 2 x tp 2: a replicated norm's shards and (``tp_``) a
+column-split linear of the last stage, each compared by the stage that holds it."""
 _FAST_PLANT = "param_not_in_optimizer"
 """The plant ``make test`` runs: a bug on the last stage only, which its own ranks must compare."""
 
@@ -73,7 +87,11 @@ def test_a_correct_pipeline_row_passes_bitwise(module_ranks, config):
 @pytest.mark.parametrize("case", _tiered(sorted(PLANTS), _FAST_PLANT))
 def test_a_planted_pipeline_bug_fails_at_step_0_and_is_named(module_ranks, case):
     config, cause = PLANTS[case]
-    (outcome,) = runner.run([config], planted_executor(module_ranks, PipelinePlant(kind=case)))
+    kind = case.removesuffix("_3d").removeprefix("tp_")
+    plant = PipelinePlant(
+        kind=kind, module="layers.1.attention.q.weight" if case.startswith("tp_") else "norm.weight"
+    )
+    (outcome,) = runner.run([config], planted_executor(module_ranks, plant))
     result = outcome.result
     assert result.status == "fail", f"{case}: {result.status} {result.reason}"
     assert result.first_diverging_step == 0, result.reason

@@ -41,7 +41,8 @@ def test_ids_name_the_pipeline_and_its_reference_follows_the_order_not_the_sched
         ({"pp": 3}, "pp must be a degree that divides world_size 4"),
         ({"microbatches": 0}, "microbatches must be >= 1"),
         ({"workload": "mlp"}, "'mlp' has no pp_split: give it Workload(pp_split="),
-        ({"tp": 2}, "hsdp, tp and pp are different 2-D meshes"),
+        ({"hsdp": 2}, "hsdp is a 2-D mesh of its own"),
+        ({"tp": 4}, "pp=2 x tp=4 needs a world size their product divides"),
         ({"engine": "ddp", "reshard_after_forward": None}, "pp=2 is a 2-D mesh for engine='fsdp2'"),
     ],
 )
@@ -49,6 +50,16 @@ def test_a_pipeline_the_engine_cannot_run_is_refused_naming_the_fix(fields, word
     with pytest.raises(ValueError, match=None) as refused:
         ParityConfig.from_flat(**{**_PP, **fields})
     assert words in str(refused.value)
+
+
+def test_pp_and_tp_make_one_3d_mesh_whose_batch_follows_the_dp_coordinate():
+    config = ParityConfig.from_flat(**{**_PP, "world_size": 8}, tp=2, schedule="zbv")
+    assert config.id == "fsdp2-pp2-zbv-mb4-tp2-reshard-fp32-sgd-llama-w8"
+    assert config.mesh.shape(8) == ((2, 2, 2), ("pp", "dp", "tp"))
+    assert [config.mesh.data_rank(r, 8) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert config.mesh.data_parallel_size(8) == 2
+    assert stages.stage_groups(config) == ((("pp", 2), ("dp", 2), ("tp", 2)), ("dp",))
+    assert stages.tp_grid(config) == ((2, 2), ("dp", "tp"))
 
 
 def test_the_decoder_is_cut_evenly_its_last_stage_the_larger_and_each_rank_holds_its_stages():
@@ -159,11 +170,23 @@ def test_the_cli_runs_the_pipeline_rows_with_pp_and_says_the_stages():
         (("--workload", "llama", "--schedule", "zbv"), "--schedule zbv needs --pp N"),
         (("--workload", "llama", "--pp", "2", "--schedule", "zb"), "--schedule must be one of"),
         (("--workload", "mlp", "--pp", "2"), "'mlp' has no pp_split"),
+        (
+            ("--workload", "llama", "--pp", "2", "--tp", "2", "--world-size", "6"),
+            "a --world-size their product",
+        ),
     ],
 )
 def test_the_cli_refuses_a_pipeline_it_cannot_run_naming_the_fix(args, words):
     done = cli_in_process(*args, "--list")
     assert done.returncode == 2 and words in done.stderr, done.stderr
+
+
+def test_the_cli_runs_pp_with_tp_on_a_3d_mesh():
+    done = cli_in_process(
+        "--workload", "llama", "--pp", "2", "--tp", "2", "--world-size", "8", "--schedule", "1f1b", "--list"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "fsdp2-pp2-1f1b-mb4-tp2-keep-bf16-reduce32-adamw-llama-w8" in done.stdout
 
 
 def test_parity_test_with_pp_expands_the_pipeline_rows_of_its_schedule():

@@ -86,8 +86,11 @@ def check_pipeline(parser: argparse.ArgumentParser, options: argparse.Namespace)
         parser.error(f"--schedule must be one of {', '.join(SCHEDULES)}, got {options.schedule!r}")
     if options.microbatches < 1:
         parser.error(f"--microbatches must be >= 1, got {options.microbatches}")
-    if options.tp is not None:
-        parser.error("--pp and --tp are different meshes (pp x dp, dp x tp); choose one")
+    if options.tp is not None and options.world_size % (options.pp * options.tp):
+        parser.error(
+            f"--pp {options.pp} --tp {options.tp} needs a --world-size their product divides (pp x dp x tp), "
+            f"got {options.world_size}; e.g. --world-size 8 --pp 2 --tp 2"
+        )
 
 
 def configs_for(options: argparse.Namespace) -> list[ParityConfig]:
@@ -133,6 +136,7 @@ def configs_for(options: argparse.Namespace) -> list[ParityConfig]:
                     pp=options.pp,
                     schedules=schedules,
                     microbatches=options.microbatches,
+                    tp=options.tp,
                     scale=scale,
                     **where,
                 )

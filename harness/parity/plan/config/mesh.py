@@ -187,10 +187,14 @@ class Mesh:
     def check(self, config: ParityConfig) -> None:
         """Refuse a 2-D layout the engine cannot run, naming the field and the fix."""
         self.check_dims(config)
-        if sum(value is not None for value in (self.hsdp, self.tp, self.pp)) > 1:
+        if self.hsdp is not None and (self.tp is not None or self.pp is not None):
             raise ValueError(
-                "hsdp, tp and pp are different 2-D meshes (replicate x shard, dp x tp, pp x dp); a 3-D "
-                "mesh is not built: set one of them"
+                "hsdp is a 2-D mesh of its own (replicate x shard); with tp or pp it is not built: set "
+                "hsdp alone, or tp, pp, or both (pp x dp x tp)"
+            )
+        if self.pp is not None and self.tp is not None and config.world_size % (self.pp * self.tp):
+            raise ValueError(
+                f"pp={self.pp} x tp={self.tp} needs a world size their product divides, not {config.world_size}"
             )
         check_pipeline(self, config)
         for field in ("hsdp", "tp", "pp"):
@@ -233,8 +237,10 @@ class Mesh:
                     "tp_plan='auto' for a Hugging Face model with base_model_tp_plan"
                 )
 
-    def shape(self, world_size: int) -> tuple[tuple[int, int], tuple[str, str]] | None:
-        """``((rows, columns), names)`` of the 2-D mesh, ``None`` for a 1-D one."""
+    def shape(self, world_size: int) -> tuple[tuple[int, ...], tuple[str, ...]] | None:
+        """``(sizes, names)`` of the 2-D mesh (3-D: pp x dp x tp), ``None`` for a 1-D one."""
+        if self.pp is not None and self.tp is not None:
+            return (self.pp, world_size // (self.pp * self.tp), self.tp), ("pp", "dp", "tp")
         if self.pp is not None:
             return (self.pp, world_size // self.pp), ("pp", "dp")
         if self.hsdp is not None:
@@ -260,7 +266,8 @@ class Mesh:
             return index
         if self.pp is not None:  # row-major (pp, dp): the ranks of one stage are consecutive
             assert world_size is not None, "a pipeline's batch follows its dp coordinate: pass the world size"
-            return rank % (world_size // self.pp)
+            tp = self.tp or 1
+            return (rank // tp) % (world_size // (self.pp * tp))
         return rank // self.tp if self.tp is not None else rank
 
     def data_parallel_size(self, world_size: int) -> int:
@@ -272,7 +279,7 @@ class Mesh:
                 size *= extent if name != "tp" else 1
             return size
         if self.pp is not None:
-            return world_size // self.pp
+            return world_size // (self.pp * (self.tp or 1))
         return world_size // self.tp if self.tp is not None else world_size
 
     def id_parts(self, world_size: int) -> list[str]:
@@ -282,11 +289,8 @@ class Mesh:
             return ["x".join(f"{name}{size}" for name, size in self.dims)]
         if self.hsdp is not None:
             return [f"hsdp{self.hsdp}x{world_size // self.hsdp}"]
-        if self.tp is not None:
-            return [f"tp{self.tp}"]
-        if self.pp is not None:
-            return [f"pp{self.pp}", self.schedule, f"mb{self.microbatches}"]
-        return []
+        parts = [f"pp{self.pp}", self.schedule, f"mb{self.microbatches}"] if self.pp is not None else []
+        return parts + ([f"tp{self.tp}"] if self.tp is not None else [])
 
     def unsupported(self, world_size: int) -> str | None:
         """Why the mesh cannot run at ``world_size`` (``None`` when it can)."""
@@ -305,7 +309,7 @@ class Mesh:
         if self.dims is not None:
             return ("user", self.dims)
         if self.pp is not None:  # each stage's buckets, reduced over its dp group
-            return ("pp", self.pp)
+            return ("pp", self.pp, self.tp)
         return ("hsdp", self.hsdp) if self.hsdp is not None else ()
 
     def pipeline_key(self) -> tuple[object, ...]:

@@ -32,14 +32,16 @@ def rows(
     pp: int = 2,
     schedules: tuple[str, ...] = tuple(SCHEDULES),
     microbatches: int = 4,
+    tp: int | None = None,
     steps: int | None = None,
 ) -> list[ParityConfig]:
     """``workload``'s pipeline rows at ``world_size`` (``pp`` stages x ``world_size // pp`` dp):
     every schedule in ``schedules`` under both layouts, every recipe of the 2-D rows and both
     optimizers, fp16 rows from :data:`FP16_INIT_SCALE`, and per schedule an inf on rank 1 at
-    step 1 (bf16, kept layout). Empty when ``pp`` does not divide ``world_size``."""
+    step 1 (bf16, kept layout); with ``tp``, each stage tensor-parallel over ``tp`` ranks too (pp x
+    dp x tp). Empty when ``pp`` (times ``tp``) does not divide ``world_size``."""
     spec = registry.get(workload)
-    if world_size % pp or spec.pp_split is None:
+    if world_size % (pp * (tp or 1)) or spec.pp_split is None:
         return []
     common = {"engine": "fsdp2", "workload": workload, "world_size": world_size, "backend": backend}
     common["steps"] = steps or spec.steps or 3
@@ -47,7 +49,7 @@ def rows(
     configs = [
         ParityConfig(
             optimizer=optimizer,
-            mesh=Mesh(pp=pp, schedule=schedule, microbatches=microbatches),
+            mesh=Mesh(pp=pp, schedule=schedule, microbatches=microbatches, tp=tp),
             layout=Layout(reshard_after_forward=reshard),
             precision=Precision(dtype=precision, recipe=recipe),
             scale=dataclasses.replace(scale, init_scale=FP16_INIT_SCALE if precision == "fp16" else 2.0**16),
@@ -63,7 +65,7 @@ def rows(
             suite="forced_inf",
             optimizer=optimizers[0],
             faults=(Fault(step=1, rank=1),),
-            mesh=Mesh(pp=pp, schedule=schedule, microbatches=microbatches),
+            mesh=Mesh(pp=pp, schedule=schedule, microbatches=microbatches, tp=tp),
             layout=Layout(reshard_after_forward=False),
             precision=Precision(dtype="bf16"),
             scale=dataclasses.replace(scale, init_scale=2.0**16),

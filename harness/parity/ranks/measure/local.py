@@ -98,21 +98,27 @@ def _copied(piece: Piece) -> Piece:
     return dataclasses.replace(piece, values=piece.values.detach().to("cpu", copy=True))
 
 
-def _dtensor_piece(value: Any, param: Any, own: bool = False) -> Piece:
+_Own = tuple[bool, bool] | None
+"""A pipeline rank's say over its stage's tensors: ``(compares its shards, compares tensors its
+stage holds whole)``; ``None`` elsewhere (rank 0's group compares)."""
+
+
+def _dtensor_piece(value: Any, param: Any, own: _Own = None) -> Piece:
     """The local shard of a DTensor laid out like ``param`` (zeros when ``value`` is ``None``:
     this rank lacks what another holds). ``Shard(0)`` over the mesh's last dimension (FSDP2, or
     HSDP's ``(Replicate(), Shard(0))``) is compared where it lives, by the shard group that holds
     global rank 0 (on a sub-mesh, as FSDP over TP's ``dp``, the other groups hold the same
     elements). Any other placement (a TP'd parameter's ``(_StridedShard, Shard)``) is gathered
     whole (collective over its mesh: every rank asks for the same tensors in the same order) and
-    compared by rank 0."""
+    compared by rank 0. ``own``: a pipeline stage's, whose ranks are the only ones holding it
+    (:func:`_stage_owner`)."""
     from torch.distributed.tensor import Replicate, Shard
 
     mesh, placements = param.device_mesh, tuple(param.placements)
     along_last = placements == (Shard(0),) or (mesh.ndim == 2 and placements == (Replicate(), Shard(0)))
     if not along_last:
         whole = gather.zeros_like_shards(param) if value is None else value
-        return _whole(whole.full_tensor(), _rank() == 0)
+        return _whole(whole.full_tensor(), own[1] if own is not None else _rank() == 0)
     dim = mesh.ndim - 1
     local = param.to_local() if value is None else value.to_local()
     if value is None:
@@ -125,7 +131,7 @@ def _dtensor_piece(value: Any, param: Any, own: bool = False) -> Piece:
     chunk = -(-shape[0] // mesh.size(dim)) if shape else 0
     start = min(mesh_rank * chunk, shape[0] if shape else 0) * row
     dtype = param.dtype if value is None else value.dtype
-    owner = own or (mesh.ndim == 1 and mesh.size() == dist.get_world_size()) or _holds_rank_zero(mesh, dim)
+    owner = own[0] if own is not None else _rank_zero_group(mesh, dim)
     return Piece(shape, dtype, start, local.detach().reshape(-1) if owner else None)
 
 
@@ -134,16 +140,28 @@ def _holds_rank_zero(mesh: Any, dim: int) -> bool:
     return 0 in dist.get_process_group_ranks(mesh.get_group(dim))
 
 
-def _fsdp2_piece(value: Any, param: Any, own: bool = False) -> Piece:
+def _rank_zero_group(mesh: Any, dim: int) -> bool:
+    return (mesh.ndim == 1 and mesh.size() == dist.get_world_size()) or _holds_rank_zero(mesh, dim)
+
+
+def _fsdp2_piece(value: Any, param: Any, own: _Own = None) -> Piece:
     if hasattr(param, "device_mesh"):
         return _dtensor_piece(value, param, own)
-    return _whole(value if value is not None else torch.zeros_like(param), _rank() == 0)
+    whole = value if value is not None else torch.zeros_like(param)
+    return _whole(whole, own[1] if own is not None else _rank() == 0)
+
+
+def _stage_owner(engine: engines.Engine) -> _Own:
+    """A pipeline rank's say (``engine.stage_owner``: its stage's shards where its TP coordinate is
+    0, whole tensors on the stage's first rank); ``None`` for any other engine."""
+    return engine.stage_owner if engine.compares_own_shards else None  # type: ignore[attr-defined]
 
 
 def _whole_owner(engine: engines.Engine) -> bool:
     """Who compares a tensor every rank of its group holds whole: rank 0, or (a pipeline's
-    stages) the first ``dp`` rank of each stage."""
-    return engine.data_rank == 0 if engine.compares_own_shards else _rank() == 0
+    stages) each stage's first rank."""
+    own = _stage_owner(engine)
+    return own[1] if own is not None else _rank() == 0
 
 
 def _complete(
@@ -168,10 +186,10 @@ def _complete(
 
 def _fsdp2_grads(engine: engines.FSDP2) -> tuple[_Pieces, dict[str, bool]]:
     trainable = engine.named_trainable()
-    own = engine.compares_own_shards
+    own = _stage_owner(engine)
     found = {name: _fsdp2_piece(p.grad, p, own) for name, p in trainable}
     held = {name: p.grad is not None for name, p in trainable}
-    if own:  # a pipeline rank names the stages it does not hold too
+    if own is not None:  # a pipeline rank names the stages it does not hold too
         _complete(engine, found, held)
     return found, held
 
@@ -240,7 +258,7 @@ def _fsdp2_params_and_state(
 ) -> tuple[_Pieces, _Pieces, dict[str, bool]]:
     element_keys, scalar_keys = gather.state_keys(optimizers)
     state = {id(p): values for opt in optimizers for p, values in opt.state.items()}
-    own = engine.compares_own_shards
+    own = _stage_owner(engine)
     params = {name: _fsdp2_piece(p, p, own) for name, p in engine.named_parameters_whole()}
     states: _Pieces = {}
     held: dict[str, bool] = {}
@@ -251,7 +269,7 @@ def _fsdp2_params_and_state(
         for key in scalar_keys:
             states[f"{name}:{key}"] = _whole(values.get(key, torch.zeros(())), _whole_owner(engine))
         held.update(dict.fromkeys((f"{name}:{key}" for key in (*element_keys, *scalar_keys)), bool(values)))
-    if own:  # a pipeline rank names the stages it does not hold too
+    if own is not None:  # a pipeline rank names the stages it does not hold too
         _complete(engine, params, {})
         _complete(engine, states, held, (element_keys, scalar_keys))
     return params, states, held

@@ -124,7 +124,7 @@ def of(config: ParityConfig, model: nn.Module, units: list[nn.Module], param_dty
     buckets = tuple(Bucket(tuple(groups[k]), align if config.engine == "fsdp1" else 0) for k in keys)
     if config.engine == "fsdp2":
         piped = split.stage_groups(config)  # a pipeline reduces over each stage's dp group
-        grid = None if piped else config.mesh.shape(config.world_size)
+        grid = split.tp_grid(config) if piped else config.mesh.shape(config.world_size)
         return Layout(
             engine="fsdp2", buckets=buckets, mesh=grid, groups_from=piped, tp_dims=_tp_dims(config, model)
         )

@@ -50,7 +50,7 @@ def build(config: ParityConfig, role: str, device: torch.device) -> Engine:
     engine = cls(config, device)
     if role == "reference" and config.mesh.pp is not None:
         engine.cut = pp_split.of_rank(  # type: ignore[attr-defined]
-            engine.workload, engine.module, config.mesh, engine.rank // engine.data_parallel_size
+            engine.workload, engine.module, config.mesh, engine.rank // (engine.world_size // config.mesh.pp)
         )
     if config.precision.autocast is not None:
         engine.description += f", forward under torch.autocast({config.precision.autocast})"

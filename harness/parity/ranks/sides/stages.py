@@ -223,8 +223,8 @@ def stage_groups(config: Any) -> tuple[tuple[tuple[str, int], ...], tuple[str, .
     ``reduce_layout.Layout.groups_from`` takes them; ``None`` for any other row."""
     if config.mesh.pp is None:
         return None
-    (rows, columns), names = config.mesh.shape(config.world_size)
-    return ((names[0], rows), (names[1], columns)), ("dp",)
+    sizes, names = config.mesh.shape(config.world_size)
+    return tuple(zip(names, sizes, strict=True)), ("dp",)
 
 
 def io_and_loss(workload: Workload, model: nn.Module) -> tuple[Any, Any]:
@@ -251,6 +251,15 @@ def whole_output(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
 
 def _unwrapped(model: nn.Module) -> nn.Module:
     return getattr(model, "module", model)  # DDP's
+
+
+def tp_grid(config: Any) -> tuple[tuple[int, int], tuple[str, str]] | None:
+    """A pipeline's ``(dp, tp)`` sizes under tensor parallelism (``reduce_layout.Layout.mesh``,
+    whose TP buckets read the degree there), ``None`` without TP."""
+    if config.mesh.pp is None or config.mesh.tp is None:
+        return None
+    sizes, _ = config.mesh.shape(config.world_size)
+    return (sizes[1], sizes[2]), ("dp", "tp")
 
 
 def split_microbatches(tensor: torch.Tensor, count: int) -> list[torch.Tensor]:

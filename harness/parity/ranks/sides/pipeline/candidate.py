@@ -30,6 +30,7 @@ from harness.parity.ranks.sides import twin
 from harness.parity.ranks.sides.engines import FSDP2, Engine, to_device, unit_modules
 from harness.parity.ranks.sides.full import gather
 from harness.parity.ranks.wire import FunctionFacts
+from harness.parity.workload import tp_plan
 
 
 class PipelineFSDP2(FSDP2):
@@ -58,6 +59,14 @@ class PipelineFSDP2(FSDP2):
         grid = gather.mesh(self.device.type, *mesh.shape(self.world_size))  # type: ignore[misc]
         self.pp_group = grid.get_group("pp")
         self.pp_rank = grid.get_local_rank("pp")
+        tp_rank = grid.get_local_rank("tp") if mesh.tp is not None else 0
+        self.stage_owner = (tp_rank == 0, tp_rank == 0 and self.data_rank == 0)
+        """This rank's say over its stage's tensors (``measure/local.py``): its shards where its TP
+        coordinate is 0 (the TP ranks of a dp coordinate hold the same shards of what TP does not
+        split), whole tensors on the stage's first rank."""
+        plan = tp_plan.resolve(self.workload, module) if mesh.tp is not None else None
+        if plan is not None:
+            tp_plan.check_degree(self.workload, module, mesh.tp)
         self.whole_meta = {name: (tuple(p.shape), p.dtype) for name, p in module.named_parameters()}
         """Every parameter of the whole model: a rank names each, held or not."""
         self.whole_order = list(self.whole_meta)
@@ -73,6 +82,8 @@ class PipelineFSDP2(FSDP2):
         stages = []
         for index, kept in zip(self.cut.stages, self.cut.items, strict=True):
             stage = split.cut(module, list(kept), in_place=len(self.cut.stages) == 1)
+            if plan is not None:
+                _parallelize(stage, grid["tp"], plan)
             for unit in reversed(unit_modules(stage, self.units)):  # innermost first
                 fully_shard(unit, **kwargs)
             fully_shard(stage, **kwargs)
@@ -192,7 +203,7 @@ class PipelineFSDP2(FSDP2):
     def _on_rank_zero(self, found: dict[Any, torch.Tensor]) -> dict[Any, torch.Tensor]:
         """Each stage's full tensors (every rank of a stage holds them once gathered) sent to
         rank 0 by the stage's first ``dp`` rank (collective over every rank); ``{}`` elsewhere."""
-        mine = found if self.data_rank == 0 else {}
+        mine = found if self.stage_owner[1] else {}
         every: list[Any] = [None] * self.world_size if self.rank == 0 else []
         dist.gather_object(mine, every if self.rank == 0 else None, dst=0)
         if self.rank != 0:
@@ -201,6 +212,19 @@ class PipelineFSDP2(FSDP2):
         for part in every:
             merged.update(part)
         return merged
+
+
+def _parallelize(stage: nn.Module, tp_mesh: Any, plan: dict[str, Any]) -> None:
+    """The workload's TP plan applied to the modules ``stage`` holds (a Hugging Face stage's model
+    inside it): the plan's keys are the whole model's, and those naming modules of other stages
+    are left out, as a user parallelizing each stage would."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from harness.parity.workload import hf_pipeline
+
+    target = getattr(stage, hf_pipeline.WRAPPER, stage)
+    held = {key: style for key, style in plan.items() if tp_plan.styled_modules({key: style}, target)}
+    parallelize_module(target, tp_mesh, held)
 
 
 def sum_ties(engine: Any, group: Any) -> None:
