@@ -96,3 +96,25 @@ def test_a_planted_pipeline_bug_fails_at_step_0_and_is_named(module_ranks, case)
     assert result.status == "fail", f"{case}: {result.status} {result.reason}"
     assert result.first_diverging_step == 0, result.reason
     assert cause in [c.name for c in result.causes], (case, [c.name for c in result.causes], result.reason)
+
+
+@pytest.mark.pipeline
+@pytest.mark.parametrize(
+    ("workload", "status", "cause"),
+    [
+        ("fixtures.semantic_workloads:tokens_mean_piped", "fail", "loss_normalization"),
+        ("fixtures.semantic_workloads:tokens_equal_piped", "pass", None),
+    ],
+)
+def test_the_ground_truth_judges_the_microbatches_a_schedule_cuts(module_ranks, workload, status, cause):
+    """A mean over each microbatch's own tokens, averaged by the schedule, weighs tokens unequally
+    when the counts differ: the twin shares it (the row passes), the whole batch does not."""
+    config = _row("gpipe", optimizer="sgd", workload=workload)
+    from harness.parity.doors.testing import ranks_executor
+
+    (outcome,) = runner.run([config], ranks_executor(module_ranks), ground_truth=True)
+    assert outcome.result.status == "pass", outcome.result.reason
+    found = outcome.result.semantics
+    assert found is not None and found.status == status, found
+    assert "4 microbatches cut from each batch" in found.split
+    assert (found.cause.name if found.cause is not None else None) == cause

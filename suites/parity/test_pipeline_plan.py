@@ -194,3 +194,25 @@ def test_parity_test_with_pp_expands_the_pipeline_rows_of_its_schedule():
     assert {c.mesh.schedule for c in configs} == {"gpipe"} and len(configs) == 17
     with pytest.raises(ValueError, match=r"a world_size they divide.*Mesh\(pp=2"):
         parity_test("llama", mesh=Mesh(pp=2), world_size=3)
+
+
+def test_the_ground_truth_cuts_a_pipelines_microbatches_from_each_ranks_batch():
+    from harness.parity.judge import semantics
+    from harness.parity.ranks.truth import pieces
+
+    workload = registry.get("llama")
+    split = pieces.Split(ranks=2, microbatches=4, num_items=False, cut=True)
+    found = pieces.step_pieces(workload, 0, split, step=1)
+    assert [(p.rank, p.microbatch, p.index) for p in found[:5]] == [
+        (0, 0, 1),
+        (0, 1, 1),
+        (0, 2, 1),
+        (0, 3, 1),
+        (1, 0, 1),
+    ]
+    whole = registry.make_batch(workload, 0, 0, 1)
+    assert torch.equal(
+        torch.cat([p.batch for p in found[:4]]), whole.double() if whole.is_floating_point() else whole
+    )
+    config = ParityConfig.from_flat(**{**_PP, "world_size": 2}, schedule="gpipe")
+    assert semantics.name(config) == "llama-dp1-mb4"

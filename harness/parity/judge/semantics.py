@@ -30,23 +30,27 @@ STATUSES = ("pass", "fail", "skip", "error")
 
 def key(config: ParityConfig) -> tuple[object, ...]:
     """What the ground truth of ``config`` depends on (rows with one key share one measurement)."""
+    piped = config.mesh.pp is not None  # a pipeline's microbatches are cut from each batch
     return (
         config.workload,
         config.seed,
         config.steps,
         config.mesh.data_parallel_size(config.world_size),
-        config.loop.accumulate,
+        config.mesh.microbatches if piped else config.loop.accumulate,
+        *(("cut",) if piped else ()),
     )
 
 
 def name(config: ParityConfig) -> str:
-    """The split's name in the report: ``mlp-dp2-acc2`` (the workload's own name)."""
-    spec, _, _, ranks, microbatches = key(config)
+    """The split's name in the report: ``mlp-dp2-acc2``, a pipeline's ``llama-dp1-mb4`` (the
+    workload's own name)."""
+    spec, _, _, ranks, microbatches, *cut = key(config)
     try:
         workload = registry.get(str(spec)).name
     except Exception:  # noqa: BLE001 - a name is only a label: the spec will do
         workload = str(spec)
-    return f"{workload}-dp{ranks}" + (f"-acc{microbatches}" if microbatches > 1 else "")
+    word = "mb" if cut else "acc"
+    return f"{workload}-dp{ranks}" + (f"-{word}{microbatches}" if microbatches > 1 else "")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

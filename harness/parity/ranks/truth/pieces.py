@@ -50,6 +50,9 @@ class Split:
     microbatches: int
     num_items: bool
     """The loss takes ``num_items`` (multiplied by ``ranks x microbatches``, ``workload/items.py``)."""
+    cut: bool = False
+    """The microbatches are cut from each rank's one batch along dim 0 (a pipeline schedule's
+    ``torch.tensor_split``), not drawn as batches of their own (gradient accumulation)."""
 
     @property
     def factor(self) -> float:
@@ -63,7 +66,7 @@ class Split:
         ranks = f"{self.ranks} data-parallel rank{'s' if self.ranks > 1 else ''}"
         if self.microbatches == 1:
             return ranks
-        return f"{ranks} x {self.microbatches} microbatches"
+        return f"{ranks} x {self.microbatches} microbatches" + (" cut from each batch" if self.cut else "")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -82,6 +85,8 @@ class Piece:
 
 def step_pieces(workload: Workload, seed: int, split: Split, step: int) -> list[Piece]:
     """Every piece of ``step``, rank by rank, microbatch by microbatch, in float64."""
+    if split.cut:
+        return _cut_pieces(workload, seed, split, step)
     pieces = []
     for rank in range(split.ranks):
         for microbatch in range(split.microbatches):
@@ -90,6 +95,28 @@ def step_pieces(workload: Workload, seed: int, split: Split, step: int) -> list[
                 batch = to_float64(registry.make_batch(workload, seed, rank, index))
             pieces.append(Piece(rank=rank, microbatch=microbatch, index=index, batch=batch))
     return pieces
+
+
+def _cut_pieces(workload: Workload, seed: int, split: Split, step: int) -> list[Piece]:
+    """Each rank's batch of ``step`` cut along dim 0 into the microbatches, as a pipeline's
+    schedule cuts it (every tensor of the batch alike)."""
+    found = []
+    for rank in range(split.ranks):
+        with as_process(rank, split.ranks):
+            batch = to_float64(registry.make_batch(workload, seed, rank, step))
+        leaves = [leaf for _, leaf in _leaves(batch)]
+        parts = [
+            torch.tensor_split(leaf, split.microbatches) if isinstance(leaf, torch.Tensor) else None
+            for leaf in leaves
+        ]
+        for microbatch in range(split.microbatches):
+            cut = [
+                leaf if part is None else part[microbatch] for leaf, part in zip(leaves, parts, strict=True)
+            ]
+            found.append(
+                Piece(rank=rank, microbatch=microbatch, index=step, batch=_rebuild(batch, iter(cut)))
+            )
+    return found
 
 
 def to_float64(batch: Any) -> Any:

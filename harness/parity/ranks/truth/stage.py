@@ -42,10 +42,12 @@ gradient kept at a differing step (400 MB a piece at this size)."""
 
 
 def split_of(config: ParityConfig, workload: Workload) -> pieces.Split:
+    piped = config.mesh.pp is not None  # a pipeline's microbatches: cut from each rank's batch
     return pieces.Split(
         ranks=config.mesh.data_parallel_size(config.world_size),
-        microbatches=config.loop.accumulate,
+        microbatches=config.mesh.microbatches if piped else config.loop.accumulate,
         num_items=workload.takes_num_items,
+        cut=piped,
     )
 
 
