@@ -41,11 +41,12 @@ class PipelineFSDP2(FSDP2):
     def __init__(self, config: ParityConfig, device: torch.device) -> None:
         Engine.__init__(self, config, device)
         mesh = config.mesh
+        tp = f" x tp {mesh.tp}" if mesh.tp is not None else ""
         self.description = (
-            f"FSDP2 + PP ({mesh.pp} x dp {self.world_size // mesh.pp}, torch's "  # type: ignore[operator]
+            f"FSDP2 + PP (pp {mesh.pp} x dp {self.data_parallel_size}{tp}, torch's "
             f"{SCHEDULES[mesh.schedule][0]}, {mesh.microbatches} microbatches, stages {list(self.cut.stages)} "
             f"of {self.cut.count} here), reshard_after_forward={config.layout.reshard_after_forward}, "
-            f"{config.recipe_name}"
+            f"{config.recipe_name}" + (f"; each stage's part of the plan: {self.plan_text}" if tp else "")
         )
         if self.ties:
             self.facts = FunctionFacts(stage_ties=tuple(self.ties))
@@ -65,8 +66,10 @@ class PipelineFSDP2(FSDP2):
         coordinate is 0 (the TP ranks of a dp coordinate hold the same shards of what TP does not
         split), whole tensors on the stage's first rank."""
         plan = tp_plan.resolve(self.workload, module) if mesh.tp is not None else None
+        self.plan_text = ""
         if plan is not None:
             tp_plan.check_degree(self.workload, module, mesh.tp)
+            self.plan_text = ", ".join(f"{key} {type(style).__name__}" for key, style in plan.items())
         self.whole_meta = {name: (tuple(p.shape), p.dtype) for name, p in module.named_parameters()}
         """Every parameter of the whole model: a rank names each, held or not."""
         self.whole_order = list(self.whole_meta)
