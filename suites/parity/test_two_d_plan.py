@@ -38,7 +38,7 @@ def test_ids_name_the_mesh_and_the_references_of_different_meshes_are_kept_apart
 @pytest.mark.parametrize(
     ("fields", "words"),
     [
-        ({"hsdp": 2, "tp": 2}, "set one of them"),
+        ({"hsdp": 2, "tp": 2}, "set hsdp alone, or tp, pp, or both"),
         ({"hsdp": 3}, "divides world_size 4"),
         ({"hsdp": 1}, "leave it None"),
         ({"tp": 1}, "tp=1 is no tensor parallelism: leave it None"),

@@ -64,7 +64,11 @@ _RUN = wire.RankRun(
     error=None,
     duration_s=1.5,
     compile_s=0.5,
-    facts=wire.FunctionFacts(never_reduced=("embed.weight",), split_ties=("lm_head.weight = embed.weight",)),
+    facts=wire.FunctionFacts(
+        never_reduced=("embed.weight",),
+        split_ties=("lm_head.weight = embed.weight",),
+        stage_ties=(("embed.weight", "output.weight"),),
+    ),
 )
 _GAP = wire.Gap(loss_max_abs=0.1, loss_max_rel=0.2, param_max_abs=0.3, param_max_rel=0.4)
 _COMPARED = wire.Compared(elements=8, differing=2, max_ulp=3.0)
