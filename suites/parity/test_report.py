@@ -197,6 +197,13 @@ def test_a_broken_rows_panel_names_its_known_causes():
     assert panel_title(_results()[0]) == _results()[0].config.id
 
 
+def test_an_expected_failures_panel_says_it_is_expected():
+    from harness.parity.report.plot import panel_title
+
+    known = dataclasses.replace(_results()[1], expected_failure="torch's known defect", causes=())
+    assert panel_title(known) == f"{known.config.id} (expected)"
+
+
 def test_the_markdown_report_says_which_fsdp_units_each_workload_got():
     run = {**RUN, "units": {"hf_llama": "LlamaDecoderLayer (auto, from LlamaForCausalLM._no_split_modules)"}}
     text = markdown.render_markdown(_results(), run)

@@ -127,9 +127,10 @@ def _error_per_step(ax: Any, r: ParityResult) -> None:
 def panel_title(r: ParityResult) -> str:
     """A broken row's panel title: its id, and on a second line the known causes that matched, so
     the figure alone says whether a red row is rounding (``reduce_order``) or a sharding mistake."""
+    expected = " (expected)" if r.expected_failure else ""
     if not r.causes:
-        return r.config.id
-    return f"{r.config.id}\nknown cause: {', '.join(cause.name for cause in r.causes)}"
+        return r.config.id + expected
+    return f"{r.config.id}{expected}\nknown cause: {', '.join(cause.name for cause in r.causes)}"
 
 
 def _modules(ax: Any, r: ParityResult) -> None:
@@ -312,8 +313,10 @@ def render_png(results: list[ParityResult], path: str | Path) -> bool:
     if drifted:
         _drift(fig.add_subplot(grid[detail_rows - 1, 1:]), drifted[: len(_PALETTE)])
     broken = sum(1 for r in rows if r.broken)
+    expected = sum(1 for r in rows if r.broken and r.expected_failure)
+    known = f" ({expected} expected: known defects, each row's reason in parity.md)" if expected else ""
     fig.suptitle(
-        f"shardscale parity: {len(rows)} configurations, {broken} broken "
+        f"shardscale parity: {len(rows)} configurations, {broken} broken{known} "
         "(heatmap: distance to the reference per step, red x = a check failed)" + ground_truth_line(results),
         fontsize=10,
         color="red" if any(v.status == "fail" for v in splits(results)) else "black",
