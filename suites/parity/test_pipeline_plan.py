@@ -216,3 +216,17 @@ def test_the_ground_truth_cuts_a_pipelines_microbatches_from_each_ranks_batch():
     )
     config = ParityConfig.from_flat(**{**_PP, "world_size": 2}, schedule="gpipe")
     assert semantics.name(config) == "llama-dp1-mb4"
+
+
+def test_dualpipev_over_fewer_microbatches_than_stages_is_skipped_naming_torchs_rule():
+    config = ParityConfig.from_flat(**{**_PP, "world_size": 2}, schedule="dualpipev", microbatches=2)
+    assert "DualPipeV needs at least as many microbatches as stages (4), got 2" in unsupported_reason(config)
+    assert unsupported_reason(config.with_(microbatches=4)) is None
+
+
+def test_microbatches_that_do_not_divide_the_batch_are_refused_before_any_rank_runs():
+    done = cli_in_process("--workload", "llama", "--pp", "2", "--microbatches", "3", "--list")
+    assert done.returncode == 2, done.stderr
+    assert (
+        "--microbatches 3 does not divide the batch of 'llama' (4 rows): use one of [1, 2, 4]" in done.stderr
+    )

@@ -130,6 +130,7 @@ def configs_for(options: argparse.Namespace) -> list[ParityConfig]:
             options.units[workload.name] = units.describe(workload, model)
             options.parameters[workload.name] = sum(p.numel() for p in model.parameters())
             if getattr(options, "pp", None) is not None:
+                stages.check_microbatches(workload, model, options.microbatches)
                 schedules = (options.schedule,) if options.schedule else tuple(SCHEDULES)
                 found = pipeline_matrix.rows(
                     name,

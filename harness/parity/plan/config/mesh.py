@@ -59,13 +59,19 @@ outside FSDP2's accumulation)."""
 
 
 def pipeline_unsupported(config: ParityConfig) -> str | None:
-    """Why a pipeline row is not checked here (``None``: it is). Measured on torch 2.13, gloo:
+    """Why a pipeline row is not checked here (``None``: it is): DualPipeV over fewer microbatches
+    than stages (torch refuses it). Measured on torch 2.13, gloo:
     under the schedules that split the backward, a float32 reduce dtype over bf16 parameters
     leaves every weight gradient up to a bf16 unit in the last place from any twin we built
     (summing the microbatches in float32 as FSDP2 does elsewhere, or in bf16 as the ``W`` step
     adds them): the twin does not mirror it bitwise, and the staged check, which could bound it,
     does not judge pipeline rows yet."""
     mesh, policy = config.mesh, config.policy
+    if mesh.pp is not None and mesh.schedule == "dualpipev" and mesh.microbatches < 2 * mesh.pp:
+        return (
+            f"torch 2.13's DualPipeV needs at least as many microbatches as stages ({2 * mesh.pp}), "
+            f"got {mesh.microbatches}: run it with --microbatches {2 * mesh.pp} or more"
+        )
     if mesh.pp is None or mesh.schedule not in SPLIT_BACKWARD or policy is None:
         return None
     if policy.reduce_dtype == policy.param:

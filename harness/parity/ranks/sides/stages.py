@@ -241,6 +241,25 @@ def io_and_loss(workload: Workload, model: nn.Module) -> tuple[Any, Any]:
     )
 
 
+def check_microbatches(workload: Workload, model: nn.Module, count: int) -> None:
+    """Refuse ``count`` microbatches when they do not divide the workload's batch (rank 0's first,
+    cut as its rows will cut it), naming the counts that do: before any rank runs, not as an error
+    in every row."""
+    from harness.parity.workload import registry
+    from harness.parity.workload.spec import WorkloadError
+
+    if workload.pp_split is None:
+        return  # no pipeline rows: refused where they are listed, naming pp_split
+    io, _ = io_and_loss(workload, model)
+    rows = io(registry.make_batch(workload, 0, 0, 0))[0].shape[0]
+    if rows % count:
+        fits = [d for d in range(1, rows + 1) if rows % d == 0]
+        raise WorkloadError(
+            f"--microbatches {count} does not divide the batch of {workload.name!r} ({rows} rows): use one of {fits} "
+            "(unequal microbatches weigh their items unequally in the mean)"
+        )
+
+
 def whole_output(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
     """The whole model's output on a microbatch's input, as its stages compute it in turn (a
     Hugging Face decoder's logits: ``hf_pipeline.whole_logits``)."""
