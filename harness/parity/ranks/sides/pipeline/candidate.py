@@ -83,8 +83,11 @@ class PipelineFSDP2(FSDP2):
             kwargs["mp_policy"] = twin.fsdp2_mixed_precision(config.policy)
         self.stage_modules: list[nn.Module] = []
         stages = []
-        for index, kept in zip(self.cut.stages, self.cut.items, strict=True):
-            stage = split.cut(module, list(kept), in_place=len(self.cut.stages) == 1)
+        for position, (index, kept) in enumerate(zip(self.cut.stages, self.cut.items, strict=True)):
+            last = (
+                position == len(self.cut.stages) - 1
+            )  # the earlier stages copied first, the last cut in place
+            stage = split.cut(module, list(kept), in_place=last)
             if plan is not None:
                 _parallelize(stage, grid["tp"], plan)
             for unit in reversed(unit_modules(stage, self.units)):  # innermost first
