@@ -167,6 +167,22 @@ def your_parallelization(results: list[ParityResult]) -> list[str]:
     return lines
 
 
+_PER_WORKLOAD = (
+    ("units", "FSDP units"),
+    (
+        "tp_plans",
+        "Tensor-parallel plans (the reference computes each TP'd linear split as the plan splits it, so "
+        "those modules are judged `exact` too)",
+    ),
+    (
+        "pipelines",
+        "Pipeline stages (each runs torch's schedule over its microbatches; the reference, the whole model, "
+        "back-propagates them in the order the stages add them)",
+    ),
+)
+"""``(run key, the line's words)`` of what a run says of each workload."""
+
+
 def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
     """``parity.md``: run line, summary, one table per suite, divergences, skip reasons."""
     counts = summary(results)
@@ -202,27 +218,12 @@ def render_markdown(results: list[ParityResult], run: dict[str, Any]) -> str:
         )
         + "".join(f" `{name}` trains with {loop}." for name, loop in (run.get("loops") or {}).items()),
     ]
-    if run.get("units"):
-        lines += [
-            "",
-            "FSDP units: " + "; ".join(f"`{name}` {chosen}" for name, chosen in run["units"].items()) + ".",
-        ]
-    if run.get("tp_plans"):
-        lines += [
-            "",
-            "Tensor-parallel plans (the reference computes each TP'd linear split as the plan splits it, "
-            "so those modules are judged `exact` too): "
-            + "; ".join(f"`{name}` {plan}" for name, plan in run["tp_plans"].items())
-            + ".",
-        ]
-    if run.get("pipelines"):
-        lines += [
-            "",
-            "Pipeline stages (each runs torch's schedule over its microbatches; the reference, the whole "
-            "model, back-propagates them in the order the stages add them): "
-            + "; ".join(f"`{name}` {cut}" for name, cut in run["pipelines"].items())
-            + ".",
-        ]
+    for key, title in _PER_WORKLOAD:  # what the run read off each workload, a line each
+        if run.get(key):
+            lines += [
+                "",
+                f"{title}: " + "; ".join(f"`{name}` {what}" for name, what in run[key].items()) + ".",
+            ]
     lines += your_parallelization(results)
     for suite in SUITES:
         rows = [r for r in results if r.config.suite == suite]

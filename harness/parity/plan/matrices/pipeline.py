@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from harness.parity.plan.config import Fault, Layout, Mesh, ParityConfig, Precision, Scale, unique
+from harness.parity.plan.config import Layout, Mesh, ParityConfig, Precision, Scale, unique
 from harness.parity.plan.config.mesh import SCHEDULES
 from harness.parity.plan.config.scale import DEFAULT_SCALE
-from harness.parity.plan.matrices.two_d import FP16_INIT_SCALE, OPTIMIZERS, RECIPES
+from harness.parity.plan.matrices.two_d import FP16_INIT_SCALE, OPTIMIZERS, RECIPES, forced_inf
 from harness.parity.workload import registry
 
 LAYOUTS = (False, True)
@@ -61,15 +61,12 @@ def rows(
         for optimizer in optimizers
     ]
     configs += [
-        ParityConfig(
-            suite="forced_inf",
-            optimizer=optimizers[0],
-            faults=(Fault(step=1, rank=1),),
-            mesh=Mesh(pp=pp, schedule=schedule, microbatches=microbatches, tp=tp),
+        forced_inf(
+            Mesh(pp=pp, schedule=schedule, microbatches=microbatches, tp=tp),
+            optimizers[0],
+            scale,
+            common,
             layout=Layout(reshard_after_forward=False),
-            precision=Precision(dtype="bf16"),
-            scale=dataclasses.replace(scale, init_scale=2.0**16),
-            **common,  # type: ignore[arg-type]
         )
         for schedule in schedules
     ]

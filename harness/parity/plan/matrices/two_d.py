@@ -71,16 +71,21 @@ def rows(
         for precision, recipe in RECIPES
         for optimizer in optimizers
     ]
-    configs += [
-        ParityConfig(
-            suite="forced_inf",
-            optimizer=optimizers[0],
-            faults=(Fault(step=1, rank=1),),
-            mesh=mesh,
-            precision=Precision(dtype="bf16"),
-            scale=dataclasses.replace(scale, init_scale=2.0**16),
-            **common,  # type: ignore[arg-type]
-        )
-        for mesh in meshes
-    ]
+    configs += [forced_inf(mesh, optimizers[0], scale, common) for mesh in meshes]
     return unique(configs)
+
+
+def forced_inf(
+    mesh: Mesh, optimizer: str, scale: Scale, common: dict[str, object], **parts: object
+) -> ParityConfig:
+    """The row that agrees a skip across a mesh: an inf on rank 1 at step 1, bf16 from 2**16."""
+    return ParityConfig(
+        suite="forced_inf",
+        optimizer=optimizer,
+        faults=(Fault(step=1, rank=1),),
+        mesh=mesh,
+        precision=Precision(dtype="bf16"),
+        scale=dataclasses.replace(scale, init_scale=2.0**16),
+        **parts,  # type: ignore[arg-type]
+        **common,  # type: ignore[arg-type]
+    )
