@@ -70,6 +70,9 @@ PLANTS = {
 """Each plant at pp 2, and (``_3d``) at pp 2 x dp 2 x tp 2: a replicated norm's shards and (``tp_``) a
 column-split linear of the last stage, each compared by the stage that holds it."""
 _FAST_PLANT = "param_not_in_optimizer"
+TORCH_DEFECT = _row("zbv", optimizer="sgd", reshard_after_forward=True)
+"""A row torch 2.13 gets wrong: ZBV with FSDP2 resharding after forward (``make pipeline`` leaves
+the others out)."""
 """The plant ``make test`` runs: a bug on the last stage only, which its own ranks must compare."""
 
 
@@ -118,3 +121,12 @@ def test_the_ground_truth_judges_the_microbatches_a_schedule_cuts(module_ranks, 
     assert found is not None and found.status == status, found
     assert "4 microbatches cut from each batch" in found.split
     assert (found.cause.name if found.cause is not None else None) == cause
+
+
+@pytest.mark.pipeline
+def test_a_split_backward_schedule_resharding_after_forward_fails_as_expected_and_is_named(module_ranks):
+    (outcome,) = runner.run([TORCH_DEFECT], planted_executor(module_ranks, PipelinePlant(kind="none")))
+    result = outcome.result
+    assert result.status == "fail" and result.first_diverging_step == 0, result.reason
+    assert "loses microbatches from weight gradients" in result.expected_failure
+    assert "pp_zero_bubble_resharded" in [c.name for c in result.causes]
