@@ -289,8 +289,8 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "report/plot.py",
-                "    if not r.causes:\n        return r.config.id\n",
-                "    if True:  # planted\n        return r.config.id\n",
+                "    if not r.causes:\n        return r.config.id + expected\n",
+                "    if True:  # planted\n        return r.config.id + expected\n",
             ),
         ),
         tests=(f"{_REPORT}::test_a_broken_rows_panel_names_its_known_causes",),

@@ -7,7 +7,9 @@ parameters left out of its optimizer, a last stage scoring other microbatches th
 the engine with the bug in it must turn the correct pipeline rows ``make test`` runs red. The
 twin's and the check's plants (the microbatches back-propagated in one order for every schedule,
 a stage's shards compared by rank 0's group only) must turn a row red or let a planted bug through,
-caught by the ``pipeline`` tier's rows and plants.
+caught by the ``pipeline`` tier's rows and plants. The plants in a user's pipeline (its stages'
+units read on one rank only, a tie across stages let through, its facts unread by the causes, the
+shape-inference forward probed) each turn a test of ``suites/parity/test_user_pipeline.py`` red.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ _PIPELINE = "suites/parity/test_pipeline.py"
 _CORRECT = f"{_PIPELINE}::test_a_correct_pipeline_row_passes_bitwise"
 _PLANTED = f"{_PIPELINE}::test_a_planted_pipeline_bug_fails_at_step_0_and_is_named"
 _CANDIDATE = "ranks/sides/pipeline/candidate.py"
+_USER = "ranks/sides/user/pipeline.py"
+_USER_TESTS = "suites/parity/test_user_pipeline.py"
 
 
 def _edit(file: str, old: str, new: str) -> Edit:
@@ -100,6 +104,52 @@ PIPELINE_PLANTS: tuple[Plant, ...] = (
             ),
         ),
         tests=(_PLANTED,),
+    ),
+    Plant(
+        name="pp_user_stages_not_gathered",
+        bug="the twin of a user's pipeline reads the units of its own rank's stages only",
+        edits=(
+            _edit(
+                _USER,
+                "    dist.all_gather_object(every, mine)\n",
+                "    every = [mine]  # planted: never gathered\n",
+            ),
+        ),
+        tests=(f"{_USER_TESTS}::test_a_correct_pipeline_function_passes_bitwise_and_says_what_it_built",),
+    ),
+    Plant(
+        name="pp_user_tie_split_allowed",
+        bug="a user's pipeline with a tie cut into two stages is trained instead of refused",
+        edits=(_edit(_USER, "        if len(where) > 1:\n", "        if False:  # planted\n"),),
+        tests=(f"{_USER_TESTS}::test_what_the_twin_cannot_mirror_is_an_error_naming_the_way_out",),
+    ),
+    Plant(
+        name="pp_user_facts_unread",
+        bug="the pipeline causes read the configuration only, never the pipeline a user's function built",
+        edits=(
+            _edit(
+                "judge/causes/pipeline.py",
+                "    return e.facts.pipeline if e.facts is not None else None\n",
+                "    return None  # planted\n",
+            ),
+        ),
+        tests=(
+            f"{_USER_TESTS}::test_a_schedule_that_does_not_divide_by_the_microbatches_fails_at_step_0_named",
+        ),
+    ),
+    Plant(
+        name="pp_probe_records_shape_inference",
+        bug="the localization records the forward a pipeline stage runs to infer its shapes at step 0",
+        edits=(
+            _edit(
+                "ranks/localize.py",
+                "            if engine.inferring:  # a pipeline stage inferring its shapes: not the step's\n",
+                "            if False:  # planted\n",
+            ),
+        ),
+        tests=(
+            f"{_USER_TESTS}::test_a_schedule_that_does_not_divide_by_the_microbatches_fails_at_step_0_named",
+        ),
     ),
 )
 """The pipeline's plants."""

@@ -106,11 +106,11 @@ def test_engine_user_without_a_function_names_the_fix():
         ParityConfig(engine="user", workload="mlp", mesh=Mesh(dims=(("dp", 2),)))
 
 
-def test_pipeline_dimensions_are_refused_until_they_are_mirrored():
-    with pytest.raises(ValueError, match="pipeline or context parallelism"):
+def test_a_context_parallel_dimension_is_refused_until_it_is_mirrored():
+    with pytest.raises(ValueError, match="'cp' mesh dimension"):
         ParityConfig(
             engine="user", workload=f"{_FUNCTIONS}:per_block_workload", world_size=4,
-            mesh=Mesh(dims=(("pp", 2), ("dp", 2))),
+            mesh=Mesh(dims=(("cp", 2), ("dp", 2))),
         )  # fmt: skip
 
 

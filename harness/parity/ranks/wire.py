@@ -142,6 +142,9 @@ class FunctionFacts:
     stage_ties: tuple[tuple[str, ...], ...] = ()
     """A pipeline's tied parameters, each a copy per stage holding it (``("embed.weight",
     "output.weight")``): their gradients must be summed across the stages."""
+    pipeline: tuple[str, int, bool] | None = None
+    """A pipeline a user's function built: its schedule (``SCHEDULES`` key), microbatch count,
+    and whether its units reshard after forward (the configuration says these for built-in rows)."""
 
 
 @_RECORD

@@ -1,7 +1,7 @@
 """Known causes of pipeline rows: the classic PP bugs, each read from what a pipeline row records.
 
 Why a family of its own: these read what only a pipeline row has, its schedule and microbatch
-count (the configuration) and the tied parameters its stages hold apart (the candidate's facts),
+count (the configuration, or a user's function's facts: the pipeline it built) and the tied parameters its stages hold apart (the candidate's facts),
 next to the first diverging step's full tensors. Controller side.
 
 * ``pp_microbatch_scaling``: every differing gradient is ``M`` or ``1 / M`` times the twin's, ``M``
@@ -30,8 +30,17 @@ from harness.parity.judge.evidence import Cause, Evidence, KnownCause
 from harness.parity.plan.config.mesh import SCHEDULES, SPLIT_BACKWARD
 
 
+def _pipe(e: Evidence) -> tuple[str, int, bool] | None:
+    """The row's pipeline (schedule, microbatches, resharded after forward): the configuration's,
+    or the one a user's function built (its facts); ``None``: no pipeline."""
+    config = e.config
+    if config is not None and config.mesh.pp is not None:
+        return config.mesh.schedule, config.mesh.microbatches, config.layout.reshard_after_forward
+    return e.facts.pipeline if e.facts is not None else None
+
+
 def _piped(e: Evidence) -> bool:
-    return e.config is not None and e.config.mesh.pp is not None
+    return _pipe(e) is not None
 
 
 def _ratio(want: torch.Tensor, got: torch.Tensor) -> float | None:
@@ -40,9 +49,10 @@ def _ratio(want: torch.Tensor, got: torch.Tensor) -> float | None:
 
 
 def microbatch_scaling(e: Evidence) -> Cause | None:
-    if not _piped(e) or e.origin is None:
+    pipe = _pipe(e)
+    if pipe is None or e.origin is None:
         return None
-    count = e.config.mesh.microbatches  # type: ignore[union-attr]
+    count = pipe[1]
     want_step, got_step = e.origin
     ratios = [
         _ratio(want, got_step.grads[name])
@@ -139,15 +149,16 @@ def stage_inputs_differ(e: Evidence) -> Cause | None:
 
 
 def zero_bubble_resharded(e: Evidence) -> Cause | None:
-    config = e.config
-    if config is None or config.mesh.pp is None or "grad" not in e.failed:
+    pipe = _pipe(e)
+    if pipe is None or "grad" not in e.failed:
         return None
-    if config.mesh.schedule not in SPLIT_BACKWARD or not config.layout.reshard_after_forward:
+    schedule, _, resharded = pipe
+    if schedule not in SPLIT_BACKWARD or not resharded:
         return None
     return Cause(
         name="pp_zero_bubble_resharded",
         evidence=(
-            f"at step {e.candidate.step} the gradients differ under {SCHEDULES[config.mesh.schedule][0]}, "
+            f"at step {e.candidate.step} the gradients differ under {SCHEDULES[schedule][0]}, "
             "which splits the backward, with FSDP2 resharding after forward"
         ),
         explanation=(

@@ -20,7 +20,8 @@ workload's plan); the mesh owns them, its words in the id and its share of the r
 * **The user's own** (``Mesh(dims=(("dp", 2), ("tp", 2)))``, engine ``user``): the mesh handed to
   the workload's ``parallelize`` function, its dimensions named and sized as the user's code reads
   them (``--mesh dp=2,tp=2``; by default one dimension ``dp`` over every rank). A dimension named
-  ``tp`` is tensor parallel (its ranks share a batch); every other one is data parallel.
+  ``tp`` is tensor parallel (its ranks share a batch), one named ``pp`` holds the stages of the
+  pipeline the function builds (they share a batch too); every other one is data parallel.
 """
 
 from __future__ import annotations
@@ -127,6 +128,12 @@ class Mesh:
             object.__setattr__(self, "dims", tuple((str(n), int(s)) for n, s in self.dims))
 
     @property
+    def user_stages(self) -> int | None:
+        """The size of a user's mesh's ``pp`` dimension: their function builds a pipeline's stages
+        (``sides/user/pipeline.py``); ``None`` without one."""
+        return dict(self.dims).get("pp") if self.dims is not None else None
+
+    @property
     def two_d(self) -> bool:
         return self.hsdp is not None or self.tp is not None
 
@@ -166,12 +173,17 @@ class Mesh:
                 "scaled_dot_product_attention fails with 'aten._scaled_dot_product_flash_attention_for_cpu"
                 ".default does not have a sharding strategy registered'); check it with --backend nccl on GPUs"
             )
-        for name in ("pp", "cp"):
-            if name in names:
-                raise ValueError(
-                    f"a {name!r} mesh dimension (pipeline or context parallelism) is not checked yet: the "
-                    "reference mirrors data and tensor parallelism (dp, tp, and any other data-parallel name)"
-                )
+        if "cp" in names:
+            raise ValueError(
+                "a 'cp' mesh dimension (context parallelism) is not checked yet: the reference mirrors "
+                "data, tensor and pipeline parallelism (dp, tp, pp, and any other data-parallel name)"
+            )
+        if "pp" in names and (dict(self.dims)["pp"] < 2 or "tp" in names):
+            raise ValueError(
+                f"a 'pp' mesh dimension needs at least 2 stages and no 'tp' beside it (a pipeline of "
+                f"your function with tensor parallelism is not mirrored yet), got {self.words()}: use "
+                "e.g. --mesh pp=2,dp=2"
+            )
 
     def words(self) -> str:
         """The user's mesh as the CLI writes it: ``dp=2,tp=2``."""
@@ -258,7 +270,8 @@ class Mesh:
     def data_rank(self, rank: int, world_size: int | None = None) -> int:
         """Whose batch ``rank`` trains: its own, or under TP its ``dp`` coordinate's (the mesh is
         row-major, so the ranks ``dp * T .. dp * T + T - 1`` form one TP group and share a batch).
-        On a user's mesh: the rank's index over its data-parallel dimensions (every one but ``tp``)."""
+        On a user's mesh: the rank's index over its data-parallel dimensions (every one but ``tp``
+        and ``pp``: the stages of a pipeline share a batch)."""
         if self.dims is not None:
             index, rest = 0, rank
             coords = []
@@ -267,7 +280,7 @@ class Mesh:
                 rest //= size
             coords.reverse()
             for (name, size), coord in zip(self.dims, coords, strict=True):
-                if name != "tp":
+                if name not in ("tp", "pp"):
                     index = index * size + coord
             return index
         if self.pp is not None:  # row-major (pp, dp): the ranks of one stage are consecutive
@@ -278,11 +291,11 @@ class Mesh:
 
     def data_parallel_size(self, world_size: int) -> int:
         """Over how many ranks gradients are averaged: the world, or under TP the ``dp`` dimension
-        (on a user's mesh: the product of every dimension but ``tp``)."""
+        (on a user's mesh: the product of every dimension but ``tp`` and ``pp``)."""
         if self.dims is not None:
             size = 1
             for name, extent in self.dims:
-                size *= extent if name != "tp" else 1
+                size *= extent if name not in ("tp", "pp") else 1
             return size
         if self.pp is not None:
             return world_size // (self.pp * (self.tp or 1))

@@ -5,7 +5,8 @@ compiles, TP plan), so there is nothing to vary but what the user's training doe
 plain loop; a non-finite gradient on one rank and on every rank (every rank must skip the step
 together); and what the workload declares (clipping at its max norm, accumulation in its sync
 modes), and a resume row (saved after the declared step through DCP, and through the workload's own
-``save``/``load`` when it has them). The optimizer is the workload's own, else AdamW (torchtitan's); ids read
+``save``/``load`` when it has them); a function that builds a pipeline (a ``pp`` mesh dimension)
+trains inside its schedule's step, so only the plain and non-finite rows. The optimizer is the workload's own, else AdamW (torchtitan's); ids read
 ``user-dp2xtp2-adamw-mymodel-w4``: the engine, the mesh, the optimizer, the workload.
 """
 
@@ -54,6 +55,8 @@ def rows(
     for rank in (1, None):
         faults = tuple(Fault(step=s, rank=rank, value="inf") for s in fault_steps(steps))
         configs.append(ParityConfig(suite="forced_inf", faults=faults, **common))  # type: ignore[arg-type]
+    if common["mesh"].user_stages is not None:  # type: ignore[attr-defined]
+        return unique(configs)  # a pipeline runs its schedule's own loop: the plain rows only
     if declared.clip is not None:
         configs.append(ParityConfig(loop=Loop(path="unscale_clip", clip=declared.clip), **common))  # type: ignore[arg-type]
     if declared.accumulates:

@@ -25,7 +25,6 @@ from torch.utils._pytree import tree_leaves
 from harness.parity.plan.profiles import ToleranceProfile
 from harness.parity.ranks.measure.distance import tensor_diff
 from harness.parity.ranks.sides import engines
-from harness.parity.ranks.sides.full.gather import module_names
 
 
 def split_key(key: str) -> tuple[str, int]:
@@ -76,8 +75,11 @@ class OpProbe:
         self.ops: list[tuple[str, torch.Tensor]] = []
         self._calls = 0
         self._active: _Recorder | None = None
+        self._engine: engines.Engine | None = None
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
+        if self._engine is not None and self._engine.inferring:  # not the step's own forward
+            return
         if self._calls == self.call:
             self._active = _Recorder()
             self._active.__enter__()
@@ -97,7 +99,8 @@ class OpProbe:
         if step != self.step:
             yield
             return
-        module = dict(module_names(engine.trained_module()))[self.module]
+        self._engine = engine
+        module = dict(engine.probed_modules())[self.module]
         handles = [
             module.register_forward_pre_hook(self._pre),
             module.register_forward_hook(self._post, prepend=True),

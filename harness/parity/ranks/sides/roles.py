@@ -24,8 +24,12 @@ from harness.parity.workload import registry, tp_plan
 def build(config: ParityConfig, role: str, device: torch.device) -> Engine:
     """The engine of ``role`` (``reference`` or ``candidate``) for ``config``."""
     if config.engine == "user":  # the user's own function and its twin (``user/``)
-        from harness.parity.ranks.sides.user import candidate, reference
+        from harness.parity.ranks.sides.user import candidate, pipeline_sides, reference
 
+        if config.mesh.user_stages is not None:  # the function builds a pipeline
+            if role == "candidate":
+                return pipeline_sides.UserPipeline(config, device)
+            return pipeline_sides.build_twin(config, device)
         return (
             candidate.UserParallel(config, device) if role == "candidate" else reference.build(config, device)
         )
@@ -49,9 +53,12 @@ def build(config: ParityConfig, role: str, device: torch.device) -> Engine:
         cls = twin_pp.mirror(cls)
     engine = cls(config, device)
     if role == "reference" and config.mesh.pp is not None:
-        engine.cut = pp_split.of_rank(  # type: ignore[attr-defined]
+        cut = pp_split.of_rank(
             engine.workload, engine.module, config.mesh, engine.rank // (engine.world_size // config.mesh.pp)
         )
+        io, loss = pp_split.io_and_loss(engine.workload, engine.module)
+        mesh = config.mesh
+        engine.piping = twin_pp.Piping(mesh.schedule, mesh.microbatches, io, loss, cut.holds)  # type: ignore[attr-defined]
     if config.precision.autocast is not None:
         engine.description += f", forward under torch.autocast({config.precision.autocast})"
     if role == "reference" and config.engine == "fsdp2" and cls is not SingleProcess:

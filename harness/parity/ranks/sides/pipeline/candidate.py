@@ -97,6 +97,7 @@ class PipelineFSDP2(FSDP2):
             stages.append(
                 pipelining.PipelineStage(stage, index, self.cut.count, self.device, group=self.pp_group)
             )
+        self.schedule_key, self.microbatches = mesh.schedule, mesh.microbatches
         schedule = getattr(pipelining, SCHEDULES[mesh.schedule][0])
         self.schedule = schedule(
             stages if SCHEDULES[mesh.schedule][1] > 1 else stages[0],
@@ -105,9 +106,28 @@ class PipelineFSDP2(FSDP2):
             scale_grads=True,
         )
         self._check_order()
+        self.mark_inference(stages)
         self._scaler: Any = None
         self._losses: list[float] = []
         return self.stage_modules[0]
+
+    def mark_inference(self, stages: list[Any]) -> None:
+        """Set :attr:`inferring` while a stage infers its shapes (torch 2.13 runs each stage's
+        forward once more at the first step for it, on the first microbatch or on empty tensors):
+        a probe then records only the step's own forwards, as the twin's."""
+        for stage in stages:
+            infer = getattr(stage, "_forward_metadata_inference", None)
+            if infer is None:
+                continue
+
+            def inferring(*args: Any, _infer: Any = infer, **kwargs: Any) -> Any:
+                self.inferring = True
+                try:
+                    return _infer(*args, **kwargs)
+                finally:
+                    self.inferring = False
+
+            stage._forward_metadata_inference = inferring
 
     def _check_order(self) -> None:
         """Refuse a schedule whose stages add their microbatches' weight gradients in another order
@@ -117,7 +137,7 @@ class PipelineFSDP2(FSDP2):
         order = getattr(self.schedule, "pipeline_order", None)
         if not order:
             return
-        wanted = split.backward_order(self.config.mesh.schedule, self.config.mesh.microbatches)
+        wanted = split.backward_order(self.schedule_key, self.microbatches)
         for stage in self.cut.stages:
             found = split.weight_order(order[self.pp_rank], stage)
             if found != wanted:
@@ -126,13 +146,23 @@ class PipelineFSDP2(FSDP2):
                     f"order {found}; the twin back-propagates them in {wanted} (split.backward_order)"
                 )
 
-    def _loss_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    def _loss_fn(self, output: torch.Tensor, target: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         """One microbatch's loss as the schedule back-propagates it: scaled, as the user's
         ``scaler.scale(loss)``; its unscaled value kept for the record (the schedule's first step
         also calls it once on its shape-inference forward: only the last ``microbatches`` count)."""
-        loss = self.loss(output, target)
+        loss = self.loss(output, target, **kwargs)
         self._losses.append(loss.item())
         return self._scaler.scale(loss)
+
+    def probed_modules(self) -> list[tuple[str, nn.Module]]:
+        """Every module of this rank's stages, once by name; not a stage's root (its output is the
+        stage's, which no module of the twin computes)."""
+        found: dict[str, nn.Module] = {}
+        for stage in self.stage_modules:
+            for name, module in gather.module_names(stage):
+                if name:
+                    found.setdefault(name, module)
+        return list(found.items())
 
     def named_trainable(self) -> list[tuple[str, torch.Tensor]]:
         return [(n, p) for n, p in self.named_parameters_whole() if p.requires_grad]
@@ -163,13 +193,13 @@ class PipelineFSDP2(FSDP2):
         scaler.scale(torch.zeros((), device=self.device))
         batch = to_device(self.finish(self.batch(step, self.data_rank), scaler.get_scale()), self.device)
         inputs, target = self.io(batch)
-        split.split_microbatches(inputs, self.config.mesh.microbatches)  # refused as the twin refuses
+        split.split_microbatches(inputs, self.microbatches)  # refused as the twin refuses
         first = 0 in self.cut.stages
         last = self.cut.count - 1 in self.cut.stages
         with self.forward_rng(step):
             self.schedule.step(*((inputs,) if first else ()), target=target if last else None)
         sum_ties(self, self.pp_group)
-        values = self._losses[-self.config.mesh.microbatches :]
+        values = self._losses[-self.microbatches :]
         mean = torch.tensor(
             [sum(values) / len(values) if last else 0.0], dtype=torch.float64, device=self.device
         )

@@ -20,6 +20,8 @@ than one backward, the rows say so by failing (none did, measured).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,14 +31,33 @@ from harness.parity.ranks.sides import stages as split
 from harness.parity.ranks.sides.engines import to_device
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Piping:
+    """What the twin mirrors of a pipeline: from the configuration (the built-in rows,
+    ``roles.py``), or read off the schedule a user's function built (``user/pipeline.py``)."""
+
+    schedule: str
+    """The schedule's key in ``SCHEDULES`` (its order of microbatches: ``split.backward_order``)."""
+    microbatches: int
+    io: Callable[[Any], tuple[torch.Tensor, torch.Tensor]]
+    """``batch -> (first stage's input, target)``."""
+    loss: Callable[..., torch.Tensor]
+    """``(last stage's output, target) -> one microbatch's loss``."""
+    holds: Callable[[str], bool]
+    """Whether this rank's candidate holds a parameter or buffer of that name (its stages')."""
+
+
 class PipelineTwin:
     """Mixed into a reference engine (``MirroredDDP``, ``LowPrecisionDDP``) for a pipeline row:
-    its step is :meth:`forward_backward`; nothing is left for ``after_backward``."""
+    its step is :meth:`forward_backward`; nothing is left for ``after_backward``. Its
+    :attr:`piping` is set before the first step."""
+
+    piping: Piping
 
     def forward_backward(self, step: int, scaler: Any) -> float:
         engine: Any = self
-        config, workload = engine.config, engine.workload
-        count = config.mesh.microbatches
+        config, piping = engine.config, self.piping
+        count = piping.microbatches
         if hasattr(engine, "working"):  # the low-precision twin computes in its working copy
             with torch.no_grad():
                 for low, master in zip(engine.working.parameters(), engine.module.parameters(), strict=True):
@@ -45,16 +66,15 @@ class PipelineTwin:
         batch = to_device(
             engine.finish(engine.batch(step, engine.data_rank), scaler.get_scale()), engine.device
         )
-        io, loss_of = split.io_and_loss(workload, engine.module)
-        inputs, target = io(batch)
+        inputs, target = piping.io(batch)
         parts = split.split_microbatches(inputs, count)
         targets = split.split_microbatches(target, count)
-        order = split.backward_order(config.mesh.schedule, count)
+        order = split.backward_order(piping.schedule, count)
         values = [0.0] * count
         with engine.forward_rng(step):
             for position, index in enumerate(order):
                 with engine.wrapped.no_sync():
-                    loss = loss_of(split.whole_output(engine.wrapped, parts[index]), targets[index])
+                    loss = piping.loss(split.whole_output(engine.wrapped, parts[index]), targets[index])
                     scaler.scale(loss).backward()
                 values[index] = loss.item()
                 hand.after_microbatch(position == count - 1)
@@ -78,8 +98,7 @@ class PipelineTwin:
 
     def own_buffers(self) -> dict[str, torch.Tensor]:
         """The buffers of the stages the candidate's rank holds (it names no other)."""
-        engine: Any = self
-        return {name: value for name, value in super().own_buffers().items() if engine.cut.holds(name)}  # type: ignore[misc]
+        return {name: value for name, value in super().own_buffers().items() if self.piping.holds(name)}  # type: ignore[misc]
 
 
 def mirror(cls: type) -> type:

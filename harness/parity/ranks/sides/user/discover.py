@@ -98,9 +98,13 @@ def _unit(name: str, module: nn.Module, names: dict[int, str], refused: list[str
         refused.append(
             f"{where} holds {len(groups)} parameter groups; the twin mirrors one per fully_shard call"
         )
-    mesh_info = state._mesh_info if not groups else groups[0].mesh_info
-    mesh = mesh_info.mesh
-    dims = tuple(zip(mesh.mesh_dim_names or ("",) * mesh.ndim, mesh.shape, strict=True))
+    # A unit without parameters of its own (a pipeline stage's root over its layers) has no
+    # group, and in torch 2.13 no mesh either: it reduces nothing.
+    mesh_info = getattr(state, "_mesh_info", None) if not groups else groups[0].mesh_info
+    mesh = mesh_info.mesh if mesh_info is not None else None
+    dims = (
+        () if mesh is None else tuple(zip(mesh.mesh_dim_names or ("",) * mesh.ndim, mesh.shape, strict=True))
+    )
     if not groups:
         return Unit(
             module=name, params=(), policy=_policy(state._mp_policy, where, refused), reshard="-",

@@ -1,0 +1,87 @@
+"""A user's ``parallelize`` function that builds a pipeline itself (its stages, their
+``fully_shard`` calls, its schedule): its rows pass bitwise against the whole model's twin when it
+is correct, and its bugs fail named or are refused naming the way out
+(``fixtures/user_pipelines.py``; ``ranks/sides/user/pipeline.py``). ``make test`` runs pp 2 at
+world size 2; the ``pipeline`` tier pp 2 x dp 2 at world size 4.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.parity.doors import runner
+from harness.parity.doors.testing import ranks_executor
+from harness.parity.plan.config import Mesh, ParityConfig
+from harness.parity.plan.matrices import workload as workload_matrix
+
+_FUNCTIONS = "fixtures.user_pipelines"
+
+
+def _plain(name: str, world_size: int = 2, mesh: str = "pp=2,dp=1") -> ParityConfig:
+    configs = workload_matrix.for_workload(f"{_FUNCTIONS}:{name}_workload", world_size=world_size, mesh=mesh)
+    return next(c for c in configs if not c.faults)
+
+
+def test_a_pipeline_function_gets_the_plain_and_non_finite_rows():
+    configs = workload_matrix.for_workload(f"{_FUNCTIONS}:pp_1f1b_workload", mesh="pp=2,dp=1")
+    assert [c.id for c in configs] == [
+        "user-pp2xdp1-adamw-pp_1f1b-w2",
+        "user-pp2xdp1-adamw-pp_1f1b-inf@r1s2-w2",
+        "user-pp2xdp1-adamw-pp_1f1b-inf@alls2-w2",
+    ]
+
+
+def test_the_stages_of_a_users_pipeline_share_their_dp_coordinates_batch():
+    mesh = Mesh(dims=(("pp", 2), ("dp", 2)))
+    assert [mesh.data_rank(rank) for rank in range(4)] == [0, 1, 0, 1]
+    assert mesh.data_parallel_size(4) == 2
+    assert mesh.user_stages == 2
+
+
+@pytest.mark.parametrize(
+    ("mesh", "words"),
+    [("pp=1,dp=2", "at least 2 stages"), ("pp=2,tp=2", "no 'tp' beside it")],
+)
+def test_a_pipeline_mesh_the_twin_does_not_mirror_is_refused_naming_it(mesh, words):
+    world = 2 if mesh != "pp=2,tp=2" else 4
+    with pytest.raises(ValueError, match=words):
+        workload_matrix.for_workload(f"{_FUNCTIONS}:pp_1f1b_workload", world_size=world, mesh=mesh)
+
+
+def test_a_correct_pipeline_function_passes_bitwise_and_says_what_it_built(module_ranks):
+    (outcome,) = runner.run([_plain("pp_1f1b")], ranks_executor(module_ranks))
+    result = outcome.result
+    assert (result.status, result.closeness) == ("pass", "bitwise"), result.reason
+    assert "torch's Schedule1F1B over 4 microbatches, stages [0] of 2 here" in result.candidate
+    assert "layers.1: fully_shard over dp 1" in result.candidate  # the other stage's units, gathered
+    assert "the whole model over the 4 microbatches of your Schedule1F1B" in result.reference
+
+
+def test_a_schedule_that_does_not_divide_by_the_microbatches_fails_at_step_0_named(module_ranks):
+    (outcome,) = runner.run([_plain("pp_unscaled")], ranks_executor(module_ranks))
+    result = outcome.result
+    assert result.status == "fail" and result.first_diverging_step == 0, result.reason
+    assert "scale_grads=False" in result.candidate
+    assert [c.name for c in result.causes] == ["pp_microbatch_scaling"], result.causes
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("pp_tied", "the tied parameter embed.weight = output.weight has a copy in stages [0, 1]"),
+        ("pp_returns_model", "parallelize must return the schedule it built"),
+    ],
+)
+def test_what_the_twin_cannot_mirror_is_an_error_naming_the_way_out(module_ranks, name, words):
+    (outcome,) = runner.run([_plain(name)], ranks_executor(module_ranks))
+    assert outcome.result.status == "error"
+    assert words in outcome.result.reason, outcome.result.reason
+
+
+@pytest.mark.pipeline
+@pytest.mark.parametrize("name", ["pp_1f1b", "pp_gpipe_bf16", "pp_looped"])
+def test_a_correct_pipeline_function_passes_bitwise_at_pp2_dp2(module_ranks, name):
+    configs = workload_matrix.for_workload(f"{_FUNCTIONS}:{name}_workload", world_size=4, mesh="pp=2,dp=2")
+    for outcome in runner.run(configs, ranks_executor(module_ranks)):
+        result = outcome.result
+        assert (result.status, result.closeness) == ("pass", "bitwise"), (result.config.id, result.reason)
