@@ -642,7 +642,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "collective: from tp 4 on the ring sums each element in another order",
         edits=(
             _edit(
-                "ranks/sides/tensor_parallel.py",
+                "ranks/sides/tp/mirror.py",
                 "        if self.mesh is None:\n            total = parts[0]\n",
                 "        if True:  # planted\n            total = parts[0]\n",
             ),
@@ -654,7 +654,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         bug="the TP twin adds a row-split linear's whole bias to every partial product, not bias / tp",
         edits=(
             _edit(
-                "ranks/sides/tensor_parallel.py",
+                "ranks/sides/tp/mirror.py",
                 "        return tuple(bias / parts for _ in range(parts))\n",
                 "        return tuple(bias for _ in range(parts))  # planted\n",
             ),
@@ -670,7 +670,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         "reduce-scatters it back to its sequence shards (another ring order from tp 4 on)",
         edits=(
             _edit(
-                "ranks/sides/tensor_parallel.py",
+                "ranks/sides/tp/mirror.py",
                 "            module.forward = _replicated_input(module, parts, held, reducer, to)",
                 "            module.forward = _replicated_input(module, parts, held, reducer, _replicate())  # planted",
             ),

@@ -8,8 +8,8 @@ the engine with the bug in it must turn the correct pipeline rows ``make test`` 
 twin's and the check's plants (the microbatches back-propagated in one order for every schedule,
 a stage's shards compared by rank 0's group only) must turn a row red or let a planted bug through,
 caught by the ``pipeline`` tier's rows and plants. The plants in a user's pipeline (its stages'
-units read on one rank only, a tie across stages let through, its facts unread by the causes, the
-shape-inference forward probed) each turn a test of ``suites/parity/test_user_pipeline.py`` red.
+units read on one rank only, a tie across stages let through, its facts unread by the causes)
+each turn a test of ``suites/parity/test_user_pipeline.py`` red.
 """
 
 from __future__ import annotations
@@ -131,20 +131,6 @@ PIPELINE_PLANTS: tuple[Plant, ...] = (
                 "judge/causes/pipeline.py",
                 "    return e.facts.pipeline if e.facts is not None else None\n",
                 "    return None  # planted\n",
-            ),
-        ),
-        tests=(
-            f"{_USER_TESTS}::test_a_schedule_that_does_not_divide_by_the_microbatches_fails_at_step_0_named",
-        ),
-    ),
-    Plant(
-        name="pp_probe_records_shape_inference",
-        bug="the localization records the forward a pipeline stage runs to infer its shapes at step 0",
-        edits=(
-            _edit(
-                "ranks/localize.py",
-                "            if engine.inferring:  # a pipeline stage inferring its shapes: not the step's\n",
-                "            if False:  # planted\n",
             ),
         ),
         tests=(

@@ -1,5 +1,5 @@
 """Plants in what keeps the 2-D rows true: HSDP's two-stage mirror, the TP twin's split matmuls,
-and whose batch a rank of a TP group trains (``harness/parity/ranks/sides/tensor_parallel.py``,
+and whose batch a rank of a TP group trains (``harness/parity/ranks/sides/tp/``,
 ``reduce_layout.py``, ``plan/two_d.py``).
 
 Why: each of these, loosened, turns a correct 2-D candidate red (a twin that sums TP's partial
@@ -39,12 +39,25 @@ def _edit(file: str, old: str, new: str) -> Edit:
 
 TWO_D_PLANTS: tuple[Plant, ...] = (
     Plant(
+        name="tp_twin_hands_on_plain_logits",
+        bug="the TP twin hands its loss whole plain logits where the candidate's head keeps them a "
+        "vocabulary-sharded DTensor: torch's parallel cross-entropy rounds otherwise than one softmax",
+        edits=(
+            _edit(
+                "ranks/sides/tp/mirror.py",
+                '    if getattr(style, "use_local_output", True):\n',
+                "    if True:  # planted\n",
+            ),
+        ),
+        tests=(f"{_TWO_D}::test_a_correct_2d_row_passes_bitwise_at_world_size_4",),
+    ),
+    Plant(
         name="parity_tp_twin_unsplit",
         bug="the reference of a TP candidate computes its TP'd linears unsplit: one matmul sums the "
         "partial products in another order, and a correct candidate fails by rounding",
         edits=(
             _edit(
-                "ranks/sides/tensor_parallel.py",
+                "ranks/sides/tp/mirror.py",
                 "        kind = _kind(name, module, style, parts)\n",
                 '        kind = "layout"  # planted\n',
             ),
@@ -57,7 +70,7 @@ TWO_D_PLANTS: tuple[Plant, ...] = (
         "gradients in one sum, where each rank sums its own and the reduce-scatter sums the ranks'",
         edits=(
             _edit(
-                "ranks/sides/tensor_parallel.py",
+                "ranks/sides/tp/mirror.py",
                 '        return "replicated" if gathered else "layout"\n',
                 '        return "layout"  # planted\n',
             ),

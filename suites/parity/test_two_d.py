@@ -6,7 +6,7 @@ Why bitwise and not a tolerance: HSDP's reference reduces through the candidate'
 (reduce-scatter over the shard group, all-reduce over the replicas) with divide factors derived on
 its own side; the TP reference computes each TP'd linear as the plan splits it and sums the partial
 products through the candidate's own collective, in the ring's order at any degree
-(``ranks/sides/tensor_parallel.py``). The plants live in
+(``ranks/sides/tp/mirror.py``). The plants live in
 ``fixtures/two_d_plants.py``. The whole 2-D matrix of the decoder is the ``two_d`` tier
 (``make two-d``, ``test_two_d_tier.py``); ``make test`` runs one correct row and one plant of
 this module, the ``two_d`` marker the rest.
@@ -31,15 +31,23 @@ SEQUENCE_SMOKE = ParityConfig.from_flat(
 )
 """The two correct 2-D rows ``make test`` runs, a few seconds (the rest are the ``two_d`` tier's):
 Megatron's plan, and torchtitan's sequence-parallel one (each rank's partial gradients summed
-before the ranks', ``tensor_parallel._FanOut``)."""
+before the ranks', ``tp/mirror._FanOut``)."""
 SEQUENCE_TP4 = SEQUENCE_SMOKE.with_(mesh=Mesh(tp=4))
 BIASED_TP4 = ParityConfig.from_flat(
     **{**_COMMON, "workload": "fixtures.user_workloads:biased_mlp"}, optimizer="sgd", tp=4, precision="bf16"
 )
 """The tp 4 rows ``make test`` runs: torchtitan's sequence-parallel plan (reduce-scatters of four
-addends, in the ring's order: ``tensor_parallel._Reducer``) and row-split linears with biases."""
+addends, in the ring's order: ``tp/mirror._Reducer``) and row-split linears with biases."""
+_LOSS_PARALLEL = {**_COMMON, "workload": "fixtures.two_d_workloads:llama_loss_parallel"}
+LOSS_PARALLEL = ParityConfig.from_flat(**_LOSS_PARALLEL, optimizer="sgd", tp=2, precision="fp32")
+"""The loss-parallel row ``make test`` runs: the untied head split by vocabulary, its logits a
+sharded DTensor, the cross-entropy under ``loss_parallel()`` on both sides (the twin hands its loss
+the same DTensor: ``tp/mirror._handed_on``)."""
 CORRECT = [
     SMOKE,
+    LOSS_PARALLEL,
+    ParityConfig.from_flat(**_LOSS_PARALLEL, optimizer="adamw", tp=4, precision="fp16"),
+    ParityConfig.from_flat(**_LOSS_PARALLEL, optimizer="adamw", tp=2, precision="bf16", recipe="reduce32"),
     SEQUENCE_SMOKE,
     SEQUENCE_TP4,
     BIASED_TP4,
@@ -115,7 +123,9 @@ def _tiered(values, *fast):
 
 
 @pytest.mark.parametrize(
-    "config", _tiered(CORRECT, SMOKE, SEQUENCE_SMOKE, SEQUENCE_TP4, BIASED_TP4), ids=lambda c: c.id
+    "config",
+    _tiered(CORRECT, SMOKE, SEQUENCE_SMOKE, SEQUENCE_TP4, BIASED_TP4, LOSS_PARALLEL),
+    ids=lambda c: c.id,
 )
 def test_a_correct_2d_row_passes_bitwise_at_world_size_4(module_ranks, config):
     (outcome,) = runner.run([config], planted_executor(module_ranks, TwoDPlant(kind="none")))
@@ -152,3 +162,18 @@ def test_the_2d_matrix_has_hsdp_at_both_sharding_degrees_and_tp_in_every_recipe_
         (r, o) for r in ("fp32", "pure-bf16", "bf16-reduce32", "pure-fp16") for o in ("sgd", "adamw")
     }
     assert two_d_matrix.rows("llama", world_size=2) == []
+
+
+@pytest.mark.two_d
+def test_a_users_function_under_loss_parallel_passes_bitwise(module_ranks):
+    """The same plan applied by the user's own ``parallelize``: the twin reads the head's style off
+    what the function did and hands its loss the same sharded logits."""
+    from harness.parity.doors.testing import ranks_executor
+    from harness.parity.plan.matrices import workload as workload_matrix
+
+    configs = workload_matrix.for_workload(
+        "fixtures.two_d_workloads:llama_loss_parallel_function", world_size=4, mesh="dp=2,tp=2"
+    )
+    for outcome in runner.run(configs, ranks_executor(module_ranks)):
+        result = outcome.result
+        assert (result.status, result.closeness) == ("pass", "bitwise"), (result.config.id, result.reason)

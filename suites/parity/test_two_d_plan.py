@@ -131,17 +131,17 @@ def test_auto_reads_hugging_face_llamas_plan_under_its_base_model():
 
 
 def test_the_twin_refuses_a_style_it_cannot_mirror_before_training():
-    from harness.parity.ranks.sides import tensor_parallel
+    from harness.parity.ranks.sides.tp import mirror as tp_mirror
 
     with pytest.raises(ValueError, match="is a Conv1d under ColwiseParallel"):
-        tensor_parallel.mirror(nn.Sequential(nn.Conv1d(4, 4, 1)), {"0": ColwiseParallel()}, 2)
+        tp_mirror.mirror(nn.Sequential(nn.Conv1d(4, 4, 1)), {"0": ColwiseParallel()}, 2)
 
 
 def test_the_twin_reads_a_prepare_module_input_output_by_its_input_half():
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import PrepareModuleInputOutput
 
-    from harness.parity.ranks.sides import tensor_parallel
+    from harness.parity.ranks.sides.tp import mirror as tp_mirror
 
     def style(use_local_input: bool) -> PrepareModuleInputOutput:
         return PrepareModuleInputOutput(
@@ -153,15 +153,15 @@ def test_the_twin_reads_a_prepare_module_input_output_by_its_input_half():
         )
 
     model = nn.Sequential(nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 4)))
-    done = tensor_parallel.mirror(model, {"0": style(False), "1": style(True)}, 2)
+    done = tp_mirror.mirror(model, {"0": style(False), "1": style(True)}, 2)
     assert done == [("0", "replicated"), ("1", "layout")]
 
 
 def test_the_twin_splits_a_row_split_linear_with_a_bias():
-    from harness.parity.ranks.sides import tensor_parallel
+    from harness.parity.ranks.sides.tp import mirror as tp_mirror
 
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4, bias=True))
-    assert tensor_parallel.mirror(model, {"0": ColwiseParallel(), "1": RowwiseParallel()}, 2) == [
+    assert tp_mirror.mirror(model, {"0": ColwiseParallel(), "1": RowwiseParallel()}, 2) == [
         ("0", "colwise"),
         ("1", "rowwise"),
     ]

@@ -41,7 +41,7 @@ TP4_ROWS = [
     if config.mesh.tp is not None
 ]
 """TP of degree 4: each partial sum has four addends, summed in the ring's order through the
-candidate's own collective (``tensor_parallel._Reducer``)."""
+candidate's own collective (``tp/mirror._Reducer``)."""
 ROWS += TP4_ROWS
 ROWS += [config for config in two_d_matrix.rows(BIASED, world_size=4) if config.mesh.tp is not None]
 

@@ -114,6 +114,11 @@ def test_an_import_error_inside_the_users_module_is_shown_with_its_line(tmp_path
     assert "No module named 'not_installed_anywhere'" in message
 
 
+def test_loss_parallel_without_tensor_parallelism_is_refused_naming_what_it_needs():
+    with pytest.raises(WorkloadError, match="loss_parallel=True needs tensor parallelism"):
+        dataclasses.replace(user_workloads.resmlp(), loss_parallel=True)
+
+
 def test_a_name_that_is_not_one_word_is_refused():
     with pytest.raises(WorkloadError, match="Workload.name must be one word"):
         dataclasses.replace(user_workloads.resmlp(), name="res-mlp")

@@ -62,7 +62,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         "reading that optimizer's full parameters and state, and torch has no hook that changes what "
         "a step iterates over; an LR scheduler wraps the same attribute the same way"
     ),
-    ("ranks/sides/tensor_parallel.py", "module.forward"): (
+    ("ranks/sides/tp/mirror.py", "module.forward"): (
         "the twin's own modules compute as the TP plan splits them: a forward hook could only replace "
         "the output after the unsplit forward ran (other ops, other RNG draws), so no hook serves"
     ),

@@ -150,7 +150,8 @@ def localizable(result: ParityResult) -> int | None:
     profile let its first steps through, or earlier when drift crossed it first), for
     configurations whose two sides run the same model per rank (not the single-process sparse
     reference, which runs every rank's batch at once, nor a pipeline, whose stages run apart)."""
-    if result.status != "fail" or result.config.reference != "ddp" or result.config.mesh.pp is not None:
+    mesh = result.config.mesh
+    if result.status != "fail" or result.config.reference != "ddp" or (mesh.pp or mesh.user_stages):
         return None  # a pipeline's modules run on the ranks of their stages only
     found = result.staged
     if found is not None and not found.error and found.findings:

@@ -55,6 +55,7 @@ from harness.parity.ranks import entry, train
 from harness.parity.ranks.measure import ops
 from harness.parity.ranks.sides import anchor as anchoring
 from harness.parity.ranks.sides import engines
+from harness.parity.ranks.sides.full.gather import module_names
 from harness.parity.ranks.wire import Probed, ProbedOps, ProbedSide
 from harness.rank import context
 from harness.rank.subtests import agree, leave_group
@@ -94,8 +95,6 @@ class Probe:
 
     def _forward_hook(self, name: str, engine: engines.Engine) -> Any:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if engine.inferring:  # a pipeline stage inferring its shapes: not the step's
-                return
             key = self._key(name)
             tensors = _tensors(output)
             for index, tensor in enumerate(tensors):
@@ -119,7 +118,7 @@ class Probe:
             return
         handles = [
             module.register_forward_hook(self._forward_hook(name, engine))
-            for name, module in engine.probed_modules()
+            for name, module in module_names(engine.trained_module())
         ]
         try:
             yield

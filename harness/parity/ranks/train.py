@@ -7,10 +7,9 @@ Each step::
     -> planned faults -> [unscale_ each optimizer, engine.before_step(), clip_grad_norm_]
                                           (path "unscale_clip" at ``config.loop.clip``, its total norm
                                           recorded; the first two for some engines)
-    -> the unscaled gradients (a reference records them whole; a candidate's check measures
-       them where they live) -> scaler.step(each optimizer) -> scaler.update()
-    -> loss, scale, tracker, found_inf, skip decisions, then the parameters and optimizer state
-       (recorded whole, or measured: ``stepcheck.Check``)
+    -> the unscaled gradients (recorded whole, or measured where they live) -> scaler.step(each
+       optimizer) -> scaler.update() -> loss, scale, tracker, found_inf, skip decisions, then the
+       parameters and optimizer state (recorded whole, or measured: ``stepcheck.Check``)
 
 LR schedulers step after every update, and a resume row's forward RNG runs on from step to step
 (``sides/loop_state.LoopState``, every run's). A resume row's candidate saves, drops everything and
@@ -20,9 +19,9 @@ size, ``reshard.py``): the first trains up to ``resume_at`` and saves, the secon
 loads and trains on.
 
 The units' activations are checkpointed on both sides when ``config.loop.checkpoint`` says so
-(``checkpoint.install``, once the engine is built), and the model is compiled on both sides when
-``config.compile`` says so (``compiled.install``); a compiled run measures what its first step took
-beyond the median of the others (``compile_s``: what compiling cost it).
+(``checkpoint.install``), the model compiled when ``config.compile`` says so (``compiled.install``:
+``compile_s`` is what its first step took beyond the median of the others), and the losses and
+backward run under ``loss_parallel()`` when the workload's training does (``tp/mirror.py``).
 
 A run never raises: a failure is recorded as the run's ``error`` (prefixed ``[rank N]``) with the
 steps before it, so a candidate that crashes (torch's scaler on some paths) still gets a row.
@@ -46,6 +45,7 @@ from harness.parity.plan.config import Fault, ParityConfig
 from harness.parity.ranks.measure import record, stepcheck
 from harness.parity.ranks.restart import reshard, resume
 from harness.parity.ranks.sides import accumulate, checkpoint, compiled, engines, loop_state, roles
+from harness.parity.ranks.sides.tp import mirror as tp_mirror
 from harness.parity.ranks.wire import RankRun, RankStep, StepTensors
 from harness.rank import context
 
@@ -113,10 +113,8 @@ class LocalSkipCheck:
 
 class SharedSkipCheck:
     """:class:`LocalSkipCheck` for a replicated run (a reference: every rank holds all of it):
-    each rank compares only its share of every tensor's elements (a contiguous ``1/world`` of
-    them) and the ranks agree: exact, as the shares cover every element once, for a copy of
-    ``1/world`` of the model per rank instead of all of it. The agreement is one small all-reduce
-    per step, which every rank runs."""
+    each rank compares only its contiguous ``1/world`` share of every tensor's elements and the
+    ranks agree (one small all-reduce per step): exact, as the shares cover every element once."""
 
     def __init__(self, groups: list[list[torch.Tensor]], engine: engines.Engine) -> None:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -314,7 +312,10 @@ class Run:
         if check is not None:
             check.begin(step)
         scale = scaler.get_scale()
-        with self.observe(engine, step) if self.observe is not None else contextlib.nullcontext():
+        with (
+            self.observe(engine, step) if self.observe else contextlib.nullcontext(),
+            tp_mirror.loss_context(engine.workload),
+        ):
             if config.loop.accumulate > 1:
                 recorded_loss = accumulate.forward_backward(engine, self.role, config, step, scaler, hand)
             else:

@@ -118,6 +118,11 @@ class Workload:
     part: ``{"layers.*.attention.q": ColwiseParallel(), "layers.*.attention.o": RowwiseParallel()}``),
     or ``"auto"``: a Hugging Face model's ``config.base_model_tp_plan`` (``workload/tp_plan.py``);
     ``None``: no TP rows."""
+    loss_parallel: bool = False
+    """Your training step runs the loss and its backward under torch's ``loss_parallel()``
+    (torchtitan's with TP: the output head ``ColwiseParallel(use_local_output=False)``, the
+    cross-entropy computed on the vocabulary-sharded logits): both sides do, and the twin hands
+    its loss the candidate's sharded logits (``ranks/sides/tp/mirror.py``)."""
     pp_split: tuple[str, ...] | str | None = None
     """Pipeline parallelism (``Mesh.pp``): the modules where each stage after the first begins, as
     torchtitan's ``pipeline_parallel_split_points`` (``("layers.1",)``), or ``"auto"``: the model's
@@ -202,6 +207,12 @@ class Workload:
                 f"Workload {self.name!r}: pp_split needs pp_io (batch -> (input, target)) and pp_loss "
                 "((output, target) -> loss): the schedule feeds the first stage and scores the last "
                 "(pp_split='auto' on a Hugging Face causal LM has both by default)"
+            )
+        if self.loss_parallel and self.tp_plan is None and self.parallelize is None:
+            raise WorkloadError(
+                f"Workload {self.name!r}: loss_parallel=True needs tensor parallelism (a tp_plan, or a "
+                "parallelize function with one) whose output head keeps its logits sharded: "
+                "ColwiseParallel(use_local_output=False)"
             )
         if isinstance(self.pp_split, list):
             object.__setattr__(self, "pp_split", tuple(self.pp_split))

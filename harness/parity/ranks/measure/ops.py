@@ -25,6 +25,7 @@ from torch.utils._pytree import tree_leaves
 from harness.parity.plan.profiles import ToleranceProfile
 from harness.parity.ranks.measure.distance import tensor_diff
 from harness.parity.ranks.sides import engines
+from harness.parity.ranks.sides.full.gather import module_names
 
 
 def split_key(key: str) -> tuple[str, int]:
@@ -75,11 +76,8 @@ class OpProbe:
         self.ops: list[tuple[str, torch.Tensor]] = []
         self._calls = 0
         self._active: _Recorder | None = None
-        self._engine: engines.Engine | None = None
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
-        if self._engine is not None and self._engine.inferring:  # not the step's own forward
-            return
         if self._calls == self.call:
             self._active = _Recorder()
             self._active.__enter__()
@@ -99,8 +97,7 @@ class OpProbe:
         if step != self.step:
             yield
             return
-        self._engine = engine
-        module = dict(engine.probed_modules())[self.module]
+        module = dict(module_names(engine.trained_module()))[self.module]
         handles = [
             module.register_forward_pre_hook(self._pre),
             module.register_forward_hook(self._post, prepend=True),

@@ -51,7 +51,8 @@ class Engine:
         self.data_rank = config.mesh.data_rank(self.rank, self.world_size)
         """Whose batch this rank trains (under TP, its data-parallel group's; ``plan/config/mesh.py``)."""
         model = registry.build_model(self.workload, config.seed)
-        self.ties = pipeline_split.untie(model) if config.mesh.pp is not None else []  # both sides
+        self.ties = pipeline_split.untie(model) if config.mesh.pp is not None else []
+        """A pipeline's tied parameters, untied on both sides (``stages.untie``)."""
         if self.workload.sparse:  # sparse workloads train in their precision throughout
             model = model.to(DTYPES[config.precision.dtype])
         self.module = model.to(device)
@@ -173,25 +174,26 @@ class Engine:
         )
 
     recorded_checkpoint: str | None = None
-    """What a step records of activation checkpointing when only the engine knows it (a user's
-    function: ``replay``/``no_replay``); ``None``: the configuration's."""
+    """What a step records of activation checkpointing when the engine, not the configuration,
+    knows it (a user's function: ``replay``/``no_replay``, ``user/``); ``None``: the configuration's."""
     compile_backend: str | None = None
     """The backend a step records for compiled modules when the engine knows it (a user's function)."""
     compiled_count: int | None = None
-    """How many modules run compiled, when the engine knows better than ``_compiled_call_impl``."""
+    """How many modules run compiled when the engine knows it better than its trained module's
+    ``_compiled_call_impl`` (a user's ``torch.compile(module)`` wraps instead)."""
     units_reduce_dtypes: dict[str, torch.dtype] | None = None
-    """Per parameter, the dtype the candidate's units sum its gradient in, when only the engine
-    knows it (a user's function's policies): the staged check bounds each sum in it."""
+    """Per parameter, the dtype the candidate's units sum its gradient in, when the engine knows it
+    and the configuration does not (a user's function's policies); the staged check bounds each
+    sum in it."""
 
     def staged_refusal(self) -> str | None:
-        """Why the staged check cannot judge this candidate, once built (``None``: it can)."""
+        """Why the staged check cannot judge this candidate, known only once it is built (``None``:
+        it can)."""
         return None
 
     reduces_itself = False
-    """A reference whose own reducer is its candidate's (the DDP twin of a user's function that
-    wraps the root in DDP): it accumulates as its candidate does, not by hand."""
-    inferring: bool = False
-    """A forward now only infers shapes (``PipelineFSDP2.mark_inference``): probes skip it."""
+    """A reference whose own reducer is its candidate's (the DDP twin of a user's function that wraps
+    the root in DDP): it accumulates microbatches as its candidate does, not by hand."""
     facts: FunctionFacts | None = None
     """What a user's function did that explains a difference by itself (``user/candidate.py``)."""
 
@@ -238,10 +240,6 @@ class Engine:
     def trained_module(self) -> nn.Module:
         """The module whose forward runs (the low-precision reference runs a working copy)."""
         return self.module
-
-    def probed_modules(self) -> list[tuple[str, nn.Module]]:
-        """``(name, module)`` the localization's probes hook (``ranks/localize.py``)."""
-        return gather.module_names(self.trained_module())
 
     def candidate_layout(self) -> reduce_layout.Layout:
         """How the candidate of this configuration lays out and reduces its gradients, over

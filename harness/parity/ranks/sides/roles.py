@@ -12,12 +12,14 @@ import torch
 
 from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks.sides import stages as pp_split
-from harness.parity.ranks.sides import tensor_parallel, twin
+from harness.parity.ranks.sides import twin
 from harness.parity.ranks.sides.engines import FSDP1, FSDP2, Engine, unit_modules
 from harness.parity.ranks.sides.full import gather
 from harness.parity.ranks.sides.pipeline import candidate as pp_candidate
 from harness.parity.ranks.sides.pipeline import twin as twin_pp
 from harness.parity.ranks.sides.references import LowPrecisionDDP, MirroredDDP, SingleProcess
+from harness.parity.ranks.sides.tp import candidate as tp_candidate
+from harness.parity.ranks.sides.tp import mirror as tp_mirror
 from harness.parity.workload import registry, tp_plan
 
 
@@ -36,7 +38,7 @@ def build(config: ParityConfig, role: str, device: torch.device) -> Engine:
     if role == "candidate":
         cls = {"ddp": Engine, "fsdp1": FSDP1, "fsdp2": FSDP2}[config.engine]
         if config.mesh.tp is not None:
-            cls = tensor_parallel.FSDP2TP
+            cls = tp_candidate.FSDP2TP
         if config.mesh.pp is not None:
             cls = pp_candidate.PipelineFSDP2
     elif config.reference == "single":
@@ -71,7 +73,7 @@ def build(config: ParityConfig, role: str, device: torch.device) -> Engine:
         shape, names = config.mesh.shape(config.world_size)  # type: ignore[misc]
         tp_mesh = gather.mesh(device.type, shape, names)["tp"]
         plan = tp_plan.resolve(engine.workload, model)
-        split = tensor_parallel.mirror(model, plan, config.mesh.tp, tp_mesh)
+        split = tp_mirror.mirror(model, plan, config.mesh.tp, tp_mesh)
         engine.description += "; TP'd linears split as the candidate's plan: " + ", ".join(
             f"{name} ({kind})" for name, kind in split
         )

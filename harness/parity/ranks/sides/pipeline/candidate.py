@@ -106,28 +106,9 @@ class PipelineFSDP2(FSDP2):
             scale_grads=True,
         )
         self._check_order()
-        self.mark_inference(stages)
         self._scaler: Any = None
         self._losses: list[float] = []
         return self.stage_modules[0]
-
-    def mark_inference(self, stages: list[Any]) -> None:
-        """Set :attr:`inferring` while a stage infers its shapes (torch 2.13 runs each stage's
-        forward once more at the first step for it, on the first microbatch or on empty tensors):
-        a probe then records only the step's own forwards, as the twin's."""
-        for stage in stages:
-            infer = getattr(stage, "_forward_metadata_inference", None)
-            if infer is None:
-                continue
-
-            def inferring(*args: Any, _infer: Any = infer, **kwargs: Any) -> Any:
-                self.inferring = True
-                try:
-                    return _infer(*args, **kwargs)
-                finally:
-                    self.inferring = False
-
-            stage._forward_metadata_inference = inferring
 
     def _check_order(self) -> None:
         """Refuse a schedule whose stages add their microbatches' weight gradients in another order
@@ -153,16 +134,6 @@ class PipelineFSDP2(FSDP2):
         loss = self.loss(output, target, **kwargs)
         self._losses.append(loss.item())
         return self._scaler.scale(loss)
-
-    def probed_modules(self) -> list[tuple[str, nn.Module]]:
-        """Every module of this rank's stages, once by name; not a stage's root (its output is the
-        stage's, which no module of the twin computes)."""
-        found: dict[str, nn.Module] = {}
-        for stage in self.stage_modules:
-            for name, module in gather.module_names(stage):
-                if name:
-                    found.setdefault(name, module)
-        return list(found.items())
 
     def named_trainable(self) -> list[tuple[str, torch.Tensor]]:
         return [(n, p) for n, p in self.named_parameters_whole() if p.requires_grad]

@@ -21,7 +21,8 @@ from harness.parity.plan.precision import PrecisionPolicy
 from harness.parity.ranks.sides import compiled as compiling
 from harness.parity.ranks.sides.engines import Engine
 from harness.parity.ranks.sides.full import gather
-from harness.parity.ranks.sides.tensor_parallel import FSDP2TP, _is_colwise, _is_sequence
+from harness.parity.ranks.sides.tp.candidate import FSDP2TP
+from harness.parity.ranks.sides.tp.mirror import is_colwise, is_sequence
 from harness.parity.ranks.sides.user import discover, policies
 from harness.parity.ranks.sides.user.found import READ_FROM_TORCH, Found
 from harness.parity.ranks.wire import FunctionFacts
@@ -100,9 +101,9 @@ class UserParallel(FSDP2TP):
         self.sequence_dim = None
         if self.found.tp and self.found.tp_dim is not None:
             self.tp_group = user_mesh(self.config, self.device)[self.found.tp_dim].get_group()
-            self.column_outputs = {name for name, style in self.found.tp if _is_colwise(style)}
+            self.column_outputs = {name for name, style in self.found.tp if is_colwise(style)}
             self.sequence_dim = next(
-                (s.sequence_sharding[0].dim for _, s in self.found.tp if _is_sequence(s)), None
+                (s.sequence_sharding[0].dim for _, s in self.found.tp if is_sequence(s)), None
             )
         return result
 

@@ -63,7 +63,6 @@ class UserPipeline(PipelineFSDP2):
         self.schedule._loss_fn = self._loss_fn  # the user's loss, its value kept and scaled
         if built.key:
             self._check_order()
-        self.mark_inference(list(built.stages))
         self._scaler = None
         self._losses = []
         return self.stage_modules[0]

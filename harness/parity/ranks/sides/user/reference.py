@@ -4,7 +4,7 @@ The twin keeps what may legitimately change the numbers and drops what must not.
 ``fully_shard`` unit's precision policy (the working copy, casts at the units it wraps, FSDP2's
 autograd node per unit: ``twin.py``), ``torch.compile`` of the same modules with the same backend
 object and flags, the linears a TP plan splits (computed as their partial products:
-``tensor_parallel.mirror``), the optimizer, the loss. Dropped: sharding, resharding and prefetch,
+``tp/mirror.py``), the optimizer, the loss. Dropped: sharding, resharding and prefetch,
 offload, activation checkpointing (the recompute of a correct checkpoint is the forward's), and
 every divide factor and sync setting the function chose: the twin averages over the data-parallel
 ranks as DDP does, through the candidate's own collectives on its buffers
@@ -25,10 +25,11 @@ from torch import nn
 
 from harness.parity.plan.config import ParityConfig
 from harness.parity.plan.precision import PrecisionPolicy
-from harness.parity.ranks.sides import checkpoint, reduce_layout, tensor_parallel, twin
+from harness.parity.ranks.sides import checkpoint, reduce_layout, twin
 from harness.parity.ranks.sides import compiled as compiling
 from harness.parity.ranks.sides.engines import Engine
 from harness.parity.ranks.sides.references import LowPrecisionDDP, MirroredDDP
+from harness.parity.ranks.sides.tp import mirror as tp_mirror
 from harness.parity.ranks.sides.user import candidate, policies
 from harness.parity.ranks.sides.user.found import Found
 from harness.parity.workload import registry, tp_plan
@@ -141,7 +142,7 @@ class _Twin:
         if self.found.tp:
             mesh = candidate.user_mesh(self.config, self.device)  # type: ignore[attr-defined]
             mesh = mesh[self.found.tp_dim] if self.found.tp_dim else mesh
-            done = tensor_parallel.mirror(model, dict(self.found.tp), self.found.tp_degree or 1, mesh)
+            done = tp_mirror.mirror(model, dict(self.found.tp), self.found.tp_degree or 1, mesh)
             words.append("TP'd linears split as yours: " + ", ".join(f"{n} ({k})" for n, k in done))
         eager = self.config.compile.twin == "eager"
         kept = [] if eager else self.checkpoint_under_compile(model)

@@ -1,4 +1,4 @@
-"""FSDP2 with tensor parallelism (rank side): the candidate, and its unsharded twin's split matmuls.
+"""The unsharded twin of tensor parallelism (rank side): its split matmuls and sums.
 
 Why the reference splits: tensor parallelism changes the local arithmetic. A ``RowwiseParallel``
 linear computes ``x[..., part_t] @ W[:, part_t]^T`` on each TP rank and sums the ``T`` partial
@@ -29,7 +29,14 @@ the style names) and on ``nn.Embedding`` (a vocabulary split adds zeros),
 ``SequenceParallel`` (the module run on each share of the sequence, its parameters' gradients the
 shares' summed as the candidate sums them), ``PrepareModuleInput``/``PrepareModuleOutput``/
 ``PrepareModuleInputOutput`` (data moved, nothing computed); any
-other style or module is refused with its name, before training.
+other style or module is refused with its name, before training. A linear whose style hands on a
+DTensor (``use_local_output=False``, torchtitan's output head under ``loss_parallel``) hands on the
+same DTensor in the twin (:func:`_handed_on`).
+
+``loss_parallel`` (``Workload(loss_parallel=True)``): the loss and backward run under torch's
+``loss_parallel()`` on both sides (:func:`loss_context`); the twin's loss then sees the
+candidate's vocabulary-sharded logits and runs torch's own parallel cross-entropy on them, and
+its gradient is gathered back whole (:class:`_Share`).
 """
 
 from __future__ import annotations
@@ -42,80 +49,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from harness.parity.ranks.sides.engines import FSDP2, unit_modules
-from harness.parity.ranks.sides.full import gather
 from harness.parity.workload import tp_plan
-
-
-class FSDP2TP(FSDP2):
-    """``parallelize_module(model, mesh["tp"], plan)``, then ``fully_shard(mesh=mesh["dp"])`` on every
-    unit and the root: torchtitan's 2-D recipe on a ``dp x tp`` mesh."""
-
-    def __init__(self, config: Any, device: torch.device) -> None:
-        super().__init__(config, device)
-        self.description = (
-            f"FSDP2 + TP (mesh dp {self.world_size // config.mesh.tp} x tp {config.mesh.tp}), "
-            f"reshard_after_forward={config.layout.reshard_after_forward}, {config.recipe_name}; "
-            f"plan: {self.plan_text}"
-        )
-
-    def wrap(self, module: nn.Module) -> nn.Module:
-        from torch.distributed.fsdp import fully_shard
-        from torch.distributed.tensor.parallel import parallelize_module
-
-        config = self.config
-        shape, names = config.mesh.shape(config.world_size)  # type: ignore[misc]
-        mesh = gather.mesh(self.device.type, shape, names)
-        plan = self.plan(module)
-        tp_plan.check_degree(self.workload, module, config.mesh.tp)
-        self.plan_text = ", ".join(f"{key} {type(style).__name__}" for key, style in plan.items())
-        parallelize_module(module, mesh["tp"], plan)
-        self.tp_group = mesh["tp"].get_group()
-        styled = tp_plan.styled_modules(plan, module)
-        self.column_outputs = {name for name, style in styled if _is_colwise(style)}
-        """The modules whose outputs (and their gradients) are a TP rank's share of the last dim."""
-        self.sequence_dim = next((s.sequence_sharding[0].dim for _, s in styled if _is_sequence(s)), None)
-        """Under a sequence-parallel plan, the dim along which activations between blocks are shared."""
-        kwargs: dict[str, Any] = {
-            "mesh": mesh["dp"],
-            "reshard_after_forward": config.layout.reshard_after_forward,
-        }
-        if config.policy is not None:
-            from harness.parity.ranks.sides import twin
-
-            kwargs["mp_policy"] = twin.fsdp2_mixed_precision(config.policy)
-        for unit in reversed(unit_modules(module, self.units)):  # innermost first
-            fully_shard(unit, **kwargs)
-        fully_shard(module, **kwargs)
-        return module
-
-    def observed(self, module: str, tensor: torch.Tensor) -> torch.Tensor:
-        """An activation (or its gradient) whole: a plain tensor the TP ranks hold differently is
-        each rank's share, gathered over the TP group along the last dim (a ``ColwiseParallel``
-        output) or the sequence dim (between the blocks of a sequence-parallel plan); one the ranks
-        hold alike is whole already; a DTensor is gathered by the probe; shares of unequal shapes
-        (an uneven split) stay as they are. Collective: every TP rank probes the same modules in
-        the same order, and every branch is taken on data the TP group gathered, so alike."""
-        import torch.distributed as dist
-
-        if hasattr(tensor, "full_tensor"):
-            return tensor
-        ranks = dist.get_world_size(self.tp_group)
-        shape = torch.tensor(tensor.shape, dtype=torch.int64)
-        shapes = [torch.empty_like(shape) for _ in range(ranks)]
-        dist.all_gather(shapes, shape, group=self.tp_group)  # uneven shares: left as they are
-        if any(not torch.equal(shapes[0], other) for other in shapes[1:]):
-            return tensor
-        parts = [torch.empty_like(tensor) for _ in range(ranks)]
-        dist.all_gather(parts, tensor.detach().contiguous(), group=self.tp_group)
-        if all(torch.equal(parts[0], part) for part in parts[1:]):
-            return tensor
-        dim = -1 if module in self.column_outputs else self.sequence_dim
-        return tensor if dim is None else torch.cat(parts, dim)
-
-    def plan(self, module: nn.Module) -> dict[str, Any]:
-        """The workload's plan over ``module`` (``"auto"`` read from it), checked against its names."""
-        return tp_plan.resolve(self.workload, module)
 
 
 class _Reducer:
@@ -262,13 +196,13 @@ def _rows(module: nn.Linear, parts: int, reducer: _Reducer, to: Any) -> Any:
     return forward
 
 
-def _is_colwise(style: Any) -> bool:
+def is_colwise(style: Any) -> bool:
     from torch.distributed.tensor.parallel import ColwiseParallel
 
     return isinstance(style, ColwiseParallel)
 
 
-def _is_sequence(style: Any) -> bool:
+def is_sequence(style: Any) -> bool:
     from torch.distributed.tensor.parallel import SequenceParallel
 
     return isinstance(style, SequenceParallel)
@@ -297,6 +231,48 @@ def _sequence(module: nn.Module, dim: int, parts: int, reducer: _Reducer) -> Any
         return torch.cat(outs, dim)
 
     return forward
+
+
+class _Share(torch.autograd.Function):
+    """This TP rank's share of a whole tensor along ``dim`` (the local tensor of the candidate's
+    ``Shard(dim)`` DTensor); its gradient whole again: every rank's share gathered over the TP
+    group, each computed on that rank as the candidate's rank computes its own."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, dim: int, mesh: Any) -> torch.Tensor:  # type: ignore[override]
+        ctx.dim, ctx.mesh = dim, mesh
+        return x.chunk(mesh.size(), dim)[mesh.get_local_rank()].contiguous()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        from torch.distributed.tensor import DTensor, Shard
+
+        shares = DTensor.from_local(grad.contiguous(), ctx.mesh, [Shard(ctx.dim)], run_check=False)
+        return shares.full_tensor(), None, None
+
+
+def _handed_on(name: str, style: Any, mesh: Any | None) -> Any:
+    """How the twin hands on the output of a linear whose style keeps it a DTensor
+    (``use_local_output=False``: torchtitan's output head under ``loss_parallel``): the same
+    DTensor, this rank's share of the twin's whole output, so that whatever the code after it
+    does (``cross_entropy`` under ``loss_parallel()``, a redistribution) runs the candidate's ops
+    on the candidate's values. ``None``: the style hands on a plain tensor."""
+    if getattr(style, "use_local_output", True):
+        return None
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    layout = style.output_layouts[0]
+    if mesh is None or not isinstance(layout, (Replicate, Shard)):
+        raise ValueError(
+            f"tp_plan: {name!r} hands on a DTensor {layout} (use_local_output=False); the reference mirrors "
+            "Shard and Replicate outputs on a TP mesh"
+        )
+
+    def hand(out: torch.Tensor) -> torch.Tensor:
+        local = out if isinstance(layout, Replicate) else _Share.apply(out, layout.dim, mesh)
+        return DTensor.from_local(local, mesh, [layout], run_check=False)
+
+    return hand
 
 
 def _input_side(style: Any) -> Any:
@@ -356,6 +332,16 @@ def _kind(name: str, module: nn.Module, style: Any, parts: int) -> str:
     return kind
 
 
+def loss_context(workload: Any) -> contextlib.AbstractContextManager[Any]:
+    """torch's ``loss_parallel()`` around a step's losses and backward, where the workload's
+    training runs them so (``Workload.loss_parallel``); it changes nothing on plain tensors."""
+    if not workload.loss_parallel:
+        return contextlib.nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
+
+
 def mirror(
     model: nn.Module, plan: dict[str, Any], parts: int, mesh: Any | None = None
 ) -> list[tuple[str, str]]:
@@ -379,6 +365,9 @@ def mirror(
         elif kind == "rowwise":
             to = (style.output_layouts or (_replicate(),))[0]
             module.forward = _rows(module, parts, reducer, to)  # type: ignore[method-assign, arg-type]
+        hand = _handed_on(name, style, mesh) if kind in ("colwise", "rowwise") else None
+        if hand is not None:
+            module.forward = lambda x, _split=module.forward, _hand=hand: _hand(_split(x))  # type: ignore[method-assign]
         elif kind == "replicated":
             to = (_input_side(style).input_layouts or (_replicate(),))[0]
             module.forward = _replicated_input(module, parts, held, reducer, to)  # type: ignore[method-assign]
