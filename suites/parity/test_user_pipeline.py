@@ -40,12 +40,11 @@ def test_the_stages_of_a_users_pipeline_share_their_dp_coordinates_batch():
 
 @pytest.mark.parametrize(
     ("mesh", "words"),
-    [("pp=1,dp=2", "at least 2 stages"), ("pp=2,tp=2", "no 'tp' beside it")],
+    [("pp=1,dp=2", "at least 2 stages"), ("pp=2,dp=2", "holds 4 ranks, not the world size 2")],
 )
 def test_a_pipeline_mesh_the_twin_does_not_mirror_is_refused_naming_it(mesh, words):
-    world = 2 if mesh != "pp=2,tp=2" else 4
     with pytest.raises(ValueError, match=words):
-        workload_matrix.for_workload(f"{_FUNCTIONS}:pp_1f1b_workload", world_size=world, mesh=mesh)
+        workload_matrix.for_workload(f"{_FUNCTIONS}:pp_1f1b_workload", world_size=2, mesh=mesh)
 
 
 def test_a_correct_pipeline_function_passes_bitwise_and_says_what_it_built(module_ranks):
@@ -85,3 +84,16 @@ def test_a_correct_pipeline_function_passes_bitwise_at_pp2_dp2(module_ranks, nam
     for outcome in runner.run(configs, ranks_executor(module_ranks)):
         result = outcome.result
         assert (result.status, result.closeness) == ("pass", "bitwise"), (result.config.id, result.reason)
+
+
+@pytest.mark.pipeline
+def test_a_pipeline_of_tensor_parallel_stages_passes_bitwise_at_pp2_dp2_tp2(module_ranks):
+    """Each stage's layers split by Megatron's plan inside the function (``--mesh pp=2,dp=2,tp=2``):
+    the styles are read per stage, gathered, and mirrored on the whole twin."""
+    configs = workload_matrix.for_workload(
+        f"{_FUNCTIONS}:pp_tp_workload", world_size=8, mesh="pp=2,dp=2,tp=2"
+    )
+    for outcome in runner.run(configs, ranks_executor(module_ranks)):
+        result = outcome.result
+        assert (result.status, result.closeness) == ("pass", "bitwise"), (result.config.id, result.reason)
+        assert "fully_shard on 4 modules, TP on 14 modules" in result.candidate  # both stages' 7 each

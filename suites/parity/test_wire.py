@@ -68,6 +68,7 @@ _RUN = wire.RankRun(
         never_reduced=("embed.weight",),
         split_ties=("lm_head.weight = embed.weight",),
         stage_ties=(("embed.weight", "output.weight"),),
+        pipeline=("looped_bfs", 4, True),
     ),
 )
 _GAP = wire.Gap(loss_max_abs=0.1, loss_max_rel=0.2, param_max_abs=0.3, param_max_rel=0.4)

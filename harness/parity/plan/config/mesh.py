@@ -178,11 +178,9 @@ class Mesh:
                 "a 'cp' mesh dimension (context parallelism) is not checked yet: the reference mirrors "
                 "data, tensor and pipeline parallelism (dp, tp, pp, and any other data-parallel name)"
             )
-        if "pp" in names and (dict(self.dims)["pp"] < 2 or "tp" in names):
+        if "pp" in names and dict(self.dims)["pp"] < 2:
             raise ValueError(
-                f"a 'pp' mesh dimension needs at least 2 stages and no 'tp' beside it (a pipeline of "
-                f"your function with tensor parallelism is not mirrored yet), got {self.words()}: use "
-                "e.g. --mesh pp=2,dp=2"
+                f"a 'pp' mesh dimension needs at least 2 stages, got {self.words()}: use e.g. --mesh pp=2,dp=2"
             )
 
     def words(self) -> str:

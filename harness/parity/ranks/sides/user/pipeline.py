@@ -11,11 +11,12 @@ stages only, and every rank's twin is the whole model, so the stages' facts are 
 
 The stages must keep the model's parameter names (torchtitan's convention: each stage a copy of
 the model with the other stages' modules set to ``None``), so each parameter is found in the whole
-model by name. What is not mirrored is refused naming the way out (``Found.refused``): stages that
-rename parameters or leave one out, a tied parameter whose copies land in different stages
-(nothing inside a parallelize function can sum their gradients; torchtitan unties them),
-``torch.compile`` or tensor parallelism inside the stages, units in different precision policies,
-a schedule class torch does not ship.
+model by name. Tensor parallelism inside the stages (a ``pp``, ``dp``, ``tp`` mesh) is read per
+stage as ``parallelize_module`` applied it, and mirrored on the whole twin. What is not mirrored is
+refused naming the way out (``Found.refused``): stages that rename parameters or leave one out, a
+tied parameter whose copies land in different stages (nothing inside a parallelize function can
+sum their gradients; torchtitan unties them), ``torch.compile`` inside the stages, units in
+different precision policies, a schedule class torch does not ship.
 """
 
 from __future__ import annotations
@@ -136,17 +137,15 @@ def call(config: ParityConfig, module: nn.Module, device: torch.device) -> tuple
     data_parallel = config.mesh.data_parallel_size(config.world_size)
     mine: list[dict[str, Any]] = []
     for stage in stages:
-        found = discover.read(stage.submod, [], data_parallel, [])
+        inside = {id(m) for m in stage.submod.modules()}  # the styles applied in this stage
+        found = discover.read(stage.submod, [s for s in styles if id(s[0]) in inside], data_parallel, [])
         params, buffers = _stage_names(stage)
         mine.append({
             "index": stage.stage_index, "units": found.units, "checkpointed": found.checkpointed,
             "compiled": [c.module for c in found.compiled], "never": found.never_reduced,
-            "refused": found.refused, "params": params, "buffers": buffers,
+            "refused": found.refused, "params": params, "buffers": buffers, "tp": found.tp,
+            "tp_degree": found.tp_degree, "tp_dim": found.tp_dim,
         })  # fmt: skip
-    if styles:
-        refused.append(
-            "tensor parallelism inside a pipeline's stages is not mirrored yet: run pp with dp only"
-        )
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     merged = _merge([part for rank in every for part in rank], whole, ties, refused)
@@ -202,8 +201,14 @@ def _merge(
             "your stages' fully_shard units have different MixedPrecisionPolicy values: a pipeline sums its "
             "microbatches in one dtype in the twin; give the units one policy"
         )
+    degrees = {part["tp_degree"] for part in stages if part["tp_degree"] is not None}
+    if len(degrees) > 1:
+        refused.append(f"your stages apply tensor parallelism of degrees {sorted(degrees)}: one is mirrored")
     return Found(
         units=units,
+        tp=tuple(style for part in stages for style in part["tp"]),
+        tp_degree=next(iter(degrees), None),
+        tp_dim=next((part["tp_dim"] for part in stages if part["tp_dim"] is not None), None),
         checkpointed=tuple(c for part in stages for c in part["checkpointed"]),
         never_reduced=tuple(n for part in stages for n in part["never"]),
         refused=tuple(dict.fromkeys(refused)),

@@ -23,7 +23,7 @@ from harness.parity.ranks.sides import stages as split
 from harness.parity.ranks.sides.engines import Engine
 from harness.parity.ranks.sides.pipeline import twin as twin_pp
 from harness.parity.ranks.sides.pipeline.candidate import PipelineFSDP2
-from harness.parity.ranks.sides.user import pipeline, reference
+from harness.parity.ranks.sides.user import candidate, pipeline, reference
 from harness.parity.ranks.sides.user.found import READ_FROM_TORCH
 from harness.parity.ranks.wire import FunctionFacts
 from harness.parity.workload import registry
@@ -54,8 +54,12 @@ class UserPipeline(PipelineFSDP2):
         self.stage_modules = [stage.submod for stage in built.stages]
         self.pp_group = built.stages[0].group
         self.pp_rank = dist.get_rank(self.pp_group)
-        self.stage_owner = (True, self.data_rank == 0)
-        """Every rank holds its shards of its stages (no TP); the stage's first ``dp`` rank its
+        tp_rank = 0
+        if self.found.tp_dim is not None:
+            tp_rank = candidate.user_mesh(self.config, self.device)[self.found.tp_dim].get_local_rank()
+        self.stage_owner = (tp_rank == 0, tp_rank == 0 and self.data_rank == 0)
+        """The ranks at TP coordinate 0 compare their shards of their stages (the TP ranks of a dp
+        coordinate hold the same shards of what TP does not split); the stage's first of them its
         whole tensors (``measure/local.py``)."""
         self.cut = split.Cut(built.held, built.count, ())
         self.io, self.loss = built.io, built.loss
