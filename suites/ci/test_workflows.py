@@ -93,7 +93,8 @@ def test_the_gpu_workflow_runs_the_gpu_tier_in_strict_mode_on_a_self_hosted_runn
 
 
 def test_the_gate_runs_the_suites_make_test_runs():
-    """The CPU workflow runs `make gate` in place of `make test`: same suites, one session."""
+    """The CPU workflow runs `make gate` in place of `make test`: same suites, one session (`make
+    test` spreads its session over two xdist workers, a module to each at a time)."""
     make_test = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     pytest_line = next(line for line in make_test.stdout.splitlines() if "-m pytest" in line)
     args = shlex.split(pytest_line.split("-m pytest", 1)[1])
