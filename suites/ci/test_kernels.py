@@ -111,9 +111,11 @@ def test_aten_reports_its_scalar_kernels_under_the_default_family():
     assert settings.aten_capability(env) == "DEFAULT"
 
 
+@pytest.mark.e2e
 def test_the_sparse_configurations_keep_their_verdicts_under_atens_scalar_kernels(tmp_path):
     """The regression itself: the single-process sparse reference must run the candidate's shapes
-    (a family alone is held to no failure; the native kernels ran in the suites already)."""
+    (a family alone is held to no failure; the native kernels ran in the suites already). A run of
+    the command with its own ranks: ``make e2e`` (``make kernels`` runs the whole matrix so)."""
     command = [sys.executable, "-m", "ci.kernels", "--settings", "aten-default", "-k", "sparse"]
     completed = subprocess.run(
         [*command, "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600

@@ -235,7 +235,10 @@ def pytest_sessionstart(session):
 '''
 
 
-@pytest.mark.parametrize(("args", "where"), [((), ""), (("-n", "1"), " of gw0")], ids=["plain", "xdist"])
+@pytest.mark.parametrize(
+    ("args", "where"),
+    [pytest.param((), "", id="plain"), pytest.param(("-n", "1"), " of gw0", id="xdist", marks=E2E)],
+)
 def test_plugin_reports_what_the_pool_killed_at_the_end(tmp_path, args, where):
     """The processes ``RankPool.close()`` killed because they outlived the session are named in the
     terminal summary, the controller's under xdist (the pool is a stand-in that kills a ``sleep``)."""

@@ -15,7 +15,8 @@ At world size 4 (four ranks on two cores: most of this module's time) ``make tes
 sample, :data:`SAMPLE_AT_4` and :data:`LOW_PRECISION_SAMPLE`: HYBRID_SHARD (world size 4 only),
 an inf on FSDP2's uneven shards, an accumulation, fp16 under FSDP1 and bf16 under FSDP2. The
 other rows at 4 are the ``world_sizes`` tier's (``make world-sizes``); ``test_world_size.py``
-runs this workload at 4 bitwise under every FSDP1 strategy and FSDP2 in ``make test`` too.
+runs this workload at 4 bitwise under HYBRID_SHARD and FSDP2 in ``make test`` too (every FSDP1
+strategy in the tier).
 """
 
 import pytest
