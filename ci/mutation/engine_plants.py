@@ -309,8 +309,7 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
                 "for b in batches]), batches, strict=True)\n",
             ),
         ),
-        tests=(
-            "suites/ci/test_kernels.py::test_the_sparse_configurations_keep_their_verdicts_under_atens_scalar_kernels",
+        tests=(  # the kernel-family run that found it is an end-to-end test now (make e2e, make kernels)
             "suites/parity/test_sparse.py::"
             "test_the_single_process_reference_multiplies_each_ranks_rows_in_that_ranks_own_shape",
         ),
