@@ -142,9 +142,9 @@ def test_heartbeats_keep_a_slow_case_alive_past_its_deadline(pool):
     spec = CaseSpec(
         target=f"{__name__}:beat_for",
         config=DistConfig(world_size=2),
-        args=(3.0, 0.3),
-        deadline_s=1.5,
-        collective_timeout_s=1.0,
+        args=(6.0, 0.3),  # twice the deadline; the deadline long enough for a rank to start on busy cores
+        deadline_s=3.0,
+        collective_timeout_s=2.0,
     )
     results = pool.run(spec)
     assert [r.status for r in results] == ["passed", "passed"], judge(results, world_size=2).message
