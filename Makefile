@@ -54,7 +54,7 @@ parity: setup ## the parity matrix against DDP and the whole batch's float64 gro
 	$(PY) -m harness.parity --ground-truth --backend $(BACKEND) --world-size $(WORLD_SIZE) --scaler $(SCALER) --out $(REPORTS) $(if $(K),-k "$(K)") $(if $(WORKLOAD),--workload "$(WORKLOAD)")
 
 test: setup ## all suites on CPU/gloo but the end-to-end, world-size, 2-D, pipeline and compiled tiers and the drawn property sample, in under 5 minutes (.ci/run runs exactly this)
-	$(PY) -m pytest suites -q --numprocesses=2 --dist=loadfile -m "not e2e and not world_sizes and not two_d and not pipeline and not property and not compile"
+	$(PY) -m pytest suites -q --numprocesses=2 --dist=loadfile --no-loadscope-reorder -m "not e2e and not world_sizes and not two_d and not pipeline and not property and not compile"
 
 e2e: setup ## the end-to-end tests make test leaves out (-m e2e): inner sessions, CLI and gate runs, torchrun launches
 	$(PY) -m pytest suites -q -m e2e
