@@ -70,9 +70,7 @@ class PipelineFSDP2(FSDP2):
         if plan is not None:
             tp_plan.check_degree(self.workload, module, mesh.tp)
             self.plan_text = ", ".join(f"{key} {type(style).__name__}" for key, style in plan.items())
-        self.whole_meta = {name: (tuple(p.shape), p.dtype) for name, p in module.named_parameters()}
-        """Every parameter of the whole model: a rank names each, held or not."""
-        self.whole_order = list(self.whole_meta)
+        self.name_whole(module)
         self.cut = split.of_rank(self.workload, module, mesh, self.pp_rank)
         self.io, self.loss = split.io_and_loss(self.workload, module)
         kwargs: dict[str, Any] = {
@@ -109,6 +107,11 @@ class PipelineFSDP2(FSDP2):
         self._scaler: Any = None
         self._losses: list[float] = []
         return self.stage_modules[0]
+
+    def name_whole(self, module: nn.Module) -> None:
+        """Every parameter of the whole model, before any cut: a rank names each, held or not."""
+        self.whole_meta = {name: (tuple(p.shape), p.dtype) for name, p in module.named_parameters()}
+        self.whole_order = list(self.whole_meta)
 
     def _check_order(self) -> None:
         """Refuse a schedule whose stages add their microbatches' weight gradients in another order

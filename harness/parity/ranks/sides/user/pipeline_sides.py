@@ -46,8 +46,7 @@ class UserPipeline(PipelineFSDP2):
         )
 
     def wrap(self, module: nn.Module) -> nn.Module:
-        self.whole_meta = {name: (tuple(p.shape), p.dtype) for name, p in module.named_parameters()}
-        self.whole_order = list(self.whole_meta)
+        self.name_whole(module)  # before the function cuts it
         self.built, self.found = pipeline.call(self.config, module, self.device)
         built = self.built
         self.schedule = built.schedule
