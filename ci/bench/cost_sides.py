@@ -9,8 +9,9 @@ starts fresh and its peak is its own. A pool side's figures are per process: the
 every rank, each at its warm level (``VmRSS`` once ranks are started, the group built,
 ``transformers`` imported and the workload resolved: what torch and the libraries hold before any
 model exists) and at its peak. The time is the case's wall time on the warm pool (the pool's
-start, the same for both pool sides, is left out); the single side's is its loop's, from building
-the model.
+start, the same for both pool sides, is left out; the tool's controller has imported the tool and
+resolved the workload, as every rank has, before the clock starts); the single side's is its
+loop's, from building the model (after its own imports and the workload's resolution).
 """
 
 from __future__ import annotations
@@ -153,6 +154,11 @@ def measure_side(side: str, size: str, world_size: int = 2) -> dict[str, Any]:
         workload = spec(size, function)
         pool.run(CaseSpec(target=f"{__name__}:warm", config=config, args=(workload,)))
         warm = [figures[1] for pid in pool.pids if (figures := rss(pid)) is not None]
+        if not side.startswith("plain"):  # the controller warmed as the ranks are (and as ``single``)
+            from harness.parity.doors import runner  # noqa: F401 - imported before the clock starts
+            from harness.parity.workload import registry
+
+            registry.get(workload)
         own_warm = rss(os.getpid())
         started = time.perf_counter()
         if side.startswith("plain"):

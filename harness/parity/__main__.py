@@ -21,7 +21,6 @@ from harness.parity.judge.result import ParityResult
 from harness.parity.plan.config import BACKENDS, SCALERS, unsupported_reason
 from harness.parity.plan.recipe import RECIPES
 from harness.parity.plan.select import ExpressionError, select
-from harness.parity.ranks import entry
 from harness.parity.report import render
 
 
@@ -274,6 +273,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--jobs must be >= 1 group of ranks, got {options.jobs}; e.g. --jobs 1")
     if not options.deadline > 0:
         parser.error(f"--deadline must be > 0 seconds, got {options.deadline}")
+    from harness.parity.ranks import entry  # here: the controller needs no rank-side module else
+
     try:  # read again on every rank, which inherit this environment
         entry.keep_budget()
     except ValueError as error:

@@ -244,3 +244,35 @@ def test_full_tensors_travel_for_the_origin_and_the_first_failing_step_only(monk
             sent.append(step)
     assert sent == [1, 3]
     assert sorted(check.kept) == [1, 3]
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    ints = {torch.float32: torch.int32, torch.float64: torch.int64}
+    return tensor.view(ints.get(tensor.dtype, torch.int16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gradients_unscaled_in_their_own_dtype_round_as_through_float64(dtype):
+    """A power-of-two scale divided out in float32 gives the float64 route's bits, subnormals too."""
+    grads = torch.randn(20_000, dtype=torch.float64) * torch.logspace(-45, 38, 20_000, dtype=torch.float64)
+    grads = grads.to(dtype)
+    for scale in (2.0**16, 2.0**24, 2.0**-3):
+        fast = stepcheck.unscaled({"w": grads.clone()}, scale)["w"]
+        assert torch.equal(_bits(fast), _bits((grads.double() / scale).to(dtype)))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_every_16_bit_gradient_unscaled_rounds_as_through_float64(dtype):
+    """Every finite value of the dtype, at the scales a run reaches: the float32 division inside
+    torch's 16-bit one never rounds twice where it matters."""
+    every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+    every = every[every.isfinite()]
+    for scale in (2.0, 2.0**8, 2.0**16, 2.0**24, 2.0**30):
+        got = stepcheck.unscaled({"w": every.clone()}, scale)["w"]
+        assert got.dtype == dtype
+        assert torch.equal(_bits(got), _bits((every.double() / scale).to(dtype)))
+
+
+def test_a_scale_of_one_leaves_the_gradients_as_they_are():
+    grads = torch.randn(8)
+    assert stepcheck.unscaled({"w": grads}, 1.0)["w"] is grads

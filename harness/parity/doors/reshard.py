@@ -22,7 +22,7 @@ from typing import Any
 from harness.parity.judge import result as results
 from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks.measure.record import RunRecord
-from harness.parity.ranks.restart.resume import DIR_ENV
+from harness.parity.ranks.restart import DIR_ENV
 from harness.parity.ranks.wire import RankRow
 
 TARGET = "harness.parity.ranks.phases:run_batch"

@@ -18,6 +18,7 @@ section 4.5). A test that reads every step's tensors asks for ``keep_all``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Iterator
 
@@ -305,4 +306,12 @@ def unscaled(grads: Tensors, scale: float) -> Tensors:
 
 
 def _divided(grad: torch.Tensor, scale: float) -> torch.Tensor:
+    """``grad / scale`` rounded once to ``grad``'s dtype. Divided by a power of two, a float32 or
+    float64 gradient is rounded once by IEEE division itself, and a 16-bit one, divided in float32,
+    lands on its own grid exactly (every bfloat16 and float16 value checked, by the tests): no
+    float64 copy of a model's gradients. Another scale's quotient is inexact: float64, once."""
+    if scale == 1:
+        return grad
+    if math.frexp(scale)[0] == 0.5:
+        return grad / scale
     return (grad.double() / scale).to(grad.dtype)

@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from harness.parity.plan.config import ParityConfig
 from harness.parity.plan.config import resume as resume_part
-from harness.parity.ranks.restart import reshard, resume_store
+from harness.parity.ranks.restart import DIR_ENV, reshard, resume_store
 from harness.parity.ranks.restart.resume_state import audit, scramble, snapshot
 from harness.parity.ranks.restart.resume_state import moved as moved_weights
 from harness.parity.ranks.sides import checkpoint, engines, roles
@@ -48,10 +48,6 @@ from harness.parity.ranks.sides.loop_state import CarriedRng, LoopState
 from harness.parity.ranks.wire import RankStep, ResumeAudit
 from harness.rank import context
 from harness.rank.subtests import all_ranks
-
-DIR_ENV = "SHARDSCALE_RESUME_DIR"
-"""Where resume rows write their checkpoints (default: the system's temporary folder); it must be
-one folder every rank sees."""
 
 _FRESH_SEED = 7919
 """Added to the configuration's seed for the fresh model's weights: new values, not the saved ones."""

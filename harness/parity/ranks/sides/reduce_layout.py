@@ -28,10 +28,9 @@ The layouts, read in torch 2.13's sources (``_fsdp_collectives.foreach_reduce``,
   whole (``NO_SHARD``).
 * **DDP**: one flat all-reduce of every gradient (for a DDP candidate's low-precision twin).
 
-What is *not* taken from the candidate: the divide factors (``twin.divide_factors`` derives them
-from the world size and the reduce dtype, so a wrong factor on the candidate's side still shows),
-which parameters exist, and every value. The reference gathers the reduced shards back (an
-all-gather copies, it does not round), so each rank keeps the full reduced gradient.
+Not taken from the candidate: the divide factors (``twin.divide_factors``: a wrong factor on the
+candidate's side still shows), which parameters exist, and every value. The reduced shards are
+gathered back (copies: no rounding); a shard group of 2 without replicas is one all-reduce.
 """
 
 from __future__ import annotations
@@ -212,15 +211,16 @@ def _scattered_and_gathered(
     groups: tuple[Any, Any],
     in_reverse: bool,
 ) -> torch.Tensor:
-    """``buffer`` (numel a multiple of the shard group's size) divided before, reduce-scattered over
-    the shard group, all-reduced over the replicate group (if any), divided after, and gathered
-    back whole over the shard group (``in_reverse``: summed by :func:`reverse_sum` instead)."""
+    """``buffer`` divided before, reduce-scattered over the shard group, all-reduced over the
+    replicas, divided after, gathered back whole (``in_reverse``: :func:`reverse_sum` instead)."""
     shard, replicate = groups
     size = dist.get_world_size(shard)
     op, pre, post = _op(layout, factors, groups)
     _divide(buffer, pre)
-    if in_reverse:
-        whole = reverse_sum(buffer, op)
+    if in_reverse or (size == 2 and replicate is None):  # a + b is b + a: the same bits, one call
+        whole = reverse_sum(buffer, op) if in_reverse else buffer
+        if not in_reverse:
+            dist.all_reduce(whole, op=op, group=shard)
         _divide(whole, post)
         return whole
     out = torch.empty(buffer.numel() // size, dtype=buffer.dtype, device=buffer.device)
