@@ -137,5 +137,32 @@ PIPELINE_PLANTS: tuple[Plant, ...] = (
             f"{_USER_TESTS}::test_a_schedule_that_does_not_divide_by_the_microbatches_fails_at_step_0_named",
         ),
     ),
+    Plant(
+        name="pp_user_compiles_not_gathered",
+        bug="the stages' compiled modules are not merged: the whole twin runs them eager",
+        edits=(
+            _edit(
+                "ranks/sides/user/pipeline.py",
+                '        compiled=tuple(c for part in stages for c in part["compiled"]),\n',
+                "        compiled=(),  # planted\n",
+            ),
+        ),
+        tests=(f"{_USER_TESTS}::test_every_stages_compiled_modules_reach_the_whole_twin",),
+    ),
+    Plant(
+        name="pp_stage_inputs_blamed_for_compile",
+        bug="a step-0 loss difference against an eager twin of a compiled pipeline blamed on the stages' data",
+        edits=(
+            _edit(
+                "judge/causes/pipeline.py",
+                "    if e.candidate.compiled != e.reference.compiled:",
+                "    if False:  # planted",
+            ),
+        ),
+        tests=(
+            "suites/parity/test_cause_premises.py::"
+            "test_a_step_0_loss_difference_against_an_eager_twin_of_a_compiled_pipeline_is_compiles",
+        ),
+    ),
 )
 """The pipeline's plants."""

@@ -406,3 +406,14 @@ def test_a_row_the_staged_check_failed_is_explained_from_its_first_finding():
     assert (measured.source, measured.step, measured.stage) == ("staged", 1, "loss")
     explained = results.explained(judged, reference, candidate)
     assert "forward_differs" in [c.name for c in explained.causes]
+
+
+def test_a_step_0_loss_difference_against_an_eager_twin_of_a_compiled_pipeline_is_compiles():
+    """Against a twin compiled otherwise the forward's own numbers differ at step 0: the stages'
+    data is not blamed for what compile did."""
+    case = CASES["pp_stage_inputs_differ"]
+    compiled = [replace_step(record, compiled="2 modules, inductor") for record in case.candidate]
+    ref, cand = run(*case.reference), run(*compiled, role="candidate")
+    found = causes.weigh(ref, cand, compare_runs(ref, cand, profile=case.profile), **case.kwargs)
+    names = [c.name for c in found.named]
+    assert names[0] == "compile_changes_numerics" and "pp_stage_inputs_differ" not in names, names

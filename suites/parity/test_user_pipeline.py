@@ -2,7 +2,8 @@
 ``fully_shard`` calls, its schedule): its rows pass bitwise against the whole model's twin when it
 is correct, and its bugs fail named or are refused naming the way out
 (``fixtures/user_pipelines.py``; ``ranks/sides/user/pipeline.py``). ``make test`` runs pp 2 at
-world size 2; the ``pipeline`` tier pp 2 x dp 2 at world size 4.
+world size 2; the ``pipeline`` tier pp 2 x dp 2 at world size 4 and compiled stages (``aot_eager``),
+the ``compile`` tier inductor's against a twin compiled alike and an eager one.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from harness.parity.doors import runner
 from harness.parity.doors.testing import ranks_executor
 from harness.parity.plan.config import Mesh, ParityConfig
 from harness.parity.plan.matrices import workload as workload_matrix
+from harness.parity.ranks.sides.user import discover, pipeline
+from harness.parity.ranks.sides.user.found import Compiled
 
 _FUNCTIONS = "fixtures.user_pipelines"
 
@@ -75,6 +78,61 @@ def test_what_the_twin_cannot_mirror_is_an_error_naming_the_way_out(module_ranks
     (outcome,) = runner.run([_plain(name)], ranks_executor(module_ranks))
     assert outcome.result.status == "error"
     assert words in outcome.result.reason, outcome.result.reason
+
+
+def _stage_part(index: int, module: str, backend: object = "aot_eager") -> dict:
+    compiled = Compiled(
+        module=module, backend=backend, backend_name=str(backend), fullgraph=False, dynamic=None,
+        how="module.compile()",
+    )  # fmt: skip
+    return {
+        "index": index, "units": (), "checkpointed": (), "compiled": [compiled], "never": (),
+        "refused": (), "params": [f"{module}.w"], "buffers": [], "tp": (), "tp_degree": None, "tp_dim": None,
+    }  # fmt: skip
+
+
+def test_every_stages_compiled_modules_reach_the_whole_twin():
+    """Each stage's compiles, as every rank gathered them, become the twin's, in stage order."""
+    found = pipeline._merge(
+        [_stage_part(1, "layers.1"), _stage_part(0, "layers.0")], {"layers.0.w", "layers.1.w"}, [], []
+    )
+    assert not found.refused, found.refused
+    assert [c.module for c in found.compiled] == ["layers.0", "layers.1"]
+
+
+def test_a_compile_whose_backend_cannot_travel_to_the_other_stages_is_refused_naming_the_way_out():
+    found = discover.Found(
+        compiled=(_stage_part(0, "layers.0", backend=lambda gm, inputs: gm)["compiled"][0],)
+    )
+    (why,) = pipeline._unsendable(found)
+    assert "layers.0 is compiled with a backend that cannot be pickled" in why
+    assert "backend='inductor'" in why
+
+
+@pytest.mark.pipeline
+def test_a_pipeline_whose_stages_compile_their_layers_passes_bitwise_compiled_alike(module_ranks):
+    """Each stage compiles its layers (``aot_eager``): the specs are gathered from every stage and
+    every rank's whole twin compiles the same modules with the same backend."""
+    (outcome,) = runner.run([_plain("pp_compiled")], ranks_executor(module_ranks))
+    result = outcome.result
+    assert (result.status, result.closeness) == ("pass", "bitwise"), result.reason
+    assert "layers.0: module.compile() (aot_eager)" in result.candidate  # stage 0's, seen from both
+    assert "layers.1: module.compile() (aot_eager)" in result.candidate
+    assert "2 modules compiled as yours" in result.reference
+
+
+@pytest.mark.compile
+def test_an_inductor_compiled_pipeline_is_bitwise_only_against_a_twin_compiled_alike(module_ranks):
+    """Inductor's fused kernels round otherwise than eager: compiled alike, the twin is bitwise; an
+    eager twin fails, naming compile's own difference."""
+    configs = workload_matrix.for_workload(
+        f"{_FUNCTIONS}:pp_inductor_workload", mesh="pp=2,dp=1", compile_twin="eager"
+    )
+    plain = [c for c in configs if not c.faults]
+    alike, eager = runner.run(plain, ranks_executor(module_ranks))
+    assert (alike.result.status, alike.result.closeness) == ("pass", "bitwise"), alike.result.reason
+    assert eager.result.status == "fail", eager.result.reason
+    assert eager.result.causes[0].name == "compile_changes_numerics", eager.explanation
 
 
 @pytest.mark.pipeline

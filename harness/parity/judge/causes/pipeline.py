@@ -11,9 +11,10 @@ next to the first diverging step's full tensors. Controller side.
   embedding on the first stage, the head on the last): their parts never summed across stages.
 * ``pp_param_not_stepped``: the gradients match at step 0, and the parameters that differ are
   exactly those the candidate's optimizers hold no state for: left out of their stage's optimizer.
-* ``pp_stage_inputs_differ``: the loss differs at step 0, before any update: the last stage scored
-  other data than the twin (microbatches cut or ordered otherwise on one stage, a target paired
-  with another microbatch's output).
+* ``pp_stage_inputs_differ``: the loss differs at step 0, before any update, both sides compiled
+  alike: the last stage scored other data than the twin (microbatches cut or ordered otherwise on
+  one stage, a target paired with another microbatch's output). Against a twin compiled otherwise
+  the forward's own numbers differ at step 0: that is ``compile_changes_numerics``.
 * ``pp_zero_bubble_resharded``: a schedule that splits the backward under FSDP2 resharding after
   forward: torch 2.13 loses whole microbatches from the weight gradients there (measured).
 
@@ -136,6 +137,8 @@ def param_not_stepped(e: Evidence) -> Cause | None:
 def stage_inputs_differ(e: Evidence) -> Cause | None:
     if not _piped(e) or e.candidate.step != 0 or "loss" not in e.failed:
         return None
+    if e.candidate.compiled != e.reference.compiled:  # compiled otherwise: the forward's own numbers
+        return None  # differ at step 0 (``compile_changes_numerics``), whatever the stages were fed
     return Cause(
         name="pp_stage_inputs_differ",
         evidence="the loss differs at step 0, before any optimizer step, on the pipeline's last stage",
@@ -195,7 +198,10 @@ CAUSES: tuple[KnownCause, ...] = (
     ),
     KnownCause(
         name="pp_stage_inputs_differ",
-        premise="a loss differing at step 0, from the same initial weights",
+        premise=(
+            "a loss differing at step 0, from the same initial weights, with both sides compiled alike "
+            "(or neither)"
+        ),
         pattern=stage_inputs_differ,
     ),
 )

@@ -56,7 +56,7 @@ def rows(
         faults = tuple(Fault(step=s, rank=rank, value="inf") for s in fault_steps(steps))
         configs.append(ParityConfig(suite="forced_inf", faults=faults, **common))  # type: ignore[arg-type]
     if common["mesh"].user_stages is not None:  # type: ignore[attr-defined]
-        return unique(configs)  # a pipeline runs its schedule's own loop: the plain rows only
+        return unique(configs + _eager_twin(compile_twin, common))  # its schedule's loop: plain rows
     if declared.clip is not None:
         configs.append(ParityConfig(loop=Loop(path="unscale_clip", clip=declared.clip), **common))  # type: ignore[arg-type]
     if declared.accumulates:
@@ -69,6 +69,11 @@ def rows(
         at = resume_matrix.default_step(steps) if declared.resume_at is None else declared.resume_at
         for method in ("dcp", "user") if spec.save is not None else ("dcp",):
             configs.append(ParityConfig(resume=Resume(at=at, method=method), **common))  # type: ignore[arg-type]
-    if compile_twin == "eager":  # compile's own difference: the plain row against an eager twin
-        configs.append(ParityConfig(compile=Compile(mode="function", twin="eager"), **common))  # type: ignore[arg-type]
-    return unique(configs)
+    return unique(configs + _eager_twin(compile_twin, common))
+
+
+def _eager_twin(compile_twin: str, common: dict[str, object]) -> list[ParityConfig]:
+    """Compile's own difference: the plain row against an eager twin, when asked for."""
+    if compile_twin != "eager":
+        return []
+    return [ParityConfig(compile=Compile(mode="function", twin="eager"), **common)]  # type: ignore[arg-type]

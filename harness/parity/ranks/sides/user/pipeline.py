@@ -15,13 +15,16 @@ model by name. Tensor parallelism inside the stages (a ``pp``, ``dp``, ``tp`` me
 stage as ``parallelize_module`` applied it, and mirrored on the whole twin. What is not mirrored is
 refused naming the way out (``Found.refused``): stages that rename parameters or leave one out, a
 tied parameter whose copies land in different stages (nothing inside a parallelize function can
-sum their gradients; torchtitan unties them), ``torch.compile`` inside the stages, units in
-different precision policies, a schedule class torch does not ship.
+sum their gradients; torchtitan unties them), units in different precision policies, a schedule
+class torch does not ship, a compile whose backend cannot be pickled. ``torch.compile`` inside the
+stages is mirrored: every stage's compiled modules (their backend objects gathered with the rest)
+are compiled alike on the whole twin (``reference.mirror_function``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +36,7 @@ from harness.parity.plan.config import ParityConfig
 from harness.parity.plan.config.mesh import SCHEDULES
 from harness.parity.ranks.sides.full import gather
 from harness.parity.ranks.sides.user import candidate, discover
-from harness.parity.ranks.sides.user.found import Found
+from harness.parity.ranks.sides.user.found import Compiled, Found
 from harness.parity.workload import hf_pipeline, registry
 
 _KEYS = {name: key for key, (name, _) in SCHEDULES.items()}
@@ -99,6 +102,26 @@ def _stage_names(stage: Any) -> tuple[list[str], list[str]]:
     return params, [gather.clean_name(n) for n, _ in module.named_buffers()]
 
 
+def _sendable(compiled: Compiled) -> bool:
+    try:
+        pickle.dumps(compiled)
+    except Exception:  # noqa: BLE001 - any failure to pickle: the spec stays on its rank
+        return False
+    return True
+
+
+def _unsendable(found: Found) -> tuple[str, ...]:
+    """A compile whose backend cannot travel to the ranks of the other stages (every rank's twin
+    compiles every stage's modules with the very backend object the stage was compiled with)."""
+    return tuple(
+        f"{c.module or '(root)'} is compiled with a backend that cannot be pickled ({c.backend_name}): "
+        "every rank's twin compiles every stage alike, so the backend must travel; name it by a string "
+        "(backend='inductor') or a module-level function"
+        for c in found.compiled
+        if not _sendable(c)
+    )
+
+
 def _io(workload: Any, model: nn.Module) -> Callable[[Any], tuple[torch.Tensor, torch.Tensor]]:
     if workload.pp_io is not None:
         return workload.pp_io  # type: ignore[no-any-return]
@@ -142,8 +165,8 @@ def call(config: ParityConfig, module: nn.Module, device: torch.device) -> tuple
         params, buffers = _stage_names(stage)
         mine.append({
             "index": stage.stage_index, "units": found.units, "checkpointed": found.checkpointed,
-            "compiled": [c.module for c in found.compiled], "never": found.never_reduced,
-            "refused": found.refused, "params": params, "buffers": buffers, "tp": found.tp,
+            "compiled": [c for c in found.compiled if _sendable(c)], "never": found.never_reduced,
+            "refused": found.refused + _unsendable(found), "params": params, "buffers": buffers, "tp": found.tp,
             "tp_degree": found.tp_degree, "tp_dim": found.tp_dim,
         })  # fmt: skip
     every: list[Any] = [None] * dist.get_world_size()
@@ -175,11 +198,6 @@ def _merge(
                 "the model's names in each stage (a copy of the model with the other stages' modules set to "
                 "None, as torchtitan's pipeline_module_split does)"
             )
-        if part["compiled"]:
-            refused.append(
-                f"stage {part['index']} compiles {part['compiled']}: torch.compile inside a pipeline's stages "
-                "is not mirrored yet"
-            )
     held = {name: part["index"] for part in stages for name in part["params"]}
     missing = sorted(name for name in whole if name not in held)
     if missing:
@@ -210,6 +228,7 @@ def _merge(
         tp_degree=next(iter(degrees), None),
         tp_dim=next((part["tp_dim"] for part in stages if part["tp_dim"] is not None), None),
         checkpointed=tuple(c for part in stages for c in part["checkpointed"]),
+        compiled=tuple(c for part in stages for c in part["compiled"]),
         never_reduced=tuple(n for part in stages for n in part["never"]),
         refused=tuple(dict.fromkeys(refused)),
     )

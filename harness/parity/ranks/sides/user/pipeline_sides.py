@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from harness.parity.plan.config import ParityConfig
+from harness.parity.ranks.sides import compiled as compiling
 from harness.parity.ranks.sides import stages as split
 from harness.parity.ranks.sides.engines import Engine
 from harness.parity.ranks.sides.pipeline import twin as twin_pp
@@ -39,6 +40,9 @@ class UserPipeline(PipelineFSDP2):
             f"your {name}() on mesh {config.mesh.words()}: {self.built.describe()}; "
             f"{self.found.summary()}{READ_FROM_TORCH}" + "; ".join(self.found.lines())
         )
+        if self.found.compiled:  # the compile causes read these (``judge/causes/compiled.py``)
+            self.compile_backend = self.found.compiled[0].backend_name
+            self.compiled_count = len(self.found.compiled)
         resharded = any(unit.reshard.startswith("after forward") for unit in self.found.units)
         self.facts = FunctionFacts(
             never_reduced=self.found.never_reduced,
@@ -48,6 +52,8 @@ class UserPipeline(PipelineFSDP2):
     def wrap(self, module: nn.Module) -> nn.Module:
         self.name_whole(module)  # before the function cuts it
         self.built, self.found = pipeline.call(self.config, module, self.device)
+        if self.found.compiled:
+            compiling.settle()
         built = self.built
         self.schedule = built.schedule
         self.stage_modules = [stage.submod for stage in built.stages]
