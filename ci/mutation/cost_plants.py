@@ -135,4 +135,16 @@ COST_PLANTS: tuple[Plant, ...] = (
         ),
         tests=(_LANES,),
     ),
+    Plant(
+        name="cost_controller_imports_the_ranks_loop",
+        bug="the CLI reads the keep budget from the ranks' entry module: its process imports their loop",
+        edits=(
+            _edit(
+                "__main__.py",
+                "        requests.keep_budget()\n",
+                "        from harness.parity.ranks import entry  # planted\n\n        entry.keep_budget()\n",
+            ),
+        ),
+        tests=("suites/parity/test_cli.py::test_the_controller_starts_without_the_rank_side_libraries",),
+    ),
 )

@@ -21,6 +21,7 @@ from harness.parity.judge.result import ParityResult
 from harness.parity.plan.config import BACKENDS, SCALERS, unsupported_reason
 from harness.parity.plan.recipe import RECIPES
 from harness.parity.plan.select import ExpressionError, select
+from harness.parity.ranks import requests
 from harness.parity.report import render
 
 
@@ -273,10 +274,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--jobs must be >= 1 group of ranks, got {options.jobs}; e.g. --jobs 1")
     if not options.deadline > 0:
         parser.error(f"--deadline must be > 0 seconds, got {options.deadline}")
-    from harness.parity.ranks import entry  # here: the controller needs no rank-side module else
-
     try:  # read again on every rank, which inherit this environment
-        entry.keep_budget()
+        requests.keep_budget()
     except ValueError as error:
         parser.error(str(error))
     if os.getcwd() not in sys.path:  # the ranks get this sys.path: the workload imports there too

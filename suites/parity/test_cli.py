@@ -56,11 +56,15 @@ def test_a_keep_budget_that_is_not_a_number_exits_2_naming_the_variable(monkeypa
 
 
 def test_the_controller_starts_without_the_rank_side_libraries():
-    """The CLI's process imports what it judges and reports with, not what only ranks run
-    (dynamo, distributed checkpointing): seconds off every run's start."""
+    """The CLI's process imports what it judges and reports with, not what only ranks run (their
+    training loop, distributed checkpointing): seconds off every run's start."""
     probe = (
-        "import sys, harness.parity.__main__; "
-        "print(sorted(m for m in ('torch._dynamo', 'torch.distributed.checkpoint') if m in sys.modules))"
+        "import contextlib, io, sys\n"
+        "from harness.parity.__main__ import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['--list', '-k', 'fsdp2 and fp32'])\n"
+        "rank_side = ('harness.parity.ranks.entry', 'harness.parity.ranks.train', 'torch.distributed.checkpoint')\n"
+        "print(sorted(m for m in rank_side if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]", done.stdout

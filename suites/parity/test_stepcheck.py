@@ -14,7 +14,7 @@ import torch
 from fixtures import candidate_steps
 from harness.parity.judge import result as results
 from harness.parity.plan.config import Fault, Layout, Loop, ParityConfig, Precision
-from harness.parity.ranks import entry
+from harness.parity.ranks import entry, requests
 from harness.parity.ranks.measure import local, stepcheck
 from harness.parity.ranks.wire import RankRow, RankStep, StepTensors
 
@@ -109,16 +109,16 @@ CONFIGS = [
 
 def _run_with_budget(configs: list[ParityConfig], mib: str) -> list[RankRow]:
     entry.forget()
-    before = os.environ.get(entry.KEEP_ENV)
-    os.environ[entry.KEEP_ENV] = mib
+    before = os.environ.get(requests.KEEP_ENV)
+    os.environ[requests.KEEP_ENV] = mib
     try:
         return entry.run_batch(configs)
     finally:
         entry.forget()
         if before is None:
-            del os.environ[entry.KEEP_ENV]
+            del os.environ[requests.KEEP_ENV]
         else:
-            os.environ[entry.KEEP_ENV] = before
+            os.environ[requests.KEEP_ENV] = before
 
 
 def _verdicts(per_rank: list[list[RankRow]]) -> list[tuple]:
@@ -177,8 +177,8 @@ def test_a_kept_reference_serves_every_step_again():
 
 
 def test_a_keep_budget_that_is_not_a_number_of_mib_names_the_variable(monkeypatch):
-    monkeypatch.setenv(entry.KEEP_ENV, "lots")
-    with pytest.raises(ValueError, match=f"{entry.KEEP_ENV} must be a number of MiB"):
+    monkeypatch.setenv(requests.KEEP_ENV, "lots")
+    with pytest.raises(ValueError, match=f"{requests.KEEP_ENV} must be a number of MiB"):
         entry.keep_budget()
 
 

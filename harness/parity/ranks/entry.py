@@ -14,7 +14,6 @@ Import target for the pool: ``harness.parity.ranks.entry:run_batch``.
 from __future__ import annotations
 
 import dataclasses
-import os
 import warnings
 from typing import Any
 
@@ -24,28 +23,11 @@ import torch.distributed as dist
 from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks import train
 from harness.parity.ranks.measure import stepcheck
-from harness.parity.ranks.requests import Request, twin_config
+from harness.parity.ranks.requests import Request, keep_budget, twin_config
 from harness.parity.ranks.sides.full import gather
 from harness.parity.ranks.wire import RankRow, RankRun, RankStep
 from harness.rank import context
 from harness.rank.subtests import agree, all_ranks, leave_group
-
-KEEP_ENV = "SHARDSCALE_PARITY_KEEP_MB"
-"""How many MiB of a reference's full tensors each rank keeps (default 512): a reference that fits
-is kept and shared by every candidate of the batch that has the same reference; a larger one is
-compared with the candidate as both run, a step at a time, and trained again for each candidate."""
-
-
-def keep_budget() -> int:
-    """:data:`KEEP_ENV` in bytes (a clear error when it is not a number of MiB)."""
-    text = os.environ.get(KEEP_ENV, "512")
-    try:
-        mib = float(text)
-    except ValueError:
-        raise ValueError(f"{KEEP_ENV} must be a number of MiB (e.g. {KEEP_ENV}=512), got {text!r}") from None
-    if mib < 0:
-        raise ValueError(f"{KEEP_ENV} must be >= 0 MiB, got {text!r}")
-    return int(mib * 2**20)
 
 
 @dataclasses.dataclass(slots=True)

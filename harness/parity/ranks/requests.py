@@ -10,6 +10,7 @@ in proportion to model size x steps and buy nothing.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from harness.parity.plan.config import ParityConfig
@@ -54,3 +55,22 @@ def twin_key(config: ParityConfig) -> tuple[Any, ...] | None:
     """The reference key of :func:`twin_config` (``None``: no twin)."""
     twin = twin_config(config)
     return twin.reference_key() if twin is not None else None
+
+
+KEEP_ENV = "SHARDSCALE_PARITY_KEEP_MB"
+"""How many MiB of a reference's full tensors each rank keeps (default 512): a reference that fits
+is kept and shared by every candidate of the batch that has the same reference; a larger one is
+compared with the candidate as both run, a step at a time, and trained again for each candidate.
+Read by the ranks (``entry.py``) and checked first by the CLI, here: it imports no rank-side code."""
+
+
+def keep_budget() -> int:
+    """:data:`KEEP_ENV` in bytes (a clear error when it is not a number of MiB)."""
+    text = os.environ.get(KEEP_ENV, "512")
+    try:
+        mib = float(text)
+    except ValueError:
+        raise ValueError(f"{KEEP_ENV} must be a number of MiB (e.g. {KEEP_ENV}=512), got {text!r}") from None
+    if mib < 0:
+        raise ValueError(f"{KEEP_ENV} must be >= 0 MiB, got {text!r}")
+    return int(mib * 2**20)
