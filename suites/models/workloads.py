@@ -13,6 +13,7 @@ Run one: ``python -m harness.parity --workload suites.models.workloads:llama``.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any
 
@@ -43,9 +44,9 @@ def _causal_lm_loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return model(input_ids=ids, labels=ids).loss
 
 
-def _llama_model(heads: int, kv_heads: int) -> Any:
-    """A builder of a tiny ``LlamaForCausalLM`` with tied embeddings and ``heads`` query heads over
-    ``kv_heads`` key-value heads."""
+def _llama_model(heads: int, kv_heads: int, tied: bool = True) -> Any:
+    """A builder of a tiny ``LlamaForCausalLM`` with tied embeddings (``tied``) and ``heads`` query
+    heads over ``kv_heads`` key-value heads."""
     t = _need()
     config = t.LlamaConfig(
         vocab_size=VOCAB,
@@ -55,7 +56,7 @@ def _llama_model(heads: int, kv_heads: int) -> Any:
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         max_position_embeddings=SEQ,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tied,
     )
     return lambda: t.LlamaForCausalLM(config)
 
@@ -206,4 +207,79 @@ def llama_function_without_root() -> Workload:
         name="hf_llama_noroot",
         parallelize=lambda model, mesh: _shard_layers(model, mesh, root=False),
         clip=None,
+    )
+
+
+class _Skipped(torch.nn.Module):
+    """A decoder layer another stage holds: the hidden states handed on."""
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return hidden_states
+
+
+def _llama_stage(model: torch.nn.Module, stage: int, stages: int) -> torch.nn.Module:
+    """A user's cut of a Hugging Face Llama: a copy keeping the model's names, its layers outside
+    the stage skipped, the embedding gone after the first stage, the norm and head made identities
+    before the last; its forward takes the tokens (first stage) or the hidden states and returns
+    the ``logits`` field (the last stage's logits, elsewhere the hidden states)."""
+    import types
+
+    part = copy.deepcopy(model)
+    layers = part.model.layers
+    per = len(layers) // stages
+    for index in range(len(layers)):
+        if not stage * per <= index < (stage + 1) * per:
+            layers[index] = _Skipped()
+    first = stage == 0
+    if not first:
+        part.model.embed_tokens = None
+    if stage != stages - 1:
+        part.model.norm = torch.nn.Identity()
+        part.lm_head = torch.nn.Identity()
+
+    def forward(self: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+        key = "input_ids" if first else "inputs_embeds"
+        return type(self).forward(self, **{key: inputs}, use_cache=False).logits  # type: ignore[no-any-return]
+
+    part.forward = types.MethodType(forward, part)  # type: ignore[method-assign]
+    return part
+
+
+def _next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    vocab = logits.shape[-1]
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].float().reshape(-1, vocab), labels[:, 1:].reshape(-1)
+    )
+
+
+def _pipeline_llama(model: torch.nn.Module, mesh: Any) -> Any:
+    """A user's pipeline over a Hugging Face Llama (torchtitan's recipe): each rank's stage cut
+    from the model, ``fully_shard`` per layer and at the stage in bf16 with a float32 reduce over
+    ``dp``, 1F1B over two microbatches with the user's loss."""
+    from torch.distributed import pipelining
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    pp = mesh["pp"]
+    stage, stages = pp.get_local_rank(), pp.size()
+    part = _llama_stage(model, stage, stages)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in part.model.layers:
+        if not isinstance(layer, _Skipped):
+            fully_shard(layer, mesh=mesh["dp"], mp_policy=policy)
+    fully_shard(part, mesh=mesh["dp"], mp_policy=policy)
+    device = next(model.parameters()).device
+    built = pipelining.PipelineStage(part, stage, stages, device, group=pp.get_group())
+    return pipelining.Schedule1F1B(built, n_microbatches=2, loss_fn=_next_token_loss)
+
+
+def llama_pipeline_function() -> Workload:
+    """An untied Llama whose pipeline the user's own function builds (``--mesh pp=2,dp=1``)."""
+    return dataclasses.replace(
+        llama(),
+        name="hf_llama_pp_fn",
+        model=_llama_model(4, 2, tied=False),
+        units=(),
+        tp_plan=None,
+        pp_split=None,
+        parallelize=_pipeline_llama,
     )
