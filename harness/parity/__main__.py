@@ -342,6 +342,10 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     started = time.monotonic()
+    if not options.no_plot and not in_torchrun:
+        from harness.parity.report import plot  # matplotlib only on the thread it starts
+
+        plot.import_in_background()
 
     def finish(results: list[ParityResult]) -> int:
         return cli.write_reports(

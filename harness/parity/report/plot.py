@@ -21,6 +21,7 @@ Needs matplotlib (``pip install shardscale[report]``).
 from __future__ import annotations
 
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -283,6 +284,24 @@ def ground_truth_line(results: list[ParityResult]) -> str:
         f"{v.name} at step {v.step} ({v.cause.name if v.cause else 'no known cause'})" for v in failed[:3]
     )
     return f"\nground truth: {len(failed)} of {len(found)} split(s) train UNLIKE the whole batch: {named}"
+
+
+def import_in_background() -> None:
+    """Import matplotlib (its Agg backend) on a daemon thread while the rows run: the controller
+    mostly waits on its ranks then, and the figure at the end starts drawing at once (the import
+    is a second of a ``make parity``). Nothing is drawn here; a failed import is met again, and
+    said, when the figure is written."""
+
+    def load() -> None:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot  # noqa: F401 - imported for later
+        except Exception:  # noqa: BLE001 - render_png's own import reports it
+            return
+
+    threading.Thread(target=load, name="parity-plot-import", daemon=True).start()
 
 
 def render_png(results: list[ParityResult], path: str | Path) -> bool:
