@@ -342,10 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     started = time.monotonic()
-    if not options.no_plot and not in_torchrun:
-        from harness.parity.report import plot  # matplotlib only on the thread it starts
-
-        plot.import_in_background()
+    cli.import_plotting(options, in_torchrun)
 
     def finish(results: list[ParityResult]) -> int:
         return cli.write_reports(

@@ -216,6 +216,14 @@ def world_sizes(options: argparse.Namespace) -> str:
     return f"world size {options.world_size}"
 
 
+def import_plotting(options: argparse.Namespace, in_torchrun: bool) -> None:
+    """Start importing matplotlib while the rows run, where this process will draw parity.png."""
+    if not options.no_plot and not in_torchrun:
+        from harness.parity.report import plot  # matplotlib only on the thread it starts
+
+        plot.import_in_background()
+
+
 def write_reports(
     options: argparse.Namespace, results: list[ParityResult], wall: float, *, launcher: str
 ) -> int:
