@@ -147,4 +147,12 @@ COST_PLANTS: tuple[Plant, ...] = (
         ),
         tests=("suites/parity/test_cli.py::test_the_controller_starts_without_the_rank_side_libraries",),
     ),
+    Plant(
+        name="cost_ground_truth_before_the_rows",
+        bug="the ground truth is measured before any row although a second group of ranks could run it",
+        edits=(
+            _edit("doors/ground_truths.py", "        if not parallel:\n", "        if True:  # planted\n"),
+        ),
+        tests=(f"{_LANES}::test_the_ground_truth_runs_on_the_second_group_while_the_first_runs_rows",),
+    ),
 )

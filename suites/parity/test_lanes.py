@@ -114,6 +114,33 @@ def test_the_runner_gives_every_row_its_verdict_across_lanes():
     assert sorted(p.done for p in progress) == list(range(1, len(configs) + 1))
 
 
+def test_the_ground_truth_runs_on_the_second_group_while_the_first_runs_rows():
+    """The stage's rank call goes to the second group, whose rows wait for it; the first group
+    starts its rows at once; every row still carries the stage's verdict (an error here)."""
+    from harness.parity.doors import ground_truths
+
+    calls: list[tuple[str, str]] = []
+    first_rows_sent = threading.Event()
+
+    def executor(name):
+        def execute(batch, backend, world_size, target=runner.RANK_TARGET):
+            kind = "truth" if target == ground_truths.TARGET else "rows"
+            calls.append((name, kind))
+            if kind == "truth":
+                assert first_rows_sent.wait(10), "the first group's rows waited for the ground truth"
+            elif name == "a":
+                first_rows_sent.set()
+            raise runner.BatchFailed(f"not run by {name}")
+
+        return execute
+
+    configs = [*_FAMILY, *_OTHERS]
+    outcomes = runner.run(configs, executor("a"), parallel=[executor("b")], ground_truth=True)
+    assert calls.count(("b", "truth")) == 1 and ("a", "truth") not in calls
+    assert [kind for name, kind in calls if name == "b"][0] == "truth"
+    assert all(o.result.semantics is not None and o.result.semantics.status == "error" for o in outcomes)
+
+
 def _options(**given):
     defaults = {"jobs": None, "workload": [], "compile": None, "backend": "gloo", "parameters": {}}
     return argparse.Namespace(**{**defaults, **given})

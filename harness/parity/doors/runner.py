@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from harness.parity.doors import ground_truths, lanes, reshard
-from harness.parity.judge import pinpoint, semantics, staged
+from harness.parity.judge import pinpoint, staged
 from harness.parity.judge import result as results
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan import profiles
@@ -156,7 +156,7 @@ def run(
 
     runnable = [config for config in configs if unsupported_reason(config, gpus=gpus) is None]
     ran = 0
-    truths = ground_truths.measured(runnable, execute, BatchFailed) if ground_truth else {}
+    truths = ground_truths.Pending(runnable, execute, parallel, BatchFailed) if ground_truth else None
     lock = threading.Lock()  # lanes finish rows from their own threads
 
     def finish(outcome: Outcome) -> None:
@@ -165,11 +165,6 @@ def run(
 
     def _finish(outcome: Outcome) -> None:
         nonlocal ran
-        found = truths.get(semantics.key(outcome.result.config))
-        if found is not None:
-            outcome = dataclasses.replace(
-                outcome, result=dataclasses.replace(outcome.result, semantics=found)
-            )
         outcomes[outcome.result.config.id] = outcome
         ran += outcome.result.status != "skip"
         if on_progress is not None:
@@ -197,7 +192,7 @@ def run(
                 finish(Outcome(result=verdict))
 
     plain = [config for config in runnable if config.resume.world_size is None]
-    executors = [execute, *parallel]
+    executors = [execute, *parallel] if truths is None else truths.executors
     for (backend, world_size), group in by_world(plain):
 
         def work(
@@ -216,7 +211,7 @@ def run(
     for _, group in reshard.groups(resharded):  # two halves, at two world sizes (reshard.py)
         for batch in _chunks(group, batch_size):
             finish_all(reshard.judged_batch(batch, execute, BatchFailed))
-    return [outcomes[config.id] for config in configs]
+    return [outcomes[config.id] if truths is None else truths.on(outcomes[config.id]) for config in configs]
 
 
 Judged = tuple[ParityResult, "RunRecord | None", "RunRecord | None"]
