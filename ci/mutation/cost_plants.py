@@ -155,4 +155,22 @@ COST_PLANTS: tuple[Plant, ...] = (
         ),
         tests=(f"{_LANES}::test_the_ground_truth_runs_on_the_second_group_while_the_first_runs_rows",),
     ),
+    Plant(
+        name="cost_one_call_skips_the_divide_before",
+        bug="the one all-reduce of a shard group of 2 forgets the divide before the sum",
+        edits=(_edit("ranks/sides/order_free.py", "        flat.div_(pre)\n", "        pass  # planted\n"),),
+        tests=("suites/parity/test_reduce_layout.py",),
+    ),
+    Plant(
+        name="cost_one_call_never_taken",
+        bug="the reference reduces a small model bucket by bucket at 2 ranks: a collective's latency each",
+        edits=(
+            _edit(
+                "ranks/sides/order_free.py",
+                "    return sum(g.numel() * g.element_size() for g in grads if g is not None) <= ONE_CALL_MB * 2**20\n",
+                "    return False  # planted\n",
+            ),
+        ),
+        tests=("suites/parity/test_reduce_layout.py",),
+    ),
 )

@@ -1,6 +1,7 @@
 """The candidate's gradient buffers as the reference lays them out (``ranks/sides/reduce_layout.py``):
 which parameters share a collective, in which order, with which alignment. Pure: no ranks (the
-reduction itself is checked bitwise at world size 4 in ``test_world_size.py``)."""
+reduction itself is checked bitwise at world size 4 in ``test_world_size.py``), but for the one
+call a shard group of 2 reduces in, run on ranks against another order of summation."""
 
 from __future__ import annotations
 
@@ -162,3 +163,47 @@ def test_fsdp2_averages_in_its_collectives_exactly_where_its_factor_is_its_data_
     found = reduce_layout._op(reduce_layout.Layout(engine="fsdp2", buckets=(), mesh=layout), factors, groups)
     name = {reduce_layout.dist.ReduceOp.AVG: "AVG", reduce_layout.dist.ReduceOp.SUM: "SUM"}[found[0]]
     assert (name, *found[1:]) == op
+
+
+_ENGINES = [
+    dict(engine="fsdp2", reshard_after_forward=True),
+    dict(engine="fsdp1", sharding="full_shard", use_orig_params=True),
+    dict(engine="fsdp1", sharding="no_shard", use_orig_params=False),
+]
+
+
+def _reduced_both_ways(config: dict, dtype: torch.dtype) -> tuple[bool, int]:
+    """On each of 2 ranks: this rank's gradients of ``_Net`` reduced in one call, and in every
+    bucket's own with the ranks summed in reverse order; whether the bits agree, and how many
+    all-reduces the one call made."""
+    import torch.distributed as dist
+
+    torch.manual_seed(dist.get_rank())
+    model = _Net()
+    layout = _layout(model, dtype, **config)
+    grads = [torch.randn_like(p) * 1e-3 for p in model.parameters()]
+    factors = (None, 2.0) if config["engine"] == "fsdp2" else (2.0, None)
+    calls, all_reduce = [0], dist.all_reduce
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return all_reduce(*args, **kwargs)
+
+    dist.all_reduce = counted
+    try:
+        once = reduce_layout.reduce(layout, list(model.parameters()), list(grads), dtype, factors)
+    finally:
+        dist.all_reduce = all_reduce
+    reverse = reduce_layout.reduce(
+        layout, list(model.parameters()), list(grads), dtype, factors, in_reverse=True
+    )
+    same = all(torch.equal(a.view(-1), b.view(-1)) for a, b in zip(once, reverse, strict=True))
+    return same, calls[0]
+
+
+@pytest.mark.parametrize("config", _ENGINES, ids=lambda c: f"{c['engine']}-{c.get('sharding', '')}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_at_two_ranks_every_bucket_goes_in_one_all_reduce_with_the_bits_of_any_order(ranks, config, dtype):
+    """Two addends sum alike in any order: one call for the whole model gives the bits of each
+    bucket summed the other way round."""
+    assert ranks.run(_reduced_both_ways, config, dtype, world_size=2) == [(True, 1)] * 2

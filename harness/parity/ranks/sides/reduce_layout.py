@@ -30,7 +30,7 @@ The layouts, read in torch 2.13's sources (``_fsdp_collectives.foreach_reduce``,
 
 Not taken from the candidate: the divide factors (``twin.divide_factors``: a wrong factor on the
 candidate's side still shows), which parameters exist, and every value. The reduced shards are
-gathered back (copies: no rounding); a shard group of 2 without replicas is one all-reduce.
+gathered back (copies: no rounding). Where the order is free (2 ranks): ``order_free.py``.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import torch.distributed as dist
 from torch import nn
 
 from harness.parity.plan.config import ParityConfig
+from harness.parity.ranks.sides import order_free
 from harness.parity.ranks.sides import stages as split
 
 
@@ -169,11 +170,6 @@ def _divide(tensor: torch.Tensor, factor: float | None) -> None:
         tensor.div_(factor)
 
 
-def _reduce_scatter(out: torch.Tensor, buffer: torch.Tensor, group: Any, op: Any) -> None:
-    single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # torch 2.13; older
-    single(out, buffer, op=op, group=group)
-
-
 def _op(
     layout: Layout, factors: tuple[float | None, float | None], groups: tuple[Any, Any]
 ) -> tuple[Any, float | None, float | None]:
@@ -224,7 +220,8 @@ def _scattered_and_gathered(
         _divide(whole, post)
         return whole
     out = torch.empty(buffer.numel() // size, dtype=buffer.dtype, device=buffer.device)
-    _reduce_scatter(out, buffer, shard, op)
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # 2.13; older
+    scatter(out, buffer, op=op, group=shard)
     if replicate is not None:
         dist.all_reduce(out, op=op, group=replicate)
     _divide(out, post)
@@ -369,6 +366,9 @@ def reduce(
     out: list[torch.Tensor | None] = [None] * len(grads)
     device = next((g.device for g in grads if g is not None), torch.device("cpu"))
     groups = _groups(layout, device) if layout.engine in ("fsdp1", "fsdp2") else (dist.group.WORLD, None)
+    if not in_reverse and not layout.tp_dims and order_free.fits(groups, grads):  # one call: 2 ranks
+        how = _op(layout, factors, groups)
+        return order_free.reduce(layout.buckets, grads, reduce_dtype, how, groups[0], out, consume)
     for bucket in layout.buckets:
         held = [i for i in bucket.params if grads[i] is not None]
         if not held:
