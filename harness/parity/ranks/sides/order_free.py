@@ -20,11 +20,18 @@ ONE_CALL_MB = 16.0
 """The gradients' size up to which they are reduced in one all-reduce."""
 
 
-def fits(groups: tuple[Any, Any], grads: list[torch.Tensor | None]) -> bool:
-    """Whether ``groups`` (shard group, replicate group or ``None``) reduce in a free order and
-    ``grads`` are small enough for one flat buffer (:data:`ONE_CALL_MB`)."""
+def free(groups: tuple[Any, Any]) -> bool:
+    """Whether ``groups`` (shard group, replicate group or ``None``) sum each element in any order
+    alike: a shard group of 2 ranks without replicas. Any collective over it may then reduce a
+    bucket (one all-reduce, not a reduce-scatter and a gather)."""
     shard, replicate = groups
-    if replicate is not None or dist.get_world_size(shard) != 2:
+    return replicate is None and dist.get_world_size(shard) == 2
+
+
+def fits(groups: tuple[Any, Any], grads: list[torch.Tensor | None]) -> bool:
+    """Whether ``groups`` reduce in a free order (:func:`free`) and ``grads`` are small enough for
+    one flat buffer (:data:`ONE_CALL_MB`)."""
+    if not free(groups):
         return False
     return sum(g.numel() * g.element_size() for g in grads if g is not None) <= ONE_CALL_MB * 2**20
 

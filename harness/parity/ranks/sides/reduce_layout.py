@@ -210,23 +210,22 @@ def _scattered_and_gathered(
     """``buffer`` divided before, reduce-scattered over the shard group, all-reduced over the
     replicas, divided after, gathered back whole (``in_reverse``: :func:`reverse_sum` instead)."""
     shard, replicate = groups
-    size = dist.get_world_size(shard)
     op, pre, post = _op(layout, factors, groups)
     _divide(buffer, pre)
-    if in_reverse or (size == 2 and replicate is None):  # a + b is b + a: the same bits, one call
-        whole = reverse_sum(buffer, op) if in_reverse else buffer
-        if not in_reverse:
-            dist.all_reduce(whole, op=op, group=shard)
-        _divide(whole, post)
-        return whole
-    out = torch.empty(buffer.numel() // size, dtype=buffer.dtype, device=buffer.device)
-    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # 2.13; older
-    scatter(out, buffer, op=op, group=shard)
-    if replicate is not None:
-        dist.all_reduce(out, op=op, group=replicate)
-    _divide(out, post)
-    whole = torch.empty_like(buffer)
-    dist.all_gather_into_tensor(whole, out, group=shard)
+    if in_reverse:
+        whole = reverse_sum(buffer, op)
+    elif order_free.free(groups):  # a + b is b + a: one all-reduce gives the same bits
+        whole = buffer
+        dist.all_reduce(whole, op=op, group=shard)
+    else:
+        out = buffer.new_empty(buffer.numel() // dist.get_world_size(shard))
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # 2.13; older
+        scatter(out, buffer, op=op, group=shard)
+        if replicate is not None:
+            dist.all_reduce(out, op=op, group=replicate)
+        whole = torch.empty_like(buffer)
+        dist.all_gather_into_tensor(whole, out, group=shard)  # a copy: divided after, the same bits
+    _divide(whole, post)
     return whole
 
 
