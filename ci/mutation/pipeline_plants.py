@@ -150,6 +150,52 @@ PIPELINE_PLANTS: tuple[Plant, ...] = (
         tests=(f"{_USER_TESTS}::test_every_stages_compiled_modules_reach_the_whole_twin",),
     ),
     Plant(
+        name="pp_split_backward_summed_per_microbatch",
+        bug="the twin moves every microbatch into the reduce dtype, where a split backward sums some in bf16 first",
+        edits=(
+            _edit(
+                "ranks/sides/pipeline/twin.py",
+                "        moves = self.piping.moves\n",
+                "        moves = None  # planted\n",
+            ),
+        ),
+        tests=(
+            f"{_CORRECT}[fsdp2-pp2-zbv-mb4-keep-bf16-reduce32-adamw-llama-w2]",
+            f"{_USER_TESTS}::test_a_zero_bubble_pipeline_reducing_in_float32_passes_bitwise",
+        ),
+    ),
+    Plant(
+        name="pp_split_backward_first_stage_waits",
+        bug="the first stage's weight half taken for a split one (it is a full backward: moved each time)",
+        edits=(
+            _edit(
+                "ranks/sides/pipeline/halves.py",
+                '        elif kind == "W" and stage != 0:\n',
+                '        elif kind == "W":  # planted\n',
+            ),
+        ),
+        tests=(
+            "suites/parity/test_pipeline_plan.py::"
+            "test_a_split_backward_moves_its_sums_into_the_reduce_dtype_where_fsdp2s_hook_runs",
+        ),
+    ),
+    Plant(
+        name="pp_split_backward_reference_shared",
+        bug="a split-backward row reducing in float32 shares the reference of another schedule's row",
+        edits=(
+            Edit(
+                file="plan/config/mesh.py",
+                old="self.schedule if split else None)",
+                new="None)  # planted",
+                package="harness/parity",
+            ),
+        ),
+        tests=(
+            "suites/parity/test_pipeline_plan.py::"
+            "test_a_split_backward_row_reducing_in_float32_gets_a_reference_of_its_own_schedule",
+        ),
+    ),
+    Plant(
         name="pp_stage_inputs_blamed_for_compile",
         bug="a step-0 loss difference against an eager twin of a compiled pipeline blamed on the stages' data",
         edits=(

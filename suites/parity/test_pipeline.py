@@ -33,14 +33,21 @@ def _row(schedule: str, **changes: object) -> ParityConfig:
     return ParityConfig.from_flat(**fields)
 
 
-SMOKE = (_row("1f1b", precision="bf16"), _row("looped_bfs", precision="fp16", init_scale=256.0))
-"""The rows ``make test`` runs: a schedule with a stage per rank, and one with two whose stages add
-their microbatches last first."""
+SMOKE = (
+    _row("1f1b", precision="bf16"),
+    _row("looped_bfs", precision="fp16", init_scale=256.0),
+    _row("zbv", precision="bf16", recipe="reduce32"),
+)
+"""The rows ``make test`` runs: a schedule with a stage per rank, one with two whose stages add
+their microbatches last first, and one that splits the backward with a float32 reduce dtype over
+bf16 parameters (some microbatches summed in bf16 first: ``sides/pipeline/halves.py``)."""
 CORRECT = [
     *SMOKE,
     _row("gpipe", precision="fp32"),
     _row("interleaved1f1b", precision="bf16", recipe="reduce32"),
     _row("interleaved_zb", precision="fp16", init_scale=256.0),
+    _row("interleaved_zb", precision="bf16", recipe="reduce32"),
+    _row("dualpipev", precision="bf16", recipe="reduce32", world_size=4),
     _row("zbv", precision="bf16"),
     _row("dualpipev", precision="fp32"),
     _row("1f1b", precision="bf16", recipe="reduce32", world_size=4),

@@ -17,6 +17,7 @@ from harness.parity.plan.config import Mesh, ParityConfig, unsupported_reason
 from harness.parity.plan.config.mesh import SCHEDULES
 from harness.parity.plan.matrices import pipeline as pipeline_matrix
 from harness.parity.ranks.sides import stages
+from harness.parity.ranks.sides.pipeline import halves
 from harness.parity.workload import registry
 from harness.parity.workload.builtin import llama
 from suites.parity.support import cli_in_process
@@ -139,14 +140,11 @@ def _rank_actions(schedule: object, rank: int) -> list[object]:
     return schedule._calculate_single_rank_operations(rank)  # type: ignore[attr-defined]
 
 
-def test_the_matrix_runs_every_schedule_in_both_layouts_and_skips_or_expects_what_it_must():
+def test_the_matrix_runs_every_schedule_in_both_layouts_and_expects_what_it_must():
     rows = pipeline_matrix.rows("llama", world_size=2)
     assert len(rows) == len(SCHEDULES) * (2 * 4 * 2 + 1)
-    skipped = [r for r in rows if unsupported_reason(r)]
-    assert {r.mesh.schedule for r in skipped} == {"interleaved_zb", "zbv", "dualpipev"}
-    assert all(r.precision.recipe == "reduce32" for r in skipped)
-    assert "not mirrored bitwise (measured: up to one bf16 ulp)" in unsupported_reason(skipped[0])
-    expected = [r for r in rows if expected_failure(r) and not unsupported_reason(r)]
+    assert [r.id for r in rows if unsupported_reason(r)] == []
+    expected = [r for r in rows if expected_failure(r)]
     assert {(r.mesh.schedule, r.layout.reshard_after_forward) for r in expected} == {
         ("interleaved_zb", True),
         ("zbv", True),
@@ -230,3 +228,29 @@ def test_microbatches_that_do_not_divide_the_batch_are_refused_before_any_rank_r
     assert (
         "--microbatches 3 does not divide the batch of 'llama' (4 rows): use one of [1, 2, 4]" in done.stderr
     )
+
+
+def test_a_split_backward_moves_its_sums_into_the_reduce_dtype_where_fsdp2s_hook_runs():
+    """Torch 2.13's ZBV at pp 2 over 4 microbatches, planned over stand-in stages: stage 1 runs
+    its last two weight halves after its last input half (``1I2 2I3 1I3 1W2 2W3 1W3``), so FSDP2
+    moves microbatches 0 and 1 alone and sums 2 and 3 in bf16 first (logged on ranks: FSDP2's
+    ``to_accumulated_grad_if_needed`` then ``accumulate_unsharded_grad_if_needed``); the first
+    stage's weight half is a full backward, moved each time; a full-backward schedule moves every
+    microbatch."""
+    zbv = halves.planned("zbv", 2, 4, [0, 3])
+    assert zbv is not None
+    assert halves.moves(zbv, 4) == {0: {0, 1, 2, 3}, 1: {0, 1}, 2: {0, 1, 2}, 3: {0, 1, 2}}
+    gpipe = halves.planned("gpipe", 2, 4, [0])
+    assert gpipe is not None and halves.moved_after(gpipe, 1) == {0, 1, 2, 3}
+
+
+def test_a_split_backward_row_reducing_in_float32_gets_a_reference_of_its_own_schedule():
+    """Its twin sums as its schedule plans (``halves``), so it shares no reference with another
+    schedule's row; where the reduce dtype is the parameters', the schedules' rows share one."""
+
+    def key(schedule: str, recipe: str) -> tuple[object, ...]:
+        fields = {**_PP, "reshard_after_forward": False, "precision": "bf16"}
+        return ParityConfig.from_flat(**fields, schedule=schedule, recipe=recipe).reference_key()
+
+    assert key("zbv", "reduce32") != key("gpipe", "reduce32")
+    assert key("zbv", "pure") == key("gpipe", "pure")

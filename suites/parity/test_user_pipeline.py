@@ -155,3 +155,13 @@ def test_a_pipeline_of_tensor_parallel_stages_passes_bitwise_at_pp2_dp2_tp2(modu
         result = outcome.result
         assert (result.status, result.closeness) == ("pass", "bitwise"), (result.config.id, result.reason)
         assert "fully_shard on 4 modules, TP on 14 modules" in result.candidate  # both stages' 7 each
+
+
+def test_a_zero_bubble_pipeline_reducing_in_float32_passes_bitwise(module_ranks):
+    """ZBV over bf16 parameters reducing in float32: the twin sums each stage's microbatches in
+    bf16 between the input halves where the schedule the function built does
+    (``pipeline/halves.py``, read off its ``pipeline_order``)."""
+    (outcome,) = runner.run([_plain("pp_zbv_reduce32")], ranks_executor(module_ranks))
+    result = outcome.result
+    assert (result.status, result.closeness) == ("pass", "bitwise"), result.reason
+    assert "torch's ScheduleZBVZeroBubble over 4 microbatches, stages [0, 3] of 4 here" in result.candidate

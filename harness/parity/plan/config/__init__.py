@@ -298,7 +298,7 @@ class ParityConfig:
             self.world_size,
             self.mesh.tp,  # whose batch each rank trains, and the TP'd modules the twin splits
             self.mesh.dims,
-            self.mesh.pipeline_key(),
+            self.mesh.pipeline_key(self.policy),
             self.backend,
             self.steps,
             self.resume.reference_key(),

@@ -33,6 +33,7 @@ from harness.parity.workload import registry
 
 if TYPE_CHECKING:
     from harness.parity.plan.config import ParityConfig
+    from harness.parity.plan.precision import PrecisionPolicy
 
 SCHEDULES: dict[str, tuple[str, int]] = {
     "gpipe": ("ScheduleGPipe", 1),
@@ -61,27 +62,14 @@ outside FSDP2's accumulation)."""
 
 def pipeline_unsupported(config: ParityConfig) -> str | None:
     """Why a pipeline row is not checked here (``None``: it is): DualPipeV over fewer microbatches
-    than stages (torch refuses it). Measured on torch 2.13, gloo:
-    under the schedules that split the backward, a float32 reduce dtype over bf16 parameters
-    leaves every weight gradient up to a bf16 unit in the last place from any twin we built
-    (summing the microbatches in float32 as FSDP2 does elsewhere, or in bf16 as the ``W`` step
-    adds them): the twin does not mirror it bitwise, and the staged check, which could bound it,
-    does not judge pipeline rows yet."""
-    mesh, policy = config.mesh, config.policy
+    than stages (torch refuses it)."""
+    mesh = config.mesh
     if mesh.pp is not None and mesh.schedule == "dualpipev" and mesh.microbatches < 2 * mesh.pp:
         return (
             f"torch 2.13's DualPipeV needs at least as many microbatches as stages ({2 * mesh.pp}), "
             f"got {mesh.microbatches}: run it with --microbatches {2 * mesh.pp} or more"
         )
-    if mesh.pp is None or mesh.schedule not in SPLIT_BACKWARD or policy is None:
-        return None
-    if policy.reduce_dtype == policy.param:
-        return None
-    return (
-        f"{mesh.schedule} splits the backward, and with a reduce dtype ({policy.reduce_dtype}) other than "
-        f"the parameters' ({policy.param}) its weight gradients are not mirrored bitwise (measured: up to "
-        "one bf16 ulp), and the staged check does not judge pipeline rows yet"
-    )
+    return None
 
 
 def check_pipeline(mesh: Mesh, config: ParityConfig) -> None:
@@ -329,8 +317,12 @@ class Mesh:
             return ("pp", self.pp, self.tp)
         return ("hsdp", self.hsdp) if self.hsdp is not None else ()
 
-    def pipeline_key(self) -> tuple[object, ...]:
+    def pipeline_key(self, policy: PrecisionPolicy | None) -> tuple[object, ...]:
         """What of a pipeline its reference mirrors: the stages (their buckets, whose batch each
-        rank trains), the microbatches, and the order the schedule adds them in
-        (:data:`DESCENDING`)."""
-        return () if self.pp is None else (self.pp, self.microbatches, self.schedule in DESCENDING)
+        rank trains), the microbatches, the order the schedule adds them in (:data:`DESCENDING`),
+        and, where a split backward sums some of them in the parameters' dtype before the reduce
+        dtype (``policy``'s differ), the schedule itself (``sides/pipeline/halves.py``)."""
+        if self.pp is None:
+            return ()
+        split = self.schedule in SPLIT_BACKWARD and policy is not None and policy.reduce_dtype != policy.param
+        return (self.pp, self.microbatches, self.schedule in DESCENDING, self.schedule if split else None)

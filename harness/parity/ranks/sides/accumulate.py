@@ -98,6 +98,7 @@ class HandAccumulation:
         *,
         on_reduce: Callable[[list[torch.Tensor | None]], None] | None = None,
         sync: str | None = None,
+        moved_after: list[frozenset[int] | None] | None = None,
     ) -> None:
         self.sync = sync or config.loop.sync
         self.on_reduce = on_reduce
@@ -113,36 +114,57 @@ class HandAccumulation:
         self.unsynced = unsynced_dtype(config, policy)
         self.factors = twin.divide_factors(config.engine, self.reduce, engine.data_parallel_size)
         self.in_reverse = engine.summed_in_reverse
+        self.moved_after = moved_after or [None] * len(self.lows)
+        """Per ``lows`` parameter, the microbatches after which its sum so far moves into the
+        unsynced dtype (``None``: after each); between moves the microbatches add up in the
+        gradient's own dtype, as a pipeline stage's split backward adds them
+        (``pipeline/halves.py``)."""
+        self._open: list[torch.Tensor | None] = [None] * len(self.lows)
         self._pending: list[torch.Tensor | None] = [None] * len(self.lows)
         self._synced: list[torch.Tensor | None] = [None] * len(self.masters)
 
-    def after_microbatch(self, last: bool) -> None:
+    def after_microbatch(self, last: bool, microbatch: int | None = None) -> None:
         """Fold this microbatch's gradients in (and clear them: the next backward starts from
-        none, as FSDP's does); after the last, the masters hold the reduced sum."""
+        none, as FSDP's does); after the last, the masters hold the reduced sum. ``microbatch``:
+        its index, where :attr:`moved_after` names some."""
         grads = [low.grad for low in self.lows]
         for low in self.lows:
             low.grad = None
         if self.sync == "every":
             self._add_reduced(grads)
         else:
-            self._sum_unsynced(grads)
+            self._sum_unsynced(grads, microbatch, last)
             if last:
                 self._add_reduced(self._pending)
         if last:
             for master, synced in zip(self.masters, self._synced, strict=True):
                 master.grad = synced
+            self._open = [None] * len(self.lows)
             self._pending = [None] * len(self.lows)
             self._synced = [None] * len(self.masters)
 
-    def _sum_unsynced(self, grads: list[torch.Tensor | None]) -> None:
+    def _sum_unsynced(self, grads: list[torch.Tensor | None], microbatch: int | None, last: bool) -> None:
         for index, grad in enumerate(grads):
-            if grad is None:
-                continue
-            pending = self._pending[index]
-            if pending is None:
-                self._pending[index] = grad.to(self.unsynced)
-            else:
-                pending += grad  # in the unsynced dtype, the earlier sum first, as the candidate adds
+            if grad is not None:
+                opened = self._open[index]
+                if opened is None:
+                    self._open[index] = grad
+                else:
+                    opened += grad  # in the gradient's dtype, between two moves
+            moves = self.moved_after[index]
+            if last or moves is None or microbatch in moves or self.unsynced == getattr(grad, "dtype", None):
+                self._move(index)
+
+    def _move(self, index: int) -> None:
+        """The open sum into the unsynced one (FSDP2's post-backward hook)."""
+        opened, self._open[index] = self._open[index], None
+        if opened is None:
+            return
+        pending = self._pending[index]
+        if pending is None:
+            self._pending[index] = opened.to(self.unsynced)
+        else:
+            pending += opened  # in the unsynced dtype, the earlier sum first, as the candidate adds
 
     def _add_reduced(self, grads: list[torch.Tensor | None]) -> None:
         """Reduce ``grads`` and add them to the reduced sum so far, in each master's dtype

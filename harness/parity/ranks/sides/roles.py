@@ -16,6 +16,7 @@ from harness.parity.ranks.sides import twin
 from harness.parity.ranks.sides.engines import FSDP1, FSDP2, Engine, unit_modules
 from harness.parity.ranks.sides.full import gather
 from harness.parity.ranks.sides.pipeline import candidate as pp_candidate
+from harness.parity.ranks.sides.pipeline import halves
 from harness.parity.ranks.sides.pipeline import twin as twin_pp
 from harness.parity.ranks.sides.references import LowPrecisionDDP, MirroredDDP, SingleProcess
 from harness.parity.ranks.sides.tp import candidate as tp_candidate
@@ -60,7 +61,8 @@ def build(config: ParityConfig, role: str, device: torch.device) -> Engine:
         )
         io, loss = pp_split.io_and_loss(engine.workload, engine.module)
         mesh = config.mesh
-        engine.piping = twin_pp.Piping(mesh.schedule, mesh.microbatches, io, loss, cut.holds)  # type: ignore[attr-defined]
+        moves = halves.built_in(config, engine.module)
+        engine.piping = twin_pp.Piping(mesh.schedule, mesh.microbatches, io, loss, cut.holds, moves)  # type: ignore[attr-defined]
     if config.precision.autocast is not None:
         engine.description += f", forward under torch.autocast({config.precision.autocast})"
     if role == "reference" and config.engine == "fsdp2" and cls is not SingleProcess:

@@ -29,6 +29,7 @@ from harness.parity.ranks.sides import stages as split
 from harness.parity.ranks.sides import twin
 from harness.parity.ranks.sides.engines import FSDP2, Engine, to_device, unit_modules
 from harness.parity.ranks.sides.full import gather
+from harness.parity.ranks.sides.pipeline import halves
 from harness.parity.ranks.wire import FunctionFacts
 from harness.parity.workload import tp_plan
 
@@ -104,6 +105,7 @@ class PipelineFSDP2(FSDP2):
             scale_grads=True,
         )
         self._check_order()
+        self._check_halves()
         self._scaler: Any = None
         self._losses: list[float] = []
         return self.stage_modules[0]
@@ -128,6 +130,24 @@ class PipelineFSDP2(FSDP2):
                 raise RuntimeError(
                     f"{type(self.schedule).__name__} adds stage {stage}'s weight gradients in microbatch "
                     f"order {found}; the twin back-propagates them in {wanted} (split.backward_order)"
+                )
+
+    def _check_halves(self) -> None:
+        """Refuse a schedule whose plan moves a stage's split-backward sums into the reduce dtype
+        after other microbatches than the twin's plan over stand-in stages (``halves.built_in``)."""
+        order = getattr(self.schedule, "pipeline_order", None)
+        if not order:
+            return
+        mesh = self.config.mesh
+        planned = halves.planned(self.schedule_key, mesh.pp, self.microbatches, split.held_stages(mesh, 0))
+        for stage in self.cut.stages:
+            found = halves.moved_after(order, stage)
+            wanted = None if planned is None else halves.moved_after(planned, stage)
+            if found != wanted:
+                raise RuntimeError(
+                    f"{type(self.schedule).__name__} moves stage {stage}'s summed weight gradients into the "
+                    f"reduce dtype after microbatches {sorted(found)}; the twin, planning the schedule over "
+                    f"stand-in stages, after {None if wanted is None else sorted(wanted)} (halves.planned)"
                 )
 
     def _loss_fn(self, output: torch.Tensor, target: torch.Tensor, **kwargs: Any) -> torch.Tensor:

@@ -12,10 +12,11 @@ as the candidate sums them across stages. Two addends sum alike in any order, so
 is bitwise whichever stage adds first. Measured bitwise on gloo against ``ScheduleGPipe`` and
 ``Schedule1F1B`` (the issue's measurement) and every schedule the matrix runs.
 
-What a twin cannot mirror: a schedule that cuts the backward in two (``interleaved_zb``,
-``zbv``, ``dualpipev``: input gradients first, weight gradients later) still adds each weight
-gradient into the same sum in ascending order; where torch computes the two halves otherwise
-than one backward, the rows say so by failing (none did, measured).
+A schedule that cuts the backward in two (``interleaved_zb``, ``zbv``, ``dualpipev``: input
+gradients first, weight gradients later) still adds each weight gradient in ascending order, but
+where the reduce dtype is not the parameters', FSDP2 moves the sum into it only at each input
+half: the microbatches whose weight halves run between two of a stage's input halves add up in
+the parameters' dtype first. The twin sums them so, read off torch's plan (``halves.py``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ class Piping:
     """``(last stage's output, target) -> one microbatch's loss``."""
     holds: Callable[[str], bool]
     """Whether this rank's candidate holds a parameter or buffer of that name (its stages')."""
+    moves: dict[str, frozenset[int]] | None = None
+    """Each parameter's microbatches after which its stage's FSDP2 moves the sum so far into its
+    reduce dtype (``halves.moved_after``, by the whole model's names); ``None``: after each."""
 
 
 class PipelineTwin:
@@ -62,7 +66,7 @@ class PipelineTwin:
             with torch.no_grad():
                 for low, master in zip(engine.working.parameters(), engine.module.parameters(), strict=True):
                     low.copy_(master)
-        hand = accumulate.HandAccumulation(config, engine, sync="last")
+        hand = accumulate.HandAccumulation(config, engine, sync="last", moved_after=self._moved_after())
         batch = to_device(
             engine.finish(engine.batch(step, engine.data_rank), scaler.get_scale()), engine.device
         )
@@ -77,7 +81,7 @@ class PipelineTwin:
                     loss = piping.loss(split.whole_output(engine.wrapped, parts[index]), targets[index])
                     scaler.scale(loss).backward()
                 values[index] = loss.item()
-                hand.after_microbatch(position == count - 1)
+                hand.after_microbatch(position == count - 1, index)
         masters = dict(engine.module.named_parameters())
         for param in masters.values():
             if param.grad is not None:
@@ -92,6 +96,20 @@ class PipelineTwin:
             for name in tie:
                 masters[name].grad = total.clone()
         return sum(values) / count
+
+    def _moved_after(self) -> list[frozenset[int] | None] | None:
+        """:attr:`Piping.moves` for each parameter backward writes into (the working copy's, or
+        the model's), in :class:`accumulate.HandAccumulation`'s order."""
+        moves = self.piping.moves
+        if moves is None:
+            return None
+        engine: Any = self
+        written = engine.working if hasattr(engine, "working") else engine.module
+        names = [name for name, _ in written.named_parameters()]
+        unknown = [name for name in names if name not in moves]
+        if unknown:
+            raise RuntimeError(f"the pipeline twin knows no stage of {unknown[:3]} (halves.moved_after)")
+        return [moves[name] for name in names]
 
     def after_backward(self) -> None:
         """Reduced in :meth:`forward_backward` already."""

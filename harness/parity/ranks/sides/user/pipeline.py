@@ -65,6 +65,8 @@ class Built:
     """The parameters and buffers this rank's stages hold, by the whole model's names."""
     scale_grads: bool
     """Whether the schedule divides the summed gradients by the microbatch count (torch's default)."""
+    stage_of: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Every parameter of the whole model (by its names) and the stage holding it, gathered."""
 
     @property
     def held(self) -> tuple[int, ...]:
@@ -177,6 +179,7 @@ def call(config: ParityConfig, module: nn.Module, device: torch.device) -> tuple
         count=stages[0].num_stages, loss=loss or (lambda *_: torch.zeros(())), io=io,
         names=frozenset(n for part in mine for n in part["params"] + part["buffers"]),
         scale_grads=bool(schedule.scale_grads),
+        stage_of={name: part["index"] for rank in every for part in rank for name in part["params"]},
     )  # fmt: skip
     return built, merged
 

@@ -22,6 +22,7 @@ from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks.sides import compiled as compiling
 from harness.parity.ranks.sides import stages as split
 from harness.parity.ranks.sides.engines import Engine
+from harness.parity.ranks.sides.pipeline import halves
 from harness.parity.ranks.sides.pipeline import twin as twin_pp
 from harness.parity.ranks.sides.pipeline.candidate import PipelineFSDP2
 from harness.parity.ranks.sides.user import candidate, pipeline, reference
@@ -93,7 +94,12 @@ def build_twin(config: ParityConfig, device: torch.device) -> Engine:
         base = reference.UserLowPrecision
     engine = twin_pp.mirror(base)(config, device, found)
     engine.piping = twin_pp.Piping(  # type: ignore[attr-defined]
-        built.key, built.microbatches, built.io, built.loss, pipeline.holds(built)
+        built.key,
+        built.microbatches,
+        built.io,
+        built.loss,
+        pipeline.holds(built),
+        halves.by_name(getattr(built.schedule, "pipeline_order", None), built.stage_of),
     )
     engine.mirror_function()
     engine.description += (
