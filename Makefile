@@ -78,14 +78,17 @@ two-d: setup ## 2-D layouts at world size 4: HSDP (2x2, 4x1) and FSDP2 + tensor 
 	$(PY) -m harness.parity --backend gloo --world-size 4 --tp 4 --workload llama -k tp4 --out $(REPORTS)/two-d-tp4
 	$(PY) -m pytest suites -q -m "two_d and not world_sizes"
 
-# make pipeline [REPORTS=reports]; the built-in decoder's pipeline reports in $(REPORTS)/pipeline-w2, -w4 and -w8.
+# make pipeline [REPORTS=reports]; the built-in decoder's pipeline reports in $(REPORTS)/pipeline-w2, -w4 and -w8,
+# a tiny Hugging Face Llama's (its layers cut evenly: pp_split="auto") in pipeline-hf-w4 and pipeline-hf-w8.
 # PP_K leaves out the rows torch 2.13 gets wrong (split-backward schedules resharding after forward:
 # expected failures, which exit 1 as any broken row does); suites/parity/test_pipeline.py runs one.
 PP_K = keep or not (interleaved_zb or zbv or dualpipev)
-pipeline: setup ## FSDP2 + pipeline parallelism: the built-in decoder under every schedule torch offers at pp 2 (world sizes 2 and 4), its 1F1B rows at pp 2 x dp 2 x tp 2, and every PP plant (-m pipeline)
+pipeline: setup ## FSDP2 + pipeline parallelism: the built-in decoder and a tiny HF Llama under every schedule torch offers at pp 2 (world sizes 2 and 4) and pp 2 x dp 2 x tp 2 (sampled), and every PP plant (-m pipeline)
 	$(PY) -m harness.parity --backend gloo --world-size 2 --pp 2 --workload llama -k "$(PP_K)" --out $(REPORTS)/pipeline-w2
 	$(PY) -m harness.parity --backend gloo --world-size 4 --pp 2 --workload llama -k "$(PP_K)" --out $(REPORTS)/pipeline-w4
 	$(PY) -m harness.parity --backend gloo --world-size 8 --pp 2 --tp 2 --schedule 1f1b --workload llama --out $(REPORTS)/pipeline-w8
+	$(PY) -m harness.parity --backend gloo --world-size 4 --pp 2 --workload suites.models.workloads:llama -k "$(PP_K)" --out $(REPORTS)/pipeline-hf-w4
+	$(PY) -m harness.parity --backend gloo --world-size 8 --pp 2 --tp 2 --workload suites.models.workloads:llama -k "keep and sgd and not inf" --out $(REPORTS)/pipeline-hf-w8
 	$(PY) -m pytest suites -q -m pipeline
 
 property: setup ## the judge's property on a large drawn sample (-m property): one element moved anywhere turns its row red

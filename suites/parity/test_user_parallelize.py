@@ -106,12 +106,20 @@ def test_engine_user_without_a_function_names_the_fix():
         ParityConfig(engine="user", workload="mlp", mesh=Mesh(dims=(("dp", 2),)))
 
 
-def test_a_context_parallel_dimension_is_refused_until_it_is_mirrored():
-    with pytest.raises(ValueError, match="'cp' mesh dimension"):
+@pytest.mark.parametrize(
+    ("backend", "words"),
+    [
+        ("gloo", "does not have a sharding strategy registered"),  # torch's own reason, on CPU
+        ("nccl", "check the rest of your layout with the cp ranks given to dp"),
+    ],
+)
+def test_a_context_parallel_dimension_is_refused_naming_why_and_the_way_on(backend, words):
+    with pytest.raises(ValueError, match="'cp' mesh dimension") as refused:
         ParityConfig(
-            engine="user", workload=f"{_FUNCTIONS}:per_block_workload", world_size=4,
+            engine="user", workload=f"{_FUNCTIONS}:per_block_workload", world_size=4, backend=backend,
             mesh=Mesh(dims=(("cp", 2), ("dp", 2))),
         )  # fmt: skip
+    assert words in str(refused.value)
 
 
 @pytest.fixture(scope="module")

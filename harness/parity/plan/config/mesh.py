@@ -163,8 +163,11 @@ class Mesh:
             )
         if "cp" in names:
             raise ValueError(
-                "a 'cp' mesh dimension (context parallelism) is not checked yet: the reference mirrors "
-                "data, tensor and pipeline parallelism (dp, tp, pp, and any other data-parallel name)"
+                "a 'cp' mesh dimension (context parallelism) is not checked on GPUs yet: its twin would have "
+                "to attend block by block in the ring's order (ring attention rescales each block's partial "
+                "output as its softmax grows), and it was never built or measured against torch's CUDA "
+                "kernels; the reference mirrors data, tensor and pipeline parallelism: check the rest of "
+                "your layout with the cp ranks given to dp (e.g. --mesh dp=4 for cp=2,dp=2)"
             )
         if "pp" in names and dict(self.dims)["pp"] < 2:
             raise ValueError(
