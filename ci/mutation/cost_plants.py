@@ -112,6 +112,22 @@ COST_PLANTS: tuple[Plant, ...] = (
         tests=(_ALLOCATOR,),
     ),
     Plant(
+        name="cost_ranks_import_the_engine_each",
+        bug="the pool's preload never reaches the forkserver: every rank imports the engine itself",
+        edits=(
+            _edit(
+                "pool.py",
+                "        _PRELOAD.extend(module for module in preload if module not in _PRELOAD)\n",
+                "        pass  # planted\n",
+                package="harness/controller",
+            ),
+        ),
+        tests=(
+            "suites/harness/test_pool.py::"
+            "test_a_preloaded_module_is_imported_once_by_the_forkserver_not_by_each_rank",
+        ),
+    ),
+    Plant(
         name="cost_lanes_split_a_shared_reference",
         bug="rows are dealt to the lanes in turn, so rows that share a reference train it once in each lane",
         edits=(

@@ -66,6 +66,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "(every NCCL test) that would be skipped for lack of GPUs fails instead (NCCL tests needing more "
         "than N GPUs still skip); default 0: off",
     )
+    parser.addini(
+        "shardscale_preload",
+        type="linelist",
+        default=[],
+        help="modules the ranks' targets import, imported once by the forkserver before it forks them "
+        "(e.g. harness.parity.ranks.entry: the parity engine's rank side)",
+    )
     group.addoption(
         "--rank-logs",
         default=None,

@@ -50,7 +50,8 @@ class SessionState:
         if self.pool is None:
             from harness.controller.pool import RankPool
 
-            self.pool = RankPool(threads_per_rank=self.threads, on_output=echo_rank_output)
+            preload = tuple(self.config.getini("shardscale_preload"))
+            self.pool = RankPool(threads_per_rank=self.threads, on_output=echo_rank_output, preload=preload)
         return self.pool
 
     @property

@@ -3,8 +3,10 @@ finding what the ranks left running (by the pool's tag, never a process the pool
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
+import sys
 import threading
 import uuid
 
@@ -200,3 +202,34 @@ def test_processes_started_from_the_controller_do_not_inherit_the_tag(pool):
     assert pool.pids
     assert os.environ.get(reaper.TAG_VAR) != reaper.controller_tag()
     assert all(reaper.carries_tag(pid, reaper.controller_tag()) for pid in pool.pids)
+
+
+def where_preloaded_was_imported():
+    import sys
+
+    module = sys.modules.get("suites.harness.preloaded")
+    return (None if module is None else module.IMPORTED_BY), os.getpid()
+
+
+_PRELOAD_SCRIPT = f"""
+from harness.controller.pool import CaseSpec, RankPool
+from harness.outcome import judge
+from harness.spec import DistConfig
+pool = RankPool(preload=("suites.harness.preloaded",))
+spec = CaseSpec(target="{__name__}:where_preloaded_was_imported", config=DistConfig(world_size=1),
+                deadline_s=60.0, collective_timeout_s=30.0)
+print(judge(pool.run(spec), world_size=1).values[0])
+pool.close()
+"""
+
+
+def test_a_preloaded_module_is_imported_once_by_the_forkserver_not_by_each_rank():
+    """A fresh process (its forkserver not started yet): the rank finds the module imported, by
+    another process (the forkserver it was forked from)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PRELOAD_SCRIPT], capture_output=True, text=True, timeout=120,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    imported_by, rank_pid = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    assert imported_by is not None and imported_by != rank_pid

@@ -44,7 +44,9 @@ Executor = Callable[..., list[list[Any]]]
 record of ``harness.parity.ranks.wire`` per request (the target's, by rank: ``RankRow``,
 ``StagedRun``, ``Probed``). Each of ``RANK_TARGET``'s requests is a ``requests.Request`` (a configuration
 and whether the rest of the run reads its reference again)."""
-RANK_TARGET = "harness.parity.ranks.entry:run_batch"
+RANK_MODULE = "harness.parity.ranks.entry"
+"""The module every rank call of the engine imports (the forkserver imports it once: ``preload``)."""
+RANK_TARGET = f"{RANK_MODULE}:run_batch"
 TENSORS_TARGET = "harness.parity.ranks.entry:run_batch_keeping_tensors"
 """The same, with every step's full tensors in the records (``run(keep_tensors=True)``)."""
 LOCALIZE_TARGET = "harness.parity.ranks.localize:run_batch"
