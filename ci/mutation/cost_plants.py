@@ -128,6 +128,20 @@ COST_PLANTS: tuple[Plant, ...] = (
         ),
     ),
     Plant(
+        name="cost_fused_probe_imports_dynamo",
+        bug="the controller's optimizer probe runs torch's add_param_group wrapper: dynamo imported before any row",
+        edits=(
+            _edit(
+                "workload/registry.py",
+                '    if inner is None or hasattr(inner, "__dynamo_disable"):\n',
+                "    if True:  # planted\n",
+            ),
+        ),
+        tests=(
+            "suites/parity/test_cli.py::test_asking_whether_a_workloads_optimizer_is_fused_does_not_import_dynamo",
+        ),
+    ),
+    Plant(
         name="cost_lanes_split_a_shared_reference",
         bug="rows are dealt to the lanes in turn, so rows that share a reference train it once in each lane",
         edits=(

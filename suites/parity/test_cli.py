@@ -70,6 +70,23 @@ def test_the_controller_starts_without_the_rank_side_libraries():
     assert done.stdout.strip() == "[]", done.stdout
 
 
+def test_asking_whether_a_workloads_optimizer_is_fused_does_not_import_dynamo():
+    """The controller builds one throwaway optimizer per workload with its own (the matrix's canary)
+    before any row runs: torch's first optimizer imports dynamo (1.3-1.6 s) unless its
+    ``add_param_group`` is lent as itself (``registry.fused_optimizer``); the answer is unchanged."""
+    probe = (
+        "import sys\n"
+        "from harness.parity.workload import registry\n"
+        "print(registry.fused_optimizer('harness.parity.workload.builtin.canary:canary'),\n"
+        "      registry.fused_optimizer('fixtures.user_workloads:resmlp_adamw'), 'torch._dynamo' in sys.modules)\n"
+        "import torch\n"
+        "torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)\n"
+        "print('torch._dynamo' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False", "True", "False", "True"], done.stdout  # lent, then given back
+
+
 @pytest.mark.e2e
 def test_a_passing_run_shows_progress_and_writes_the_three_reports(tmp_path):
     done = parity(

@@ -228,5 +228,25 @@ def fused_optimizer(spec: str) -> bool:
     workload = resolve(spec)
     if workload.optimizer is None:
         return False
-    probe = workload.optimizer([torch.nn.Parameter(torch.zeros(1))])
+    with _without_dynamo_disable(torch.optim.Optimizer.add_param_group):
+        probe = workload.optimizer([torch.nn.Parameter(torch.zeros(1))])
     return bool(getattr(probe, "defaults", {}).get("fused"))
+
+
+@contextlib.contextmanager
+def _without_dynamo_disable(method: Any) -> Iterator[None]:
+    """``method`` (torch's ``_disable_dynamo``-wrapped ``add_param_group``) run as itself for a
+    moment. Why: the wrapper imports ``torch._dynamo`` on its first call (1.3-1.6 s here) to build
+    its disabled twin, and the controller builds one throwaway optimizer (the probe above) on the
+    matrix's critical path and never traces anything. The wrapper looks the twin up on the wrapped
+    function (``__dynamo_disable``, torch 2.13's ``_compile.py``); lent the function itself, it
+    calls it directly. A torch without that wrapper ignores the loan."""
+    inner = getattr(method, "__wrapped__", None)
+    if inner is None or hasattr(inner, "__dynamo_disable"):
+        yield
+        return
+    inner.__dynamo_disable = inner
+    try:
+        yield
+    finally:
+        del inner.__dynamo_disable
