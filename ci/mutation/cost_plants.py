@@ -116,9 +116,9 @@ COST_PLANTS: tuple[Plant, ...] = (
         bug="the pool's preload never reaches the forkserver: every rank imports the engine itself",
         edits=(
             _edit(
-                "pool.py",
-                "        _PRELOAD.extend(module for module in preload if module not in _PRELOAD)\n",
-                "        pass  # planted\n",
+                "reaper.py",
+                "    PRELOAD.extend(module for module in modules if module not in PRELOAD)\n",
+                "    pass  # planted\n",
                 package="harness/controller",
             ),
         ),
@@ -139,6 +139,21 @@ COST_PLANTS: tuple[Plant, ...] = (
         ),
         tests=(
             "suites/parity/test_cli.py::test_asking_whether_a_workloads_optimizer_is_fused_does_not_import_dynamo",
+        ),
+    ),
+    Plant(
+        name="cost_forkserver_started_after_the_imports",
+        bug="the CLI never starts the ranks' forkserver early: it imports only once the first pool asks",
+        edits=(
+            _edit(
+                "doors/early.py",
+                '    if NO_RANKS & set(argv) or all(name in os.environ for name in ("RANK", "WORLD_SIZE")):\n',
+                "    if True:  # planted\n",
+            ),
+        ),
+        tests=(
+            "suites/parity/test_cli.py::"
+            "test_the_cli_starts_the_ranks_forkserver_before_its_imports_only_where_ranks_start",
         ),
     ),
     Plant(

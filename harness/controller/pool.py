@@ -101,10 +101,6 @@ class CaseSpec:
         )
 
 
-_PRELOAD: list[str] = ["harness.rank.rank_main"]
-"""What the forkserver (one per process, every pool's) imports before forking ranks (``preload``)."""
-
-
 class RankPool:
     """Rank processes kept warm across cases. Use :meth:`run`; call :meth:`close` at the end."""
 
@@ -121,8 +117,7 @@ class RankPool:
         """``on_output(rank, stream, text)``, if given, receives what the ranks of a running case
         print, as whole lines, while the case runs (the pytest plugin echoes it, labelled by rank,
         into the test's captured output). Every result also carries its rank's output.
-        ``preload``: modules the ranks' targets import (the parity engine's: 1.6 s after torch),
-        imported once by the forkserver, not by each rank; effective before its first start."""
+        ``preload``: modules the forkserver imports for the ranks (``reaper.preload``)."""
         if threads_per_rank < 1:
             raise ValueError(f"threads_per_rank must be >= 1, got {threads_per_rank}")
         self.threads_per_rank = threads_per_rank
@@ -142,7 +137,7 @@ class RankPool:
         """Commands are out whose answers were not all read: the ranks may be inside a case."""
         self._in_flight: CaseRun | None = None
         self._ctx = mp.get_context("forkserver")
-        _PRELOAD.extend(module for module in preload if module not in _PRELOAD)
+        reaper.preload(*preload)
 
     # -- public ---------------------------------------------------------------------------------
     @property
@@ -287,7 +282,6 @@ class RankPool:
 
         if self._store is None:
             self._store, self._host, self._port = open_store()
-        self._ctx.set_forkserver_preload(list(_PRELOAD))
         reaper.start_tagged_forkserver(self._tag)
         _live_pools.add(self)
         new = []

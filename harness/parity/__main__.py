@@ -16,7 +16,11 @@ import os
 import sys
 import time
 
-from harness.parity.doors import cli, lanes, launched, runner
+if __name__ == "__main__":  # the ranks' forkserver imports while this process imports (below)
+    from harness.parity.doors import early
+
+    early.start(sys.argv[1:])
+from harness.parity.doors import cli, lanes, launched, runner  # noqa: E402
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan.config import BACKENDS, SCALERS, unsupported_reason
 from harness.parity.plan.recipe import RECIPES
@@ -119,11 +123,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "under every engine layout, syncing every microbatch and only the last (or --sync's)",
     )
     parser.add_argument(
-        "--sync",
-        choices=("every", "last"),
-        default=None,
+        "--sync", choices=("every", "last"), default=None,
         help="with --accumulate: reduce every microbatch, or only the last (no_sync)",
-    )
+    )  # fmt: skip
     parser.add_argument(
         "--checkpoint",
         action="store_true",
@@ -162,12 +164,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "dualpipev); default: every one",
     )
     parser.add_argument(
-        "--microbatches",
-        type=int,
-        default=4,
-        metavar="M",
+        "--microbatches", type=int, default=4, metavar="M",
         help="with --pp: microbatches per step (default 4; must divide the batch)",
-    )
+    )  # fmt: skip
     parser.add_argument(
         "--mesh",
         default=None,

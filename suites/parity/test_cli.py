@@ -317,3 +317,30 @@ def test_list_into_a_reader_that_stops_early_exits_quietly():
     _, stderr = listing.communicate(timeout=120)
     assert first.startswith(b"fsdp1-") and listing.returncode == 0, stderr
     assert b"Traceback" not in stderr and b"BrokenPipeError" not in stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "starts"),
+    [
+        (["--ground-truth"], {}, True),
+        (["--list"], {}, False),
+        (["--help"], {}, False),
+        (["--world-size", "2"], {"RANK": "0", "WORLD_SIZE": "2"}, False),  # torchrun: a rank itself
+    ],
+)
+def test_the_cli_starts_the_ranks_forkserver_before_its_imports_only_where_ranks_start(
+    monkeypatch, argv, env, starts
+):
+    from harness.controller import reaper
+    from harness.parity.doors import early
+
+    started: list[str] = []
+    monkeypatch.setattr(reaper, "start_tagged_forkserver", started.append)
+    monkeypatch.setattr(reaper, "PRELOAD", ["harness.rank.rank_main"])
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert early.start(argv) is starts
+    assert (started == [reaper.controller_tag()]) is starts
+    assert (early.RANK_MODULE in reaper.PRELOAD) is starts
