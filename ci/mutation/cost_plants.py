@@ -157,6 +157,15 @@ COST_PLANTS: tuple[Plant, ...] = (
         ),
     ),
     Plant(
+        name="cost_cli_waits_for_the_teardown",
+        bug="the CLI exits through the interpreter's teardown, freeing every module's objects one by one",
+        edits=(_edit("doors/cli.py", "    os._exit(code)\n", "    sys.exit(code)  # planted\n"),),
+        tests=(
+            "suites/parity/test_cli.py::"
+            "test_the_cli_exits_after_its_exit_handlers_without_the_interpreters_teardown",
+        ),
+    ),
+    Plant(
         name="cost_lanes_split_a_shared_reference",
         bug="rows are dealt to the lanes in turn, so rows that share a reference train it once in each lane",
         edits=(

@@ -396,4 +396,4 @@ def _main_to_a_pipe() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main_to_a_pipe())
+    cli.exit_now(_main_to_a_pipe())
