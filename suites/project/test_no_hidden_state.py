@@ -28,6 +28,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("workload/registry.py", "cache fused_optimizer"): (
         "whether a workload's own optimizer is fused: a probe optimizer built once per spec, as resolve"
     ),
+    ("workload/registry.py", "inner.__dynamo_disable"): (
+        "torch's add_param_group lent as itself for the one probe optimizer (_without_dynamo_disable), "
+        "given back on leaving: its wrapper would import dynamo (1.3-1.6 s) before the first row"
+    ),
     ("workload/items.py", "cache _count"): (
         "a step's count of items over every rank and microbatch, drawn once per (workload, seed, "
         "ranks, microbatches, step) in a process: every microbatch's loss of the step asks for it"
