@@ -2,9 +2,9 @@
 report and the skip.
 
 Why apart from the configuration: the reasons are facts about backends, machines and torch
-(NCCL needs a GPU per rank, gloo lacks fp16 sparse sums, a pipeline schedule's weight gradients
-are not mirrored bitwise under some recipes), each measured, and the list grows apart from the
-configuration's own rules.
+(NCCL needs a GPU per rank, gloo lacks fp16 sparse sums, torch's DualPipeV needs as many
+microbatches as stages), each measured, and the list grows apart from the configuration's own
+rules.
 """
 
 from __future__ import annotations
