@@ -166,6 +166,14 @@ COST_PLANTS: tuple[Plant, ...] = (
         ),
     ),
     Plant(
+        name="cost_heatmap_names_every_row",
+        bug="the heatmap names all 213 rows of the default matrix: unreadable, and 2 s of drawing",
+        edits=(_edit("report/plot.py", "    if len(rows) <= LABELLED_ALL:\n", "    if True:  # planted\n"),),
+        tests=(
+            "suites/parity/test_report.py::test_a_large_matrixs_heatmap_names_only_the_rows_it_shows_something_of",
+        ),
+    ),
+    Plant(
         name="cost_lanes_split_a_shared_reference",
         bug="rows are dealt to the lanes in turn, so rows that share a reference train it once in each lane",
         edits=(

@@ -208,3 +208,20 @@ def test_the_markdown_report_says_which_fsdp_units_each_workload_got():
     run = {**RUN, "units": {"hf_llama": "LlamaDecoderLayer (auto, from LlamaForCausalLM._no_split_modules)"}}
     text = markdown.render_markdown(_results(), run)
     assert "FSDP units: `hf_llama` LlamaDecoderLayer (auto, from LlamaForCausalLM._no_split_modules)." in text
+
+
+def test_a_large_matrixs_heatmap_names_only_the_rows_it_shows_something_of():
+    """Past 60 rows the heatmap names the broken rows and those not bitwise at some step (the rest
+    are white); a small matrix's names every row."""
+    from types import SimpleNamespace
+
+    from harness.parity.report.plot import labelled_rows
+
+    def row(ulp, broken=False):
+        return SimpleNamespace(
+            broken=broken, distances=[SimpleNamespace(max_ulp=0.0), SimpleNamespace(max_ulp=ulp)]
+        )
+
+    large = [row(0.0)] * 61 + [row(3.0), row(0.0, broken=True), row(math.inf)]
+    assert labelled_rows(large) == [61, 62, 63]
+    assert labelled_rows(large[:60]) == list(range(60))
