@@ -166,6 +166,20 @@ COST_PLANTS: tuple[Plant, ...] = (
         ),
     ),
     Plant(
+        name="cost_exit_drops_a_profile",
+        bug="the CLI's quick exit skips a profiler's write: python -m cProfile gets no profile",
+        edits=(
+            _edit(
+                "doors/cli.py",
+                "    if sys.getprofile() is not None or sys.gettrace() is not None:\n",
+                "    if False:  # planted\n",
+            ),
+        ),
+        tests=(
+            "suites/parity/test_cli.py::test_under_a_profiler_the_cli_exits_as_usual_so_the_profile_is_written",
+        ),
+    ),
+    Plant(
         name="cost_heatmap_names_every_row",
         bug="the heatmap names all 213 rows of the default matrix: unreadable, and 2 s of drawing",
         edits=(_edit("report/plot.py", "    if len(rows) <= LABELLED_ALL:\n", "    if True:  # planted\n"),),

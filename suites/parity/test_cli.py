@@ -361,3 +361,15 @@ def test_the_cli_exits_after_its_exit_handlers_without_the_interpreters_teardown
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert (done.returncode, done.stdout) == (3, "reports written\nexit handler\n"), done
+
+
+def test_under_a_profiler_the_cli_exits_as_usual_so_the_profile_is_written(tmp_path):
+    script = tmp_path / "ends.py"
+    script.write_text("from harness.parity.doors import cli\ncli.exit_now(0)\n")
+    written = tmp_path / "cli.prof"
+    done = subprocess.run(
+        [sys.executable, "-m", "cProfile", "-o", str(written), str(script)],
+        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert written.stat().st_size > 0

@@ -295,7 +295,10 @@ def exit_now(code: int) -> NoReturn:
     teardown. Why: with torch, matplotlib and the engine loaded, freeing every module's objects
     one by one takes 1.3 s here after the reports are written, and nothing of it is wanted: the
     output is flushed, the ranks and the pools are closed, and the exit handlers (``atexit``:
-    logging, multiprocessing's) still run."""
+    logging, multiprocessing's) still run. Under a profiler or a tracer (``python -m cProfile``,
+    a debugger), which writes its data after the module returns, it exits as usual."""
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        sys.exit(code)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
