@@ -89,13 +89,6 @@ def moved_after(order: dict[int, list[Any]], stage: int) -> frozenset[int]:
     return frozenset(moved)
 
 
-def moves(order: dict[int, list[Any]] | None, count: int) -> dict[int, frozenset[int]] | None:
-    """:func:`moved_after` for each of ``count`` stages (``None`` without an order)."""
-    if order is None:
-        return None
-    return {stage: moved_after(order, stage) for stage in range(count)}
-
-
 def by_name(order: dict[int, list[Any]] | None, stage_of: dict[str, int]) -> dict[str, frozenset[int]] | None:
     """Each parameter's :func:`moved_after`, by name (``stage_of``: the stage holding each)."""
     if order is None:
