@@ -147,7 +147,7 @@ COST_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "doors/early.py",
-                '    if NO_RANKS & set(argv) or all(name in os.environ for name in ("RANK", "WORLD_SIZE")):\n',
+                "    if NO_RANKS & set(argv) or launched.launched():\n",
                 "    if True:  # planted\n",
             ),
         ),

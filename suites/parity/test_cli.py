@@ -324,7 +324,11 @@ def test_list_into_a_reader_that_stops_early_exits_quietly():
         (["--ground-truth"], {}, True),
         (["--list"], {}, False),
         (["--help"], {}, False),
-        (["--world-size", "2"], {"RANK": "0", "WORLD_SIZE": "2"}, False),  # torchrun: a rank itself
+        (
+            ["--world-size", "2"],
+            dict(RANK="0", WORLD_SIZE="2", MASTER_ADDR="h", MASTER_PORT="1"),
+            False,
+        ),  # torchrun
     ],
 )
 def test_the_cli_starts_the_ranks_forkserver_before_its_imports_only_where_ranks_start(
@@ -336,7 +340,7 @@ def test_the_cli_starts_the_ranks_forkserver_before_its_imports_only_where_ranks
     started: list[str] = []
     monkeypatch.setattr(reaper, "start_tagged_forkserver", started.append)
     monkeypatch.setattr(reaper, "PRELOAD", ["harness.rank.rank_main"])
-    for name in ("RANK", "WORLD_SIZE"):
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)

@@ -9,7 +9,7 @@ listing, help, or a process torchrun launched (it is a rank itself).
 
 from __future__ import annotations
 
-import os
+from harness.parity.doors import launched
 
 RANK_MODULE = "harness.parity.ranks.entry"
 """The module every rank call of the engine imports (``runner.RANK_TARGET``'s)."""
@@ -19,7 +19,7 @@ NO_RANKS = frozenset({"--list", "-h", "--help"})
 
 def start(argv: list[str]) -> bool:
     """Start the forkserver now, importing :data:`RANK_MODULE` for the ranks; whether it did."""
-    if NO_RANKS & set(argv) or all(name in os.environ for name in ("RANK", "WORLD_SIZE")):
+    if NO_RANKS & set(argv) or launched.launched():
         return False
     from harness.controller import reaper
 
