@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     from harness.controller.pool import PoolError, RankPool
 
-    pools = [RankPool(threads_per_rank=1, preload=(runner.RANK_MODULE,)) for _ in range(lanes.jobs(options))]
+    pools = [RankPool(preload=(requests.RANK_MODULE,)) for _ in range(lanes.jobs(options))]
     executors = [runner.pool_executor(pool, deadline_per_config_s=options.deadline) for pool in pools]
     try:
         outcomes = runner.run(

@@ -10,9 +10,8 @@ listing, help, or a process torchrun launched (it is a rank itself).
 from __future__ import annotations
 
 from harness.parity.doors import launched
+from harness.parity.ranks.requests import RANK_MODULE
 
-RANK_MODULE = "harness.parity.ranks.entry"
-"""The module every rank call of the engine imports (``runner.RANK_TARGET``'s)."""
 NO_RANKS = frozenset({"--list", "-h", "--help"})
 """Arguments under which the CLI starts no rank."""
 

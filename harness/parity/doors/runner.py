@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from harness.parity.doors import ground_truths, lanes, reshard
-from harness.parity.doors.early import RANK_MODULE
 from harness.parity.judge import pinpoint, staged
 from harness.parity.judge import result as results
 from harness.parity.judge.result import ParityResult
@@ -45,7 +44,7 @@ Executor = Callable[..., list[list[Any]]]
 record of ``harness.parity.ranks.wire`` per request (the target's, by rank: ``RankRow``,
 ``StagedRun``, ``Probed``). Each of ``RANK_TARGET``'s requests is a ``requests.Request`` (a configuration
 and whether the rest of the run reads its reference again)."""
-RANK_TARGET = f"{RANK_MODULE}:run_batch"
+RANK_TARGET = f"{requests.RANK_MODULE}:run_batch"
 TENSORS_TARGET = "harness.parity.ranks.entry:run_batch_keeping_tensors"
 """The same, with every step's full tensors in the records (``run(keep_tensors=True)``)."""
 LOCALIZE_TARGET = "harness.parity.ranks.localize:run_batch"

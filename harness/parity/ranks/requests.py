@@ -15,6 +15,10 @@ from typing import Any
 
 from harness.parity.plan.config import ParityConfig
 
+RANK_MODULE = "harness.parity.ranks.entry"
+"""The module every rank call of the engine imports (``doors/runner.RANK_TARGET``'s): the
+forkserver imports it once for the ranks (``doors/early.py``, ``RankPool(preload=...)``)."""
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Request:
