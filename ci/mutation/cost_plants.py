@@ -2,7 +2,8 @@
 shared with nobody, a live step kept uncopied, a skip decision made on one rank's share alone, a
 hand-reduced reference's parameters left as each rank built them, and ranks started without the
 allocator settings that give freed memory back; rows that share a reference dealt to two lanes,
-and an error in a lane's thread dropped.
+and an error in a lane's thread dropped; a step check that copies every gradient, looks for the
+reference's overflow in shares that miss elements, or trusts a dead mesh's cached facts.
 
 Why: each is a memory saving whose bug would not show as memory but as a wrong verdict, or as a
 saving silently gone; the tests named kill each in seconds.
@@ -248,5 +249,42 @@ COST_PLANTS: tuple[Plant, ...] = (
             ),
         ),
         tests=("suites/parity/test_reduce_layout.py",),
+    ),
+    Plant(
+        name="cost_check_copies_every_gradient",
+        bug="the step check copies each rank's gradients every step to measure them",
+        edits=(
+            _edit(
+                "ranks/measure/local.py",
+                "        return found, held\n",
+                "        return {n: p if p.values is None else dataclasses.replace(p, values=p.values.clone())"
+                " for n, p in found.items()}, held  # planted\n",
+            ),
+        ),
+        tests=(f"{_MEMORY}::test_gradients_are_measured_where_they_are_not_copied",),
+    ),
+    Plant(
+        name="cost_overflow_share_drops_the_tail",
+        bug="the reference's overflow is looked for in shares that leave the last elements to no rank",
+        edits=(
+            _edit(
+                "ranks/measure/stepcheck.py",
+                "        size = -(-flat.numel() // world)\n",
+                "        size = flat.numel() // world  # planted\n",
+            ),
+        ),
+        tests=(f"{_MEMORY}::test_the_ranks_shares_of_a_replicated_run_cover_each_element_once",),
+    ),
+    Plant(
+        name="cost_mesh_facts_of_a_dead_mesh",
+        bug="a mesh's facts are cached by address alone: a new mesh where an old one lived gets the old's",
+        edits=(
+            _edit(
+                "ranks/measure/local.py",
+                "    if known is not None and known[0]() is mesh:\n",
+                "    if known is not None:  # planted\n",
+            ),
+        ),
+        tests=(f"{_MEMORY}::test_a_new_mesh_at_a_reused_address_is_asked_again",),
     ),
 )

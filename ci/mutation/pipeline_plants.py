@@ -99,8 +99,8 @@ PIPELINE_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/measure/local.py",
-                "    owner = own[0] if own is not None else _rank_zero_group(mesh, dim)\n",
-                "    owner = _rank_zero_group(mesh, dim)  # planted: own ignored\n",
+                "    owner = own[0] if own is not None else zero_group\n",
+                "    owner = zero_group  # planted: own ignored\n",
             ),
         ),
         tests=(_PLANTED,),

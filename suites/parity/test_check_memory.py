@@ -1,20 +1,24 @@
 """What a check holds beyond the training it checks: a replicated reference compares a share of
 each tensor for its skip decision, its DDP buckets nothing it reduces by hand, a step it records
 as live tensors is copied before it is kept, and a hand reduction lets each bucket's unreduced
-gradients go as it reduces them."""
+gradients go as it reduces them; gradients are measured where they are, a replicated reference's
+overflow is looked for in each rank's share, and a mesh's facts are asked once."""
 
 from __future__ import annotations
 
 import types
+import weakref
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from harness.parity.ranks import train
-from harness.parity.ranks.measure import stepcheck
+from harness.parity.ranks.measure import local, stepcheck
 from harness.parity.ranks.sides import references
 from harness.parity.ranks.wire import RankStep, StepTensors
+from harness.rank import context
 
 _ENGINE = types.SimpleNamespace(local=lambda tensor: tensor, device=torch.device("cpu"))
 """A replicated engine's part the skip check reads: its local tensors are its whole ones."""
@@ -108,3 +112,66 @@ def test_unscaling_lets_each_scaled_gradient_go_as_it_goes():
     found = stepcheck.unscaled(scaled, 4.0)
     assert scaled == {}
     assert found["a"].tolist() == [2.0, 2.0] and found["b"].dtype == torch.bfloat16
+
+
+def _replicated_engine(grads: list[torch.Tensor]) -> types.SimpleNamespace:
+    """A replicated engine's part ``local.grads`` reads (no process group: rank 0 compares all)."""
+    params = [nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for param, grad in zip(params, grads, strict=True):
+        param.grad = grad
+    return types.SimpleNamespace(named_trainable=lambda: [(f"p{i}", p) for i, p in enumerate(params)])
+
+
+def test_gradients_are_measured_where_they_are_not_copied():
+    grads = [torch.arange(6.0).reshape(2, 3), torch.ones(4)]
+    pieces, held = local.grads(_replicated_engine(grads), None)
+    assert held == {"p0": True, "p1": True}
+    for name, grad in zip(("p0", "p1"), grads, strict=True):
+        assert pieces[name].values.data_ptr() == grad.data_ptr(), name
+
+
+def test_scaled_gradients_are_measured_divided_in_their_own_dtype():
+    grads = [torch.full((3,), 12.0), torch.full((2,), 6.0, dtype=torch.bfloat16)]
+    pieces, _ = local.grads(_replicated_engine(grads), 4.0)
+    assert pieces["p0"].values.tolist() == [3.0] * 3
+    assert pieces["p1"].values.dtype == torch.bfloat16 and pieces["p1"].values.tolist() == [1.5] * 2
+    assert grads[0].tolist() == [12.0] * 3  # the gradients the optimizer will read are left alone
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_the_ranks_shares_of_a_replicated_run_cover_each_element_once(world):
+    tensors = {f"t{n}": torch.arange(float(n)) for n in (0, 1, 5, 7, 12)}
+    for name, value in tensors.items():
+        looked_at = [share for rank in range(world) for share in stepcheck.shares({name: value}, rank, world)]
+        assert torch.cat(looked_at).tolist() == value.tolist(), (name, world)
+
+
+class _Mesh:
+    """A device mesh's part ``local._last_dim`` asks, counting the asks."""
+
+    ndim = 1
+
+    def __init__(self, coordinate: int) -> None:
+        self.coordinate, self.asked = coordinate, 0
+
+    def get_local_rank(self, dim: int) -> int:
+        self.asked += 1
+        return self.coordinate
+
+    def size(self, dim: int | None = None) -> int:
+        return 2
+
+
+def test_a_meshs_facts_are_asked_once(monkeypatch):
+    monkeypatch.setattr(local, "_rank_zero_group", lambda mesh, dim: True)
+    mesh = _Mesh(1)
+    assert local._last_dim(mesh) == local._last_dim(mesh) == (1, 2, True)
+    assert mesh.asked == 1
+
+
+def test_a_new_mesh_at_a_reused_address_is_asked_again(monkeypatch):
+    monkeypatch.setattr(local, "_rank_zero_group", lambda mesh, dim: False)
+    old, new = _Mesh(0), _Mesh(1)
+    known = context.group_stash().setdefault(local._MESH_FACTS, dict)
+    monkeypatch.setitem(known, id(new), (weakref.ref(old), (0, 2, True)))  # as if old had lived there
+    assert local._last_dim(new) == (1, 2, False)

@@ -25,13 +25,17 @@ the all-reduce its comparison's flags take anyway (``stepcheck.Check``). FSDP1's
 from __future__ import annotations
 
 import dataclasses
+import math
+import weakref
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import Replicate, Shard
 
 from harness.parity.ranks.sides import engines
 from harness.parity.ranks.sides.full import flat, gather
+from harness.rank import context
 
 _Pieces = dict[str, "Piece"]
 
@@ -53,9 +57,17 @@ class Piece:
         return 0 if self.values is None else self.values.numel()
 
 
-def _whole(tensor: torch.Tensor, owner: bool) -> Piece:
-    values = gather.to_cpu(tensor)
-    return Piece(tuple(values.shape), values.dtype, 0, values.reshape(-1) if owner else None)
+def _whole(value: Any, owner: bool) -> Piece:
+    """A tensor every rank of its group holds whole, compared by ``owner`` alone: read where it is
+    (not copied on the CPU; a sparse one made dense, a GPU one brought to the CPU), and only its
+    shape and dtype named elsewhere (a copy on every rank cost each a model's worth a step)."""
+    tensor = value.detach() if isinstance(value, torch.Tensor) else torch.tensor(value)
+    if not owner:
+        return Piece(tuple(tensor.shape), tensor.dtype, 0, None)
+    if tensor.is_sparse:
+        tensor = tensor.to_dense()
+    tensor = tensor.to("cpu")
+    return Piece(tuple(tensor.shape), tensor.dtype, 0, tensor.reshape(-1))
 
 
 def _rank() -> int:
@@ -64,11 +76,12 @@ def _rank() -> int:
 
 # -- grads ---------------------------------------------------------------------------------------
 def grads(engine: engines.Engine, scale: float | None) -> tuple[_Pieces, dict[str, bool]]:
-    """This rank's pieces of every gradient a rank may hold (``scale``: still scaled, divide by it
-    exactly as ``stepcheck.unscaled`` does), copied: they must outlive the optimizer step; and
-    whether this rank holds each. One it lacks is zeros here, as in the full gathers: the caller
-    agrees which exist on any rank in the all-reduce its comparison's flags take anyway
-    (``stepcheck.Check.grads``), one collective, not two."""
+    """This rank's pieces of every gradient a rank may hold (``scale``: still scaled, divided by
+    it as :func:`divided` divides), and whether this rank holds each. Views where nothing is
+    divided: read before the optimizer step, never kept (a copy of every gradient each step cost
+    a model's gradients in time and memory). One this rank lacks is zeros here, as in the full
+    gathers: the caller agrees which exist on any rank in the all-reduce its comparison's flags
+    take anyway (``stepcheck.Check.grads``), one collective, not two."""
     if isinstance(engine, engines.FSDP2):
         found, held = _fsdp2_grads(engine)
     elif isinstance(engine, engines.FSDP1):
@@ -78,24 +91,29 @@ def grads(engine: engines.Engine, scale: float | None) -> tuple[_Pieces, dict[st
         trainable = engine.named_trainable()
         found = {name: _whole(_or_zeros(p.grad, p), owner) for name, p in trainable}
         held = {name: p.grad is not None for name, p in trainable}
-    if scale is None:
-        return {name: _copied(piece) for name, piece in found.items()}, held
+    if scale is None or scale == 1:
+        return found, held
     return {
-        name: dataclasses.replace(
-            piece, values=None if piece.values is None else (piece.values.double() / scale).to(piece.dtype)
-        )
+        name: piece
+        if piece.values is None
+        else dataclasses.replace(piece, values=divided(piece.values, scale))
         for name, piece in found.items()
     }, held
 
 
+def divided(grad: torch.Tensor, scale: float) -> torch.Tensor:
+    """``grad / scale`` rounded once to ``grad``'s dtype, a new tensor. Divided by a power of two, a
+    float32 or float64 gradient is rounded once by IEEE division itself, and a 16-bit one, divided
+    in float32, lands on its own grid exactly (every bfloat16 and float16 value checked, by the
+    tests): no float64 copy of a model's gradients. Another scale's quotient is inexact: float64,
+    once."""
+    if math.frexp(scale)[0] == 0.5:
+        return grad / scale
+    return (grad.double() / scale).to(grad.dtype)
+
+
 def _or_zeros(grad: torch.Tensor | None, param: torch.Tensor) -> torch.Tensor:
     return grad if grad is not None else torch.zeros_like(param)
-
-
-def _copied(piece: Piece) -> Piece:
-    if piece.values is None:
-        return piece
-    return dataclasses.replace(piece, values=piece.values.detach().to("cpu", copy=True))
 
 
 _Own = tuple[bool, bool] | None
@@ -112,14 +130,10 @@ def _dtensor_piece(value: Any, param: Any, own: _Own = None) -> Piece:
     whole (collective over its mesh: every rank asks for the same tensors in the same order) and
     compared by rank 0. ``own``: a pipeline stage's, whose ranks are the only ones holding it
     (:func:`_stage_owner`)."""
-    from torch.distributed.tensor import Replicate, Shard
-
     mesh, placements = param.device_mesh, tuple(param.placements)
-    along_last = placements == (Shard(0),) or (mesh.ndim == 2 and placements == (Replicate(), Shard(0)))
-    if not along_last:
+    if placements not in _along_last(mesh.ndim):
         whole = gather.zeros_like_shards(param) if value is None else value
         return _whole(whole.full_tensor(), own[1] if own is not None else _rank() == 0)
-    dim = mesh.ndim - 1
     local = param.to_local() if value is None else value.to_local()
     if value is None:
         local = torch.zeros_like(local)
@@ -127,12 +141,40 @@ def _dtensor_piece(value: Any, param: Any, own: _Own = None) -> Piece:
     row = 1
     for size in shape[1:]:
         row *= size
-    mesh_rank = mesh.get_local_rank(dim)
-    chunk = -(-shape[0] // mesh.size(dim)) if shape else 0
+    mesh_rank, mesh_size, zero_group = _last_dim(mesh)
+    chunk = -(-shape[0] // mesh_size) if shape else 0
     start = min(mesh_rank * chunk, shape[0] if shape else 0) * row
     dtype = param.dtype if value is None else value.dtype
-    owner = own[0] if own is not None else _rank_zero_group(mesh, dim)
+    owner = own[0] if own is not None else zero_group
     return Piece(shape, dtype, start, local.detach().reshape(-1) if owner else None)
+
+
+def _along_last(ndim: int) -> tuple[tuple[Any, ...], ...]:
+    """The placements that shard dim 0 over a mesh's last dimension: FSDP2's ``(Shard(0),)``, and
+    HSDP's ``(Replicate(), Shard(0))`` on a 2-D mesh."""
+    return _ALONG_LAST_2D if ndim == 2 else _ALONG_LAST_1D
+
+
+_ALONG_LAST_1D = ((Shard(0),),)
+_ALONG_LAST_2D = ((Shard(0),), (Replicate(), Shard(0)))
+
+_MESH_FACTS = context.GroupKey[dict[int, tuple[weakref.ref[Any], tuple[int, int, bool]]]]()
+"""In the default group's stash, by ``id(mesh)``: the mesh (weakly, to tell a new mesh at a reused
+address) and its :func:`_last_dim` facts; a re-created group starts with none."""
+
+
+def _last_dim(mesh: Any) -> tuple[int, int, bool]:
+    """``(this rank's coordinate, size, whether its group holds global rank 0)`` along ``mesh``'s
+    last dimension; asked once per mesh (a step asks per tensor, and the mesh answers each in
+    Python at some cost), and again for a new mesh."""
+    known_meshes = context.group_stash().setdefault(_MESH_FACTS, dict)
+    known = known_meshes.get(id(mesh))
+    if known is not None and known[0]() is mesh:
+        return known[1]
+    dim = mesh.ndim - 1
+    facts = (mesh.get_local_rank(dim), mesh.size(dim), _rank_zero_group(mesh, dim))
+    known_meshes[id(mesh)] = (weakref.ref(mesh), facts)
+    return facts
 
 
 def _holds_rank_zero(mesh: Any, dim: int) -> bool:

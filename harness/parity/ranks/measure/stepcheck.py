@@ -18,7 +18,6 @@ section 4.5). A test that reads every step's tensors asks for ``keep_all``.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Iterator
 
@@ -135,6 +134,17 @@ def _tensors(step: RankStep) -> StepTensors:
     return step.tensors
 
 
+def shares(tensors: Tensors, rank: int, world: int) -> Iterator[torch.Tensor]:
+    """Rank ``rank``'s contiguous ``1/world`` of each of a replicated run's ``tensors`` (views):
+    every rank holds the same bits, so whether any element overflowed is each rank's share looked
+    at once and agreed in the all-reduce the flags take anyway (``compared.agreed``), not every
+    element looked at on every rank."""
+    for value in tensors.values():
+        flat = value.reshape(-1)
+        size = -(-flat.numel() // world)
+        yield flat[rank * size : (rank + 1) * size]
+
+
 def squares(pieces: dict[str, local.Piece]) -> dict[str, float]:
     """Per gradient, the sum of squares of this rank's elements in float64 (the norm's parts)."""
     return {
@@ -171,6 +181,7 @@ class Check:
         self.keep_all = keep_all
         self.kept: dict[int, RankStep] = {}
         self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
         self._origin_found = False
         self._failure_found = False
         self._ref: RankStep | None = None
@@ -215,7 +226,7 @@ class Check:
         or (the reference's) overflow."""
         pieces, held = local.grads(engine, scale)
         reference = _tensors(self._reference()).grads
-        finite = all(bool(value.isfinite().all()) for value in reference.values())
+        finite = all(bool(share.isfinite().all()) for share in shares(reference, self.rank, self.world))
         kept, (overflow,) = compared.agreed(
             compared.compare_each(reference, pieces, self.profile), held, [not finite], engine.device
         )
@@ -299,19 +310,9 @@ def _untensored(step: RankStep) -> RankStep:
 
 
 def unscaled(grads: Tensors, scale: float) -> Tensors:
-    """Still-scaled gradients divided by the scale (a power of two: exact), in their own dtype.
-    ``grads`` (a gather of the caller's own) is emptied as it goes, each scaled tensor let go as
-    its unscaled one is made: one model's gradients at a time, not two."""
-    return {name: _divided(grads.pop(name), scale) for name in list(grads)}
-
-
-def _divided(grad: torch.Tensor, scale: float) -> torch.Tensor:
-    """``grad / scale`` rounded once to ``grad``'s dtype. Divided by a power of two, a float32 or
-    float64 gradient is rounded once by IEEE division itself, and a 16-bit one, divided in float32,
-    lands on its own grid exactly (every bfloat16 and float16 value checked, by the tests): no
-    float64 copy of a model's gradients. Another scale's quotient is inexact: float64, once."""
+    """Still-scaled gradients divided by the scale (``local.divided``: exact for a power of two),
+    in their own dtype. ``grads`` (a gather of the caller's own) is emptied as it goes, each scaled
+    tensor let go as its unscaled one is made: one model's gradients at a time, not two."""
     if scale == 1:
-        return grad
-    if math.frexp(scale)[0] == 0.5:
-        return grad / scale
-    return (grad.double() / scale).to(grad.dtype)
+        return {name: grads.pop(name) for name in list(grads)}
+    return {name: local.divided(grads.pop(name), scale) for name in list(grads)}
