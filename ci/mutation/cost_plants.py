@@ -3,7 +3,8 @@ shared with nobody, a live step kept uncopied, a skip decision made on one rank'
 hand-reduced reference's parameters left as each rank built them, and ranks started without the
 allocator settings that give freed memory back; rows that share a reference dealt to two lanes,
 and an error in a lane's thread dropped; a step check that copies every gradient, looks for the
-reference's overflow in shares that miss elements, or trusts a dead mesh's cached facts.
+reference's overflow in shares that miss elements, trusts a dead mesh's cached facts, or
+gathers a drifting row's gradients at every step.
 
 Why: each is a memory saving whose bug would not show as memory but as a wrong verdict, or as a
 saving silently gone; the tests named kill each in seconds.
@@ -15,6 +16,7 @@ from ci.mutation.edits import Edit, Plant
 
 _REQUESTS = "suites/parity/test_requests.py"
 _MEMORY = "suites/parity/test_check_memory.py"
+_STEPCHECK = "suites/parity/test_stepcheck.py"
 _ALLOCATOR = "suites/harness/test_allocator.py"
 _LANES = "suites/parity/test_lanes.py"
 
@@ -286,5 +288,33 @@ COST_PLANTS: tuple[Plant, ...] = (
             ),
         ),
         tests=(f"{_MEMORY}::test_a_new_mesh_at_a_reused_address_is_asked_again",),
+    ),
+    Plant(
+        name="cost_drifting_grads_gathered_each_step",
+        bug="past the origin, every step whose gradients differ gathers them whole, failing or not",
+        edits=(
+            _edit(
+                "ranks/measure/stepcheck.py",
+                "        if wanted and (self.keep_all or not self._origin_found):  # they travel: gathered now\n",
+                "        if wanted:  # planted\n",
+            ),
+        ),
+        tests=(
+            f"{_STEPCHECK}::test_differing_gradients_past_the_origin_are_gathered_only_where_they_travel",
+        ),
+    ),
+    Plant(
+        name="cost_pending_grads_not_copied",
+        bug="the pieces kept for a step that may fail are the live gradients, changed by the optimizer step",
+        edits=(
+            _edit(
+                "ranks/measure/stepcheck.py",
+                '    if piece.values is None:\n        return piece\n    return dataclasses.replace(piece, values=piece.values.detach().to("cpu", copy=True))\n',
+                "    return piece  # planted\n",
+            ),
+        ),
+        tests=(
+            f"{_STEPCHECK}::test_differing_gradients_past_the_origin_are_gathered_only_where_they_travel",
+        ),
     ),
 )

@@ -10,6 +10,7 @@ import weakref
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from fixtures import candidate_steps
 from harness.parity.judge import result as results
@@ -191,7 +192,10 @@ class _FakeEngine:
         self.grad = torch.zeros(4)
         self.param = torch.zeros(4)
 
+    gathered = 0
+
     def full_grads(self) -> dict[str, torch.Tensor]:
+        self.gathered += 1
         return {"w": self.grad.clone()}
 
     def full_after_step(self, _optimizers) -> tuple[dict, dict]:
@@ -208,23 +212,26 @@ def _reference_step(value: float) -> RankStep:
     return RankStep(loss=1.0, scale=1.0, tracker=0, found_inf=(0.0,), skipped=(False,), tensors=tensors)
 
 
-def test_full_tensors_travel_for_the_origin_and_the_first_failing_step_only(monkeypatch):
-    """Step 0 equal; step 1 the gradients differ within the profile (the origin); step 2 they
-    still do; step 3 the parameters fail; step 4 they fail again."""
-    tiny = 2.0**-23  # one float32 ulp at 1.0: within the fp32 profile, not bitwise
-    wanted = [(0.0, 0.0), (tiny, 0.0), (tiny, 0.0), (tiny, 1.0), (tiny, 2.0)]
+_TINY = 2.0**-23  # one float32 ulp at 1.0: within the fp32 profile, not bitwise
+_STEPS = [(0.0, 0.0), (_TINY, 0.0), (_TINY * 2, 0.0), (_TINY * 3, 1.0), (_TINY, 2.0)]
+"""(gradient offset, parameter offset) by step: step 0 equal; step 1 the gradients differ within
+the profile (the origin); step 2 they still do; step 3 the parameters fail; step 4 they fail again."""
+
+
+def _checked(monkeypatch) -> tuple[stepcheck.Check, _FakeEngine, dict[int, RankStep]]:
+    """Every step of :data:`_STEPS` checked; the records whose tensors travel, by step."""
     engine = _FakeEngine()
     monkeypatch.setattr(
         local,
         "grads",
-        lambda e, scale: ({"w": local.Piece((4,), torch.float32, 0, e.grad.clone())}, {"w": True}),
+        lambda e, scale: ({"w": local.Piece((4,), torch.float32, 0, e.grad.view(-1))}, {"w": True}),
     )
     monkeypatch.setattr(
         local,
         "params_and_state",
         lambda e, opts: ({"w": local.Piece((4,), torch.float32, 0, e.param.clone())}, {}, None),
     )
-    reference = stepcheck.ReferenceSteps([_reference_step(1.0) for _ in wanted])
+    reference = stepcheck.ReferenceSteps([_reference_step(1.0) for _ in _STEPS])
     check = stepcheck.Check(
         ParityConfig(  # clipped under FSDP: held to the fp32 profile (the clip-order fallback)
             engine="fsdp2",
@@ -233,17 +240,30 @@ def test_full_tensors_travel_for_the_origin_and_the_first_failing_step_only(monk
         ),
         reference,
     )
-    sent = []
-    for step, (grad_off, param_off) in enumerate(wanted):
+    sent = {}
+    for step, (grad_off, param_off) in enumerate(_STEPS):
         engine.grad = torch.full((4,), 1.0 + grad_off)
         engine.param = torch.full((4,), 1.0 + param_off)
         check.begin(step)
         check.grads(step, engine, None)
+        engine.grad.add_(1.0)  # the optimizer step may change the gradients it read
         record = RankStep(loss=1.0, scale=1.0, tracker=0, found_inf=(0.0,), skipped=(False,))
-        if check.after_step(step, engine, [], record).tensors is not None:
-            sent.append(step)
-    assert sent == [1, 3]
+        checked = check.after_step(step, engine, [], record)
+        if checked.tensors is not None:
+            sent[step] = checked
+    return check, engine, sent
+
+
+def test_full_tensors_travel_for_the_origin_and_the_first_failing_step_only(monkeypatch):
+    check, _, sent = _checked(monkeypatch)
+    assert sorted(sent) == [1, 3]
     assert sorted(check.kept) == [1, 3]
+
+
+def test_differing_gradients_past_the_origin_are_gathered_only_where_they_travel(monkeypatch):
+    _, engine, sent = _checked(monkeypatch)
+    assert engine.gathered == 1  # the origin's; step 2's differ but do not travel
+    assert sent[3].tensors.grads["w"].tolist() == [1.0 + _TINY * 3] * 4  # as measured, before the step
 
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:
@@ -276,3 +296,21 @@ def test_every_16_bit_gradient_unscaled_rounds_as_through_float64(dtype):
 def test_a_scale_of_one_leaves_the_gradients_as_they_are():
     grads = torch.randn(8)
     assert stepcheck.unscaled({"w": grads}, 1.0)["w"] is grads
+
+
+def _whole_of_two_ranks_pieces() -> dict[str, object] | None:
+    rank, full = dist.get_rank(), torch.arange(5.0)
+    values = full[:3] if rank == 0 else full[3:]
+    pieces = {
+        "w": local.Piece((5,), torch.float32, 0 if rank == 0 else 3, values),
+        "b": local.Piece((), torch.float32, 0, torch.tensor([7.0]) if rank == 0 else None),
+    }
+    whole = stepcheck.whole_on_rank_zero(pieces, rank)
+    return None if whole is None else {name: value.tolist() for name, value in whole.items()}
+
+
+def test_pieces_kept_on_each_rank_come_whole_to_rank_zero(ranks):
+    assert ranks.run(_whole_of_two_ranks_pieces, world_size=2) == [
+        {"w": [0.0, 1.0, 2.0, 3.0, 4.0], "b": 7.0},
+        None,
+    ]

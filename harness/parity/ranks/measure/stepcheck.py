@@ -12,7 +12,10 @@ Full tensors still travel for the two steps the known causes read (``judge/cause
 *origin*, the first step whose gradients differ at all (not a step with a planted fault, nor an
 overflow of the reference), and the first step where a tensor check fails. Whether a step is one
 of them is agreed by all-reduces, so every rank joins the same gathers (docs/architecture.md,
-section 4.5). A test that reads every step's tensors asks for ``keep_all``.
+section 4.5). Past the origin, a step whose gradients differ keeps only this rank's pieces of them
+until its parameters are measured, and gathers them whole only if the step fails: a row that
+drifts within its tolerance (a bf16 model) gathers its gradients once, not at every step. A test
+that reads every step's tensors asks for ``keep_all``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -189,6 +193,10 @@ class Check:
         self._grad_meta: Meta = {}
         self._squares: dict[str, float] = {}
         self._full_grads: Tensors | None = None
+        self._pending: dict[str, local.Piece] | None = None
+        """A step past the origin whose gradients differ: this rank's pieces of them, copied before
+        the optimizer step, gathered whole only if the step turns out to be the first failing one
+        (:meth:`after_step`) instead of a whole gather at every differing step."""
         self._origin = False
 
     def begin(self, step: int) -> None:
@@ -239,11 +247,13 @@ class Check:
         self._grads.fail = fail and not poisoned
         self._origin = not self._origin_found and differ and not overflow and not poisoned
         wanted = self.keep_all or (differ and not poisoned and not self._failure_found)
-        self._full_grads = None
-        if wanted:
+        self._full_grads, self._pending = None, None
+        if wanted and (self.keep_all or not self._origin_found):  # they travel: gathered now
             full = engine.full_grads()  # collective; only rank 0's travels
             if self.rank == 0:
                 self._full_grads = full if scale is None else unscaled(full, scale)
+        elif wanted:  # they travel only if this step is the first to fail: gathered then, if so
+            self._pending = {name: _copied(piece) for name, piece in pieces.items()}
 
     def after_step(
         self,
@@ -288,8 +298,12 @@ class Check:
             grad_squares=self._squares,
         )
         if not keep:
+            self._pending = None
             return record
         full_params, full_state = engine.full_after_step(optimizers)  # collective: agreed above
+        if self._pending is not None:  # on every rank alike: agreed in grads()
+            self._full_grads = whole_on_rank_zero(self._pending, self.rank)  # collective
+            self._pending = None
         if self.rank != 0:  # only rank 0's full tensors travel (``entry.with_kept``)
             self.kept[step] = _untensored(reference)
             return record
@@ -302,6 +316,31 @@ class Check:
         reuse.share_tensors(ref, tensors)
         record = dataclasses.replace(record, tensors=tensors)
         return record
+
+
+def _copied(piece: local.Piece) -> local.Piece:
+    """``piece`` with its values copied to the CPU (they are the live gradients' own)."""
+    if piece.values is None:
+        return piece
+    return dataclasses.replace(piece, values=piece.values.detach().to("cpu", copy=True))
+
+
+def whole_on_rank_zero(pieces: dict[str, local.Piece], rank: int) -> Tensors | None:
+    """Every rank's ``pieces`` (each element compared by one rank: ``local.py``) as whole tensors
+    on rank 0, ``None`` elsewhere; a collective of every rank (one ``gather_object``)."""
+    mine = [(name, piece.start, piece.values) for name, piece in pieces.items() if piece.values is not None]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        every: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
+        dist.gather_object(mine, every, dst=0)
+    else:
+        every = [mine]
+    if rank != 0 or every is None:
+        return None
+    whole = {name: torch.zeros(piece.shape, dtype=piece.dtype) for name, piece in pieces.items()}
+    for sent in every:
+        for name, start, values in sent:
+            whole[name].view(-1)[start : start + values.numel()] = values
+    return whole
 
 
 def _untensored(step: RankStep) -> RankStep:
