@@ -4,7 +4,8 @@ hand-reduced reference's parameters left as each rank built them, and ranks star
 allocator settings that give freed memory back; rows that share a reference dealt to two lanes,
 and an error in a lane's thread dropped; a step check that copies every gradient, looks for the
 reference's overflow in shares that miss elements, trusts a dead mesh's cached facts, or
-gathers a drifting row's gradients at every step.
+gathers a drifting row's gradients at every step; a staged check that measures the distance
+between tensors of the same bits.
 
 Why: each is a memory saving whose bug would not show as memory but as a wrong verdict, or as a
 saving silently gone; the tests named kill each in seconds.
@@ -17,6 +18,7 @@ from ci.mutation.edits import Edit, Plant
 _REQUESTS = "suites/parity/test_requests.py"
 _MEMORY = "suites/parity/test_check_memory.py"
 _STEPCHECK = "suites/parity/test_stepcheck.py"
+_ULP = "suites/parity/test_ulp.py"
 _ALLOCATOR = "suites/harness/test_allocator.py"
 _LANES = "suites/parity/test_lanes.py"
 
@@ -316,5 +318,29 @@ COST_PLANTS: tuple[Plant, ...] = (
         tests=(
             f"{_STEPCHECK}::test_differing_gradients_past_the_origin_are_gathered_only_where_they_travel",
         ),
+    ),
+    Plant(
+        name="cost_staged_measures_same_bits",
+        bug="the staged check measures every element's ULP distance, tensors of the same bits included",
+        edits=(
+            _edit(
+                "ranks/staged.py",
+                "        if ulp.same_bits(a, b):  # the common case of an anchored step: nothing to measure\n",
+                "        if False:  # planted\n",
+            ),
+        ),
+        tests=(f"{_ULP}::test_the_staged_check_measures_no_distance_between_tensors_of_the_same_bits",),
+    ),
+    Plant(
+        name="cost_same_bits_by_value",
+        bug="same_bits compares values: two NaNs of one pattern differ, and the check measures them",
+        edits=(
+            _edit(
+                "ranks/measure/ulp.py",
+                "        return torch.equal(reference.detach().view(bits), candidate.detach().view(bits))\n",
+                "        return torch.equal(reference, candidate)  # planted\n",
+            ),
+        ),
+        tests=(f"{_ULP}::test_same_bits_holds_for_a_copy_nans_included",),
     ),
 )

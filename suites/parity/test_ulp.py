@@ -8,6 +8,7 @@ import torch
 from fixtures.parity_records import next_float, run, step
 from harness.parity.judge.compare import compare_runs
 from harness.parity.plan import profiles
+from harness.parity.ranks import staged
 from harness.parity.ranks.measure import ulp
 from harness.parity.ranks.measure.distance import tensor_diff
 
@@ -93,3 +94,37 @@ def test_per_step_distances_mark_the_failing_steps():
         reference, run(step(0), step(1, weight=next_float(1.0))), profile=profiles.EXACT
     )
     assert [(d.step, d.max_ulp, d.failed) for d in comparison.steps] == [(0, 0.0, False), (1, 1.0, True)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_same_bits_holds_for_a_copy_nans_included(dtype):
+    values = torch.tensor([1.0, -2.5, math.nan, math.inf, 0.0], dtype=dtype)
+    assert ulp.same_bits(values, values.clone())
+
+
+def test_same_bits_fails_on_a_last_bit_of_the_last_element():
+    values = torch.linspace(-1, 1, 9)
+    moved = values.clone()
+    moved[-1] = next_float(float(moved[-1]))
+    assert not ulp.same_bits(values, moved)
+
+
+def test_same_bits_tells_the_zeros_apart_and_the_dtypes_apart():
+    assert not ulp.same_bits(torch.tensor([0.0]), torch.tensor([-0.0]))
+    assert not ulp.same_bits(torch.ones(3), torch.ones(3, dtype=torch.float64))
+
+
+def test_the_staged_check_measures_no_distance_between_tensors_of_the_same_bits(monkeypatch):
+    def measured(*_):
+        raise AssertionError("measured tensors of the same bits")
+
+    monkeypatch.setattr(ulp, "distances", measured)
+    found = staged._compared({"w": torch.arange(6.0)}, {"w": torch.arange(6.0)})
+    assert (found["w"].elements, found["w"].differing, found["w"].max_ulp) == (6, 0, 0.0)
+
+
+def test_the_staged_check_still_counts_a_last_bit_apart_and_signed_zeros_alike():
+    want = torch.tensor([0.0, 1.0, 2.0])
+    got = torch.tensor([-0.0, 1.0, next_float(2.0)])
+    found = staged._compared({"w": want}, {"w": got})["w"]
+    assert (found.differing, found.max_ulp) == (1, 1.0)

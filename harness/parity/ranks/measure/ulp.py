@@ -45,6 +45,20 @@ def _ordinal(values: torch.Tensor) -> torch.Tensor:
     return torch.where(bits < 0, sign_bit - bits, bits)
 
 
+def same_bits(reference: torch.Tensor, candidate: torch.Tensor) -> bool:
+    """Whether the two tensors have one dtype and shape and the same bits everywhere: every
+    distance 0 (two NaNs of one pattern too), known without measuring any. Bits, not values:
+    ``-0.0`` against ``0.0`` is not the same bits (its distance is 0 all the same, measured)."""
+    if reference.dtype != candidate.dtype or reference.shape != candidate.shape:
+        return False
+    if candidate.device != reference.device:
+        candidate = candidate.to(reference.device)
+    if reference.dtype in _BITS:
+        bits = _BITS[reference.dtype]
+        return torch.equal(reference.detach().view(bits), candidate.detach().view(bits))
+    return torch.equal(reference, candidate)
+
+
 def distances(reference: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
     """Elementwise ULP distance (float64: ``inf`` where exactly one of the two is NaN).
 
