@@ -343,4 +343,16 @@ COST_PLANTS: tuple[Plant, ...] = (
         ),
         tests=(f"{_ULP}::test_same_bits_holds_for_a_copy_nans_included",),
     ),
+    Plant(
+        name="cost_one_reduction_bound_drops_the_slack",
+        bug="one reduction's shortcut bound leaves out the float64 sums' own rounding",
+        edits=(
+            _edit(
+                "ranks/measure/bound.py",
+                "        allowed = _one(mean, mean_abs, world, reduce_dtype, out) + 4 * 2.0**-53 * mean_abs\n",
+                "        allowed = _one(mean, mean_abs, world, reduce_dtype, out)  # planted\n",
+            ),
+        ),
+        tests=("suites/parity/test_reduction_bound.py",),
+    ),
 )

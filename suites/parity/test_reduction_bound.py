@@ -111,3 +111,30 @@ def test_microbatches_each_reduced_then_summed_lie_within_the_summed_bound():
     assert bound.check_sum(total, parts, world, torch.float32).violations == 0
     broken = total - parts[1][0].float() / world  # a quarter of one microbatch's mean missing
     assert bound.check_sum(broken, parts, world, torch.float32).violations > 1000
+
+
+def _as_several_reductions(reduced, parts, world, reduce_dtype) -> bound.Checked:
+    """The bound of a sum of reductions (each term summed from zero) applied to ``parts`` as is:
+    what one reduction's shortcut must equal, bit for bit."""
+    out = reduced.dtype
+    got = reduced.detach().to(torch.float64).reshape(parts[0][0].shape)
+    want = sum((mean for mean, _ in parts), torch.zeros_like(got))
+    each = [bound._one(mean, mean_abs, world, reduce_dtype, out) for mean, mean_abs in parts]
+    allowed = sum(each, torch.zeros_like(got)) + 4 * 2.0**-53 * sum(
+        (mean_abs for _, mean_abs in parts), torch.zeros_like(got)
+    )
+    finite = got.isfinite() & want.isfinite()
+    ratio = torch.where(finite, (got - want).abs() / allowed, torch.zeros_like(got))
+    return bound.Checked(int(finite.sum()), int((ratio > 1).sum()), float(ratio.max()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_reduction_is_bounded_as_a_sum_of_one_reduction_bit_for_bit(dtype):
+    generator = torch.Generator().manual_seed(0)
+    mean = torch.randn(64, generator=generator, dtype=torch.float64)
+    mean[:2] = torch.tensor([float("inf"), float("nan")], dtype=torch.float64)  # not judged
+    mean_abs = mean.abs() * 1.5  # no zero: every ratio reads every term of its bound
+    reduced = (mean * (1 + torch.randn(64, generator=generator, dtype=torch.float64) * 1e-2)).to(dtype)
+    shortcut = bound.check_sum(reduced, [(mean, mean_abs)], 4, dtype)
+    general = _as_several_reductions(reduced, [(mean, mean_abs)], 4, dtype)
+    assert shortcut == general

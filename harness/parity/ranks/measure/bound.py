@@ -64,21 +64,11 @@ def exact_means(
     world = dist.get_world_size()
     shapes = {name: local[name].shape for name in names if name in local}
     agreed = _agreed_shapes(names, shapes, device)
-    flat = (
-        torch.cat(
-            [
-                torch.cat(
-                    [
-                        _flat64(local.get(name), agreed[name], device),
-                        _flat64(local.get(name), agreed[name], device).abs(),
-                    ]
-                )
-                for name in names
-            ]
-        )
-        if names
-        else torch.zeros(0, dtype=torch.float64, device=device)
-    )
+    pieces = []
+    for name in names:
+        values = _flat64(local.get(name), agreed[name], device)
+        pieces += [values, values.abs()]
+    flat = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.float64, device=device)
     dist.all_reduce(flat)
     out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     offset = 0
@@ -147,13 +137,19 @@ def check_sum(
     One part is one reduction: the bound of the module docstring."""
     out = reduced.dtype
     got = reduced.detach().to("cpu", torch.float64).reshape(parts[0][0].shape)
-    want = sum((mean for mean, _ in parts), torch.zeros_like(got))
-    each = [_one(mean, mean_abs, world, reduce_dtype, out) for mean, mean_abs in parts]
-    magnitude = sum((mean.abs() + e for (mean, _), e in zip(parts, each, strict=True)), torch.zeros_like(got))
-    allowed = sum(each, torch.zeros_like(got)) + 4 * 2.0**-53 * sum(
-        (mean_abs for _, mean_abs in parts), torch.zeros_like(got)
-    )  # the float64 sums' own rounding
-    if len(parts) > 1:
+    if len(parts) == 1:  # one reduction (the common case): the sums below of one term each, as is
+        mean, mean_abs = parts[0]
+        want = mean
+        allowed = _one(mean, mean_abs, world, reduce_dtype, out) + 4 * 2.0**-53 * mean_abs
+    else:
+        want = sum((mean for mean, _ in parts), torch.zeros_like(got))
+        each = [_one(mean, mean_abs, world, reduce_dtype, out) for mean, mean_abs in parts]
+        magnitude = sum(
+            (mean.abs() + e for (mean, _), e in zip(parts, each, strict=True)), torch.zeros_like(got)
+        )
+        allowed = sum(each, torch.zeros_like(got)) + 4 * 2.0**-53 * sum(
+            (mean_abs for _, mean_abs in parts), torch.zeros_like(got)
+        )  # the float64 sums' own rounding
         allowed = allowed + gamma(len(parts) - 1, out) * magnitude
     finite = got.isfinite() & want.isfinite()
     apart = (got - want).abs()
