@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 
 import pytest
@@ -67,7 +68,23 @@ def leave_escapees_running():
     daemon = int(sh.stdout.readline())
     sh.stdout.close()
     sh.wait()
+    _until_execed(daemon, "sleep")
     return os.getpid(), _left_running[-1].pid, daemon
+
+
+def _until_execed(pid: int, command: str, timeout_s: float = 10.0) -> None:
+    """Wait until ``pid`` runs ``command``: a process in the middle of ``exec`` shows an empty
+    environment in ``/proc``, so a scan for the tag at that instant misses it (seen once under
+    load); the test asks about a daemon that is running, not one still starting."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/comm") as comm:
+                if comm.read().strip() == command:
+                    return
+        except OSError:
+            return  # gone: the assertions say so
+        time.sleep(0.01)
 
 
 def case(target, world_size, **kw):
