@@ -194,15 +194,39 @@ COST_PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         name="cost_lanes_split_a_shared_reference",
-        bug="rows are dealt to the lanes in turn, so rows that share a reference train it once in each lane",
+        bug="rows that share a reference are not one family: they may be dealt to two lanes and train it in each",
         edits=(
             _edit(
                 "doors/lanes.py",
-                "    return [[configs[index] for index in sorted(lane)] for lane in lanes if lane]\n",
-                "    return [configs[start::count] for start in range(count)]  # planted\n",
+                '                parent[root(("row", config.id))] = root(("reference", shared))\n',
+                "                pass  # planted\n",
             ),
         ),
         tests=(_LANES,),
+    ),
+    Plant(
+        name="cost_last_deals_as_long_as_the_first",
+        bug="every deal takes the full batch of rows: one lane runs a long last deal while the other is idle",
+        edits=(
+            _edit(
+                "doors/lanes.py",
+                "            if self._lanes > 1:  # a share of what is left per lane, at most ``rows``\n",
+                "            if False:  # planted\n",
+            ),
+        ),
+        tests=(f"{_LANES}::test_deals_shrink_as_the_rows_run_out",),
+    ),
+    Plant(
+        name="cost_first_lane_takes_every_row",
+        bug="the first lane to ask takes every row: the lanes are as good as one",
+        edits=(
+            _edit(
+                "doors/runner.py",
+                "        dealer = lanes.Dealer(group, batch_size, lanes=count)\n",
+                "        dealer = lanes.Dealer(group, batch_size, lanes=1)  # planted\n",
+            ),
+        ),
+        tests=(f"{_LANES}::test_the_lanes_take_rows_as_they_are_free",),
     ),
     Plant(
         name="cost_lane_error_lost",
@@ -354,5 +378,29 @@ COST_PLANTS: tuple[Plant, ...] = (
             ),
         ),
         tests=("suites/parity/test_reduction_bound.py",),
+    ),
+    Plant(
+        name="cost_record_copies_gradients_it_divides",
+        bug="a reference's record copies its whole gradients, then divides the copies: two passes",
+        edits=(
+            _edit(
+                "ranks/sides/engines.py",
+                "        held = gather.to_cpu if copy else gather.whole\n",
+                "        held = gather.to_cpu  # planted\n",
+            ),
+        ),
+        tests=(f"{_MEMORY}::test_a_whole_gradient_recorded_to_be_divided_is_not_copied_first",),
+    ),
+    Plant(
+        name="cost_record_aliases_live_gradients",
+        bug="a reference's record holds its live gradients where it keeps them as they are",
+        edits=(
+            _edit(
+                "ranks/sides/engines.py",
+                "        held = gather.to_cpu if copy else gather.whole\n",
+                "        held = gather.whole  # planted\n",
+            ),
+        ),
+        tests=(f"{_MEMORY}::test_a_whole_gradient_recorded_as_it_is_is_a_copy",),
     ),
 )

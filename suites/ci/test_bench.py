@@ -283,3 +283,24 @@ def test_a_function_row_runs_the_users_function_on_the_plain_side_too():
     pytest.importorskip("transformers")
     workload = registry.get(cost_workloads.spec("1M", function=True))
     assert workload.parallelize is cost_workloads.parallelize_llama and workload.optimizer is not None
+
+
+def test_resolving_a_cost_workload_imports_its_model_so_no_sides_clock_pays_the_import():
+    """Every side resolves its workload before its clock starts; transformers' Llama module takes
+    0.7 to 1.7 s to import here, and a side that imported it inside its clock (the one process did,
+    building its model) was charged for it. A fresh process: another test may have imported it."""
+    pytest.importorskip("transformers")
+    probe = (
+        "import sys\n"
+        "from ci.bench import cost_workloads\n"
+        "from harness.parity.workload import registry\n"
+        "name = 'transformers.models.llama.modeling_llama'\n"
+        "before = name in sys.modules\n"
+        "registry.get(cost_workloads.spec('1M', function=True))\n"
+        "print(before, name in sys.modules, 'torch.distributed.algorithms._checkpoint' in sys.modules)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    found = subprocess.run(
+        [sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert found.stdout.split() == ["False", "True", "True"], found.stderr

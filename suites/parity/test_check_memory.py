@@ -16,7 +16,7 @@ from torch import nn
 
 from harness.parity.ranks import train
 from harness.parity.ranks.measure import local, stepcheck
-from harness.parity.ranks.sides import references
+from harness.parity.ranks.sides import engines, references
 from harness.parity.ranks.wire import RankStep, StepTensors
 from harness.rank import context
 
@@ -120,6 +120,19 @@ def _replicated_engine(grads: list[torch.Tensor]) -> types.SimpleNamespace:
     for param, grad in zip(params, grads, strict=True):
         param.grad = grad
     return types.SimpleNamespace(named_trainable=lambda: [(f"p{i}", p) for i, p in enumerate(params)])
+
+
+def test_a_whole_gradient_recorded_to_be_divided_is_not_copied_first():
+    grads = [torch.arange(6.0).reshape(2, 3), torch.ones(4)]
+    found = engines.Engine.full_grads(_replicated_engine(grads), copy=False)
+    assert [found[n].data_ptr() for n in ("p0", "p1")] == [g.data_ptr() for g in grads]
+
+
+def test_a_whole_gradient_recorded_as_it_is_is_a_copy():
+    grads = [torch.arange(6.0).reshape(2, 3), torch.ones(4)]
+    found = engines.Engine.full_grads(_replicated_engine(grads))
+    for name, grad in zip(("p0", "p1"), grads, strict=True):
+        assert found[name].data_ptr() != grad.data_ptr() and torch.equal(found[name], grad), name
 
 
 def test_gradients_are_measured_where_they_are_not_copied():

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from harness.parity.doors import lanes, runner
-from harness.parity.plan.config import Layout, ParityConfig, Precision
+from harness.parity.plan.config import Fault, Layout, ParityConfig, Precision
 from harness.parity.ranks import requests
 
 _FAMILY = [  # one FSDP2 fp32 SGD reference, and the float32 twin of the fp16 row's
@@ -26,30 +26,74 @@ def test_the_family_shares_one_reference_as_the_tests_assume():
     assert first.reference_key() != _OTHERS[0].reference_key()
 
 
-def test_rows_that_share_a_reference_or_a_twin_run_in_one_lane():
+def _unrelated(count: int) -> list[ParityConfig]:
+    """``count`` rows that share no reference: each poisons another step."""
+    return [ParityConfig(engine="ddp", steps=count, faults=(Fault(step=step),)) for step in range(count)]
+
+
+def _deals(dealer: lanes.Dealer) -> list[list[ParityConfig]]:
+    found = []
+    while dealt := dealer.take():
+        found.append(dealt)
+    return found
+
+
+def test_rows_that_share_a_reference_or_a_twin_are_dealt_together():
     mixed = [_FAMILY[0], *_OTHERS, *_FAMILY[1:]]
-    found = lanes.split(mixed, 2)
-    assert len(found) == 2
-    (with_family,) = [lane for lane in found if _FAMILY[0] in lane]
-    assert all(config in with_family for config in _FAMILY)
+    deals = _deals(lanes.Dealer(mixed, 1, lanes=2))
+    assert deals[0] == _FAMILY  # the largest family first, whole, in the given order
+    assert sorted(map(len, deals)) == [1, 1, 3]
 
 
-def test_unrelated_rows_are_spread_over_the_lanes_each_in_the_given_order():
-    configs = [ParityConfig(engine="ddp", optimizer=o) for o in ("sgd", "adam", "adam_fused")]
-    found = lanes.split(configs, 2)
-    assert sorted(len(lane) for lane in found) == [1, 2]
-    for lane in found:
-        assert lane == sorted(lane, key=configs.index)
+def test_a_deal_is_whole_families_up_to_the_rows_asked_in_the_given_order():
+    others = _unrelated(20)
+    given = [*others, *_FAMILY]
+    deals = _deals(lanes.Dealer(given, 4, lanes=2))
+    assert deals[0] == [others[0], *_FAMILY]  # the family of 3, then one of 1 to reach 4
+    assert sorted(config.id for deal in deals for config in deal) == sorted(c.id for c in given)
+    for deal in deals:
+        assert deal == sorted(deal, key=given.index)
 
 
-def test_one_lane_is_every_row_in_the_given_order():
+def test_deals_shrink_as_the_rows_run_out():
+    """A share of what is left per lane: the last rows go one at a time, to whichever lane is free."""
+    configs = _unrelated(40)
+    assert [len(deal) for deal in _deals(lanes.Dealer(configs, 8, lanes=2))] == [
+        8, 8, 6, 5, 4, 3, 2, 1, 1, 1, 1,
+    ]  # fmt: skip
+
+
+def test_one_lane_takes_every_row_at_once_in_the_given_order():
     configs = [*_OTHERS, *_FAMILY]
-    assert lanes.split(configs, 1) == [configs]
+    assert _deals(lanes.Dealer(configs, 1, lanes=1)) == [configs]
 
 
-def test_no_lane_is_refused():
-    with pytest.raises(ValueError, match="count must be >= 1 lane, got 0"):
-        lanes.split(_OTHERS, 0)
+def test_a_deal_of_no_rows_is_refused():
+    with pytest.raises(ValueError, match="rows must be >= 1 configuration a deal, got 0"):
+        lanes.Dealer(_OTHERS, 0, lanes=2)
+
+
+def test_the_lanes_take_rows_as_they_are_free():
+    """A lane whose rank calls are slow takes fewer rows: the other takes the rest as it is free.
+    Both lanes' first calls meet first: neither may take every row in its first deal."""
+    configs = _unrelated(30)
+    taken: dict[str, set[str]] = {"slow": set(), "fast": set()}
+    first_calls = threading.Barrier(2, timeout=10)
+
+    def executor(name, pause_s):
+        def execute(batch, backend, world_size):  # a failed batch runs again a row at a time
+            if not taken[name]:
+                first_calls.wait()
+            taken[name] |= {request.config.id for request in batch}
+            threading.Event().wait(pause_s)
+            raise runner.BatchFailed(f"not run by {name}")
+
+        return execute
+
+    outcomes = runner.run(configs, executor("slow", 0.2), parallel=[executor("fast", 0.0)], batch_size=2)
+    assert len(outcomes) == 30 and not taken["slow"] & taken["fast"]
+    assert taken["slow"] | taken["fast"] == {config.id for config in configs}
+    assert len(taken["fast"]) > len(taken["slow"])
 
 
 def test_the_lanes_run_at_the_same_time():
@@ -110,7 +154,8 @@ def test_the_runner_gives_every_row_its_verdict_across_lanes():
     outcomes = runner.run(configs, executor("a"), parallel=[executor("b")], on_progress=progress.append)
     assert [o.result.config for o in outcomes] == configs
     assert all(o.result.status == "error" for o in outcomes)
-    assert seen["a"] and seen["b"] and not set(seen["a"]) & set(seen["b"])
+    assert set(seen["a"]) | set(seen["b"]) == {config.id for config in configs}
+    assert not set(seen["a"]) & set(seen["b"])  # each row in one lane (its retries there too)
     assert sorted(p.done for p in progress) == list(range(1, len(configs) + 1))
 
 

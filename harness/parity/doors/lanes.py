@@ -9,6 +9,7 @@ than one only where models are small (``jobs``).
 
 Rows that share a reference or a float32 twin go to the same lane: a rank keeps a reference only
 for the rows after it (``ranks/requests.py``), and a row in another lane would train it again.
+The lanes take those families as they are free (:class:`Dealer`), not in shares fixed in advance.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from __future__ import annotations
 import argparse
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks import requests
 
+T = TypeVar("T")
 Executor = Callable[..., list[list[Any]]]
 """``runner.Executor`` (named here too: a lower module of the door cannot import the runner)."""
 
@@ -60,13 +62,10 @@ def for_sizes(sizes: list[int]) -> int:
     return SMALL_JOBS if all(size <= SMALL_MODEL for size in sizes) else 1
 
 
-def split(configs: list[ParityConfig], count: int) -> list[list[ParityConfig]]:
-    """``configs`` in at most ``count`` lanes of about equal length, each in the given order, with
-    every configuration in the lane of any other that shares its reference or its twin."""
-    if count < 1:
-        raise ValueError(f"count must be >= 1 lane, got {count}")
-    if count == 1 or len(configs) < 2:
-        return [list(configs)]
+def families(configs: list[ParityConfig]) -> list[list[ParityConfig]]:
+    """``configs`` in families, each in the given order, the families in the order of their first
+    rows: a configuration is in the family of every other that shares its reference or its twin
+    (and of theirs), so a rank that keeps a reference finds every row that reads it."""
     parent: dict[Any, Any] = {}
 
     def root(key: Any) -> Any:
@@ -78,21 +77,51 @@ def split(configs: list[ParityConfig], count: int) -> list[list[ParityConfig]]:
         for shared in (config.reference_key(), requests.twin_key(config)):
             if shared is not None:
                 parent[root(("row", config.id))] = root(("reference", shared))
-    families: dict[Any, list[int]] = {}
-    for index, config in enumerate(configs):
-        families.setdefault(root(("row", config.id)), []).append(index)
-    lanes: list[list[int]] = [[] for _ in range(min(count, len(families)))]
-    for family in sorted(families.values(), key=lambda rows: (-len(rows), rows[0])):
-        min(lanes, key=len).extend(family)  # the largest families first, each to the shortest lane
-    return [[configs[index] for index in sorted(lane)] for lane in lanes if lane]
+    found: dict[Any, list[ParityConfig]] = {}
+    for config in configs:
+        found.setdefault(root(("row", config.id)), []).append(config)
+    return list(found.values())
 
 
-def run(
-    lanes: list[list[ParityConfig]],
-    executors: Sequence[Executor],
-    work: Callable[[list[ParityConfig], Executor], None],
-) -> None:
-    """``work(lane, executor)`` for each lane with its own executor, all at once: the first in the
+class Dealer:
+    """One world's rows, handed to the lanes a few families at a time as each lane asks for more.
+
+    Why not lanes fixed in advance: rows differ in cost (0.1 to 0.6 s on the default matrix: a
+    resume row trains, saves and loads), and the ground truth's rank call takes one lane's first
+    seconds, so two lanes of equal length finished 0.4 to 1.7 s apart, one core idle meanwhile.
+    Dealt as asked, the largest families first, the lanes end within about one small family of
+    each other. One lane takes every row at once, in the given order (as without lanes)."""
+
+    def __init__(self, configs: list[ParityConfig], rows: int, *, lanes: int) -> None:
+        if rows < 1:
+            raise ValueError(f"rows must be >= 1 configuration a deal, got {rows}")
+        self._order = {config.id: index for index, config in enumerate(configs)}
+        self._families = families(configs)
+        # the longest first, each to the lane free first: the last deals are short
+        self._families.sort(key=len, reverse=True)
+        self._rows = rows if lanes > 1 else max(len(configs), 1)
+        self._lanes = lanes
+        self._left = len(configs)
+        self._lock = threading.Lock()
+
+    def take(self) -> list[ParityConfig]:
+        """The next whole families, in the given order (empty: nothing is left): at least ``rows``
+        configurations, fewer as the end nears (a share of what is left per lane: a lane does not
+        take a long last deal while the others have nothing left)."""
+        with self._lock:
+            wanted = self._rows  # one lane: every row at once
+            if self._lanes > 1:  # a share of what is left per lane, at most ``rows``
+                wanted = min(self._rows, -(-self._left // (2 * self._lanes)))
+            taken: list[ParityConfig] = []
+            while self._families and len(taken) < wanted:
+                taken += self._families.pop(0)
+            self._left -= len(taken)
+        return sorted(taken, key=lambda config: self._order[config.id])
+
+
+def run(lanes: list[T], executors: Sequence[Executor], work: Callable[[T, Executor], None]) -> None:
+    """``work(lane, executor)`` for each lane (its rows, or the :class:`Dealer` every lane takes
+    its rows from) with its own executor, all at once: the first in the
     calling thread (so an interruption there, as Ctrl-C, reaches the rank call in flight as it
     would without lanes), the others in daemon threads. When one lane raises, the others stop
     before their next rank call, and the first error is raised here once they have."""
@@ -109,7 +138,7 @@ def run(
 
         return call
 
-    def lane(configs: list[ParityConfig], execute: Executor) -> None:
+    def lane(configs: T, execute: Executor) -> None:
         try:
             work(configs, guarded(execute))
         except Stopped:

@@ -196,17 +196,20 @@ def run(
     for (backend, world_size), group in by_world(plain):
 
         def work(
-            lane: list[ParityConfig], lane_execute: Executor, backend=backend, world_size=world_size
+            dealer: lanes.Dealer, lane_execute: Executor, backend=backend, world_size=world_size
         ) -> None:
-            sent = {request.config.id: request for request in requests.requests(lane)}
-            for batch in _chunks(lane, batch_size):
-                finish_all(
-                    _judged_batch(
-                        batch, lane_execute, backend, world_size, localize, keep_tensors, drift, sent
+            while dealt := dealer.take():  # whole families: the references they share are theirs
+                sent = {request.config.id: request for request in requests.requests(dealt)}
+                for batch in _chunks(dealt, batch_size):
+                    finish_all(
+                        _judged_batch(
+                            batch, lane_execute, backend, world_size, localize, keep_tensors, drift, sent
+                        )
                     )
-                )
 
-        lanes.run(lanes.split(group, len(executors)), executors, work)
+        count = min(len(executors), len(lanes.families(group)))
+        dealer = lanes.Dealer(group, batch_size, lanes=count)
+        lanes.run([dealer] * count, executors, work)
     resharded = [config for config in runnable if config.resume.world_size is not None]
     for _, group in reshard.groups(resharded):  # two halves, at two world sizes (reshard.py)
         for batch in _chunks(group, batch_size):

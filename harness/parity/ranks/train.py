@@ -5,8 +5,7 @@ Each step::
     zero_grad -> loss -> scaler.scale(loss).backward() -> engine.after_backward()
                      (``accumulate > 1``: every microbatch's, ``accumulate.py``)
     -> planned faults -> [unscale_ each optimizer, engine.before_step(), clip_grad_norm_]
-                                          (path "unscale_clip" at ``config.loop.clip``, its total norm
-                                          recorded; the first two for some engines)
+       (path "unscale_clip" at ``config.loop.clip``, its norm recorded; the first two for some engines)
     -> the unscaled gradients (recorded whole, or measured where they live) -> scaler.step(each
        optimizer) -> scaler.update() -> loss, scale, tracker, found_inf, skip decisions, then the
        parameters and optimizer state (recorded whole, or measured: ``stepcheck.Check``)
@@ -336,7 +335,8 @@ class Run:
         if check is not None:
             check.grads(step, engine, None if unscaled else scale)
         elif self.record:
-            grads = engine.full_grads() if unscaled else stepcheck.unscaled(engine.full_grads(), scale)
+            divide = not unscaled and scale != 1  # into new tensors: the live ones need no copy first
+            grads = stepcheck.unscaled(engine.full_grads(copy=not divide), scale if divide else 1)
         skips = skip_check(self.role, groups, engine)
         found_inf = []
         for opt in optimizers:

@@ -249,7 +249,7 @@ class Check:
         wanted = self.keep_all or (differ and not poisoned and not self._failure_found)
         self._full_grads, self._pending = None, None
         if wanted and (self.keep_all or not self._origin_found):  # they travel: gathered now
-            full = engine.full_grads()  # collective; only rank 0's travels
+            full = engine.full_grads(copy=scale in (None, 1))  # collective; only rank 0's travels
             if self.rank == 0:
                 self._full_grads = full if scale is None else unscaled(full, scale)
         elif wanted:  # they travel only if this step is the first to fail: gathered then, if so

@@ -26,7 +26,6 @@ from harness.parity.ranks.sides import reduce_layout, twin
 from harness.parity.ranks.sides import stages as pipeline_split
 from harness.parity.ranks.sides.full import flat, gather
 from harness.parity.ranks.sides.optim.optimizers import make_optimizer
-from harness.parity.ranks.sides.twin import DTYPES
 from harness.parity.ranks.wire import FunctionFacts
 from harness.parity.workload import items, registry, units
 from harness.parity.workload.batches import to_device
@@ -54,7 +53,7 @@ class Engine:
         self.ties = pipeline_split.untie(model) if config.mesh.pp is not None else []
         """A pipeline's tied parameters, untied on both sides (``stages.untie``)."""
         if self.workload.sparse:  # sparse workloads train in their precision throughout
-            model = model.to(DTYPES[config.precision.dtype])
+            model = model.to(twin.DTYPES[config.precision.dtype])
         self.module = model.to(device)
         self.units = units.resolve(self.workload, model)
         """The FSDP unit classes (the workload's, or resolved from ``_no_split_modules``)."""
@@ -129,12 +128,12 @@ class Engine:
         runs each op's backward in the dtypes its forward chose."""
         if self.config.precision.autocast is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=DTYPES[self.config.precision.autocast])
+        return torch.autocast(self.device.type, dtype=twin.DTYPES[self.config.precision.autocast])
 
     def finish(self, batch: Any, scale: float) -> Any:
         if self.workload.finish_batch is None:
             return batch
-        return self.workload.finish_batch(batch, DTYPES[self.config.precision.dtype], scale)
+        return self.workload.finish_batch(batch, twin.DTYPES[self.config.precision.dtype], scale)
 
     compares_own_shards = False
     """A pipeline's candidate: each stage compares its own shards (``measure/local.py``)."""
@@ -229,8 +228,11 @@ class Engine:
         """This rank's elements of ``tensor`` (the local shard of a DTensor)."""
         return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
-    def full_grads(self) -> dict[str, torch.Tensor]:
-        return {n: gather.to_cpu(p.grad) for n, p in self.named_trainable() if p.grad is not None}
+    def full_grads(self, copy: bool = True) -> dict[str, torch.Tensor]:
+        """Every gradient whole, by name (collective where sharded). ``copy=False``: a caller that
+        divides them at once into new tensors gets a whole-held gradient itself, not a copy."""
+        held = gather.to_cpu if copy else gather.whole
+        return {n: held(p.grad) for n, p in self.named_trainable() if p.grad is not None}
 
     def observed(self, module: str, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` (an output of ``module``, or its gradient) as the unsharded model holds it, for
@@ -310,8 +312,8 @@ class FSDP1(Engine):
     def clip_grad_norm_(self, max_norm: float) -> float:
         return float(self.wrapped.clip_grad_norm_(max_norm))  # type: ignore[operator]
 
-    def full_grads(self) -> dict[str, torch.Tensor]:
-        return flat.full_grads(self.wrapped, self.device)
+    def full_grads(self, copy: bool = True) -> dict[str, torch.Tensor]:
+        return flat.full_grads(self.wrapped, self.device)  # gathered: new tensors either way
 
     def full_after_step(
         self, optimizers: list[torch.optim.Optimizer], *, copy: bool = True
@@ -355,9 +357,9 @@ class FSDP2(Engine):
         fully_shard(module, **kwargs)
         return module
 
-    def full_grads(self) -> dict[str, torch.Tensor]:
+    def full_grads(self, copy: bool = True) -> dict[str, torch.Tensor]:
         """Full gradients of the parameters that have one on any rank (agreed first: a rank
-        without a gradient sends zeros, so every rank gathers the same tensors)."""
+        without a gradient sends zeros, so every rank gathers the same tensors): new tensors."""
         trainable = self.named_trainable()
         held = gather.anywhere([p.grad is not None for _, p in trainable], self.device)
         grads = {

@@ -201,7 +201,7 @@ class PipelineFSDP2(FSDP2):
         return float(mean.item())
 
     # -- tensors for the record ---------------------------------------------------------------------
-    def full_grads(self) -> dict[str, torch.Tensor]:
+    def full_grads(self, copy: bool = True) -> dict[str, torch.Tensor]:  # gathered: new tensors
         grads = {
             n: p.grad if p.grad is not None else gather.zeros_like_shards(p)
             for n, p in self.named_trainable()
