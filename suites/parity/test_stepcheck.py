@@ -194,7 +194,7 @@ class _FakeEngine:
 
     gathered = 0
 
-    def full_grads(self) -> dict[str, torch.Tensor]:
+    def full_grads(self, copy: bool = True) -> dict[str, torch.Tensor]:
         self.gathered += 1
         return {"w": self.grad.clone()}
 
