@@ -11,7 +11,8 @@ every rank, each at its warm level (``VmRSS`` once ranks are started, the group 
 model exists) and at its peak. The time is the case's wall time on the warm pool (the pool's
 start, the same for both pool sides, is left out; the tool's controller has imported the tool and
 resolved the workload, as every rank has, before the clock starts); the single side's is its
-loop's, from building the model (after its own imports and the workload's resolution).
+loop's, from building the model (after its own imports and the workload's resolution, which
+imports the model's module: ``cost_workloads``). No side's clock runs while Python imports.
 """
 
 from __future__ import annotations
