@@ -210,7 +210,7 @@ COST_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "doors/lanes.py",
-                "            if self._lanes > 1:  # a share of what is left per lane, at most ``rows``\n",
+                "            if self.lanes > 1:  # a share of what is left per lane, at most ``rows``\n",
                 "            if False:  # planted\n",
             ),
         ),
@@ -222,7 +222,7 @@ COST_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "doors/runner.py",
-                "        dealer = lanes.Dealer(group, batch_size, lanes=count)\n",
+                "        dealer = lanes.Dealer(group, batch_size, lanes=len(executors))\n",
                 "        dealer = lanes.Dealer(group, batch_size, lanes=1)  # planted\n",
             ),
         ),

@@ -68,6 +68,12 @@ def test_one_lane_takes_every_row_at_once_in_the_given_order():
     assert _deals(lanes.Dealer(configs, 1, lanes=1)) == [configs]
 
 
+def test_no_more_lanes_run_than_there_are_families():
+    assert lanes.Dealer([*_FAMILY, _OTHERS[0]], 8, lanes=4).lanes == 2
+    alone = lanes.Dealer(_FAMILY, 1, lanes=2)  # one family: one lane, every row at once
+    assert alone.lanes == 1 and _deals(alone) == [_FAMILY]
+
+
 def test_a_deal_of_no_rows_is_refused():
     with pytest.raises(ValueError, match="rows must be >= 1 configuration a deal, got 0"):
         lanes.Dealer(_OTHERS, 0, lanes=2)

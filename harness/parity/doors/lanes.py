@@ -99,8 +99,9 @@ class Dealer:
         self._families = families(configs)
         # the longest first, each to the lane free first: the last deals are short
         self._families.sort(key=len, reverse=True)
-        self._rows = rows if lanes > 1 else max(len(configs), 1)
-        self._lanes = lanes
+        self.lanes = max(1, min(lanes, len(self._families)))
+        """The lanes worth running: at most one per family."""
+        self._rows = rows if self.lanes > 1 else max(len(configs), 1)
         self._left = len(configs)
         self._lock = threading.Lock()
 
@@ -110,8 +111,8 @@ class Dealer:
         take a long last deal while the others have nothing left)."""
         with self._lock:
             wanted = self._rows  # one lane: every row at once
-            if self._lanes > 1:  # a share of what is left per lane, at most ``rows``
-                wanted = min(self._rows, -(-self._left // (2 * self._lanes)))
+            if self.lanes > 1:  # a share of what is left per lane, at most ``rows``
+                wanted = min(self._rows, -(-self._left // (2 * self.lanes)))
             taken: list[ParityConfig] = []
             while self._families and len(taken) < wanted:
                 taken += self._families.pop(0)

@@ -207,9 +207,8 @@ def run(
                         )
                     )
 
-        count = min(len(executors), len(lanes.families(group)))
-        dealer = lanes.Dealer(group, batch_size, lanes=count)
-        lanes.run([dealer] * count, executors, work)
+        dealer = lanes.Dealer(group, batch_size, lanes=len(executors))
+        lanes.run([dealer] * dealer.lanes, executors, work)
     resharded = [config for config in runnable if config.resume.world_size is not None]
     for _, group in reshard.groups(resharded):  # two halves, at two world sizes (reshard.py)
         for batch in _chunks(group, batch_size):
