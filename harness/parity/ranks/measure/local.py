@@ -64,9 +64,7 @@ def _whole(value: Any, owner: bool) -> Piece:
     tensor = value.detach() if isinstance(value, torch.Tensor) else torch.tensor(value)
     if not owner:
         return Piece(tuple(tensor.shape), tensor.dtype, 0, None)
-    if tensor.is_sparse:
-        tensor = tensor.to_dense()
-    tensor = tensor.to("cpu")
+    tensor = gather.whole(tensor)
     return Piece(tuple(tensor.shape), tensor.dtype, 0, tensor.reshape(-1))
 
 
