@@ -21,6 +21,7 @@ _STEPCHECK = "suites/parity/test_stepcheck.py"
 _ULP = "suites/parity/test_ulp.py"
 _ALLOCATOR = "suites/harness/test_allocator.py"
 _LANES = "suites/parity/test_lanes.py"
+_REDUCE = "suites/parity/test_reduce_layout.py"
 
 
 def _edit(file: str, old: str, new: str, package: str = "harness/parity") -> Edit:
@@ -264,7 +265,7 @@ COST_PLANTS: tuple[Plant, ...] = (
         name="cost_one_call_skips_the_divide_before",
         bug="the one all-reduce of a shard group of 2 forgets the divide before the sum",
         edits=(_edit("ranks/sides/order_free.py", "        flat.div_(pre)\n", "        pass  # planted\n"),),
-        tests=("suites/parity/test_reduce_layout.py",),
+        tests=(_REDUCE,),
     ),
     Plant(
         name="cost_one_call_never_taken",
@@ -276,7 +277,43 @@ COST_PLANTS: tuple[Plant, ...] = (
                 "    return False  # planted\n",
             ),
         ),
-        tests=("suites/parity/test_reduce_layout.py",),
+        tests=(_REDUCE,),
+    ),
+    Plant(
+        name="cost_large_model_reduced_in_the_candidates_layout",
+        bug="at 2 ranks a model too large for one call is reduced through the candidate's chunked layout",
+        edits=(
+            _edit(
+                "ranks/sides/reduce_layout.py",
+                "order_free.free(groups):  # 2 ranks: flat all-reduces\n",
+                "order_free.free(groups) and order_free.one_call(grads):  # planted\n",
+            ),
+        ),
+        tests=(_REDUCE,),
+    ),
+    Plant(
+        name="cost_large_gradient_copied_into_a_buffer",
+        bug="at 2 ranks a large gradient the caller gives up is copied into its bucket's buffer and out",
+        edits=(
+            _edit(
+                "ranks/sides/order_free.py",
+                "        and (consume or grad.dtype != reduce_dtype)\n",
+                "        and False  # planted\n",
+            ),
+        ),
+        tests=(f"{_REDUCE}::test_at_two_ranks_a_large_gradient_given_up_is_reduced_where_it_lies",),
+    ),
+    Plant(
+        name="cost_kept_gradient_reduced_in_place",
+        bug="at 2 ranks a gradient the caller keeps is overwritten by its reduction",
+        edits=(
+            _edit(
+                "ranks/sides/order_free.py",
+                "        and (consume or grad.dtype != reduce_dtype)\n",
+                "        and True  # planted\n",
+            ),
+        ),
+        tests=(f"{_REDUCE}::test_at_two_ranks_a_gradient_the_caller_keeps_is_not_reduced_in_place",),
     ),
     Plant(
         name="cost_check_copies_every_gradient",
@@ -302,6 +339,42 @@ COST_PLANTS: tuple[Plant, ...] = (
             ),
         ),
         tests=(f"{_MEMORY}::test_the_ranks_shares_of_a_replicated_run_cover_each_element_once",),
+    ),
+    Plant(
+        name="cost_overflow_checked_by_an_element_mask",
+        bug="the reference's overflow is looked for by a mask of every element even when their sum is finite",
+        edits=(
+            _edit(
+                "ranks/measure/stepcheck.py",
+                "    if tensor.is_floating_point() and bool(tensor.sum().isfinite()):\n",
+                "    if False:  # planted\n",
+            ),
+        ),
+        tests=(f"{_STEPCHECK}::test_all_finite_writes_no_mask_of_every_element_when_their_sum_is_finite",),
+    ),
+    Plant(
+        name="cost_overflow_trusts_a_sum_that_overflowed",
+        bug="finite gradients whose sum overflows are taken for an overflow",
+        edits=(
+            _edit(
+                "ranks/measure/stepcheck.py",
+                "    return bool(tensor.isfinite().all())\n",
+                "    return not tensor.is_floating_point()  # planted\n",
+            ),
+        ),
+        tests=(f"{_STEPCHECK}::test_all_finite_says_what_the_element_mask_says",),
+    ),
+    Plant(
+        name="cost_squares_in_a_second_copy",
+        bug="the norm's parts are squared into a second float64 copy of the rank's gradients",
+        edits=(
+            _edit(
+                "ranks/measure/stepcheck.py",
+                "        name: float(piece.values.double().square_().sum())\n",
+                "        name: float(piece.values.double().pow(2).sum())  # planted\n",
+            ),
+        ),
+        tests=(f"{_MEMORY}::test_the_norms_parts_are_summed_from_one_float64_copy_of_the_gradients",),
     ),
     Plant(
         name="cost_mesh_facts_of_a_dead_mesh",

@@ -13,6 +13,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from harness.parity.ranks import train
 from harness.parity.ranks.measure import local, stepcheck
@@ -188,3 +190,33 @@ def test_a_new_mesh_at_a_reused_address_is_asked_again(monkeypatch):
     known = context.group_stash().setdefault(local._MESH_FACTS, dict)
     monkeypatch.setitem(known, id(new), (weakref.ref(old), (0, 2, True)))  # as if old had lived there
     assert local._last_dim(new) == (1, 2, False)
+
+
+class _Float64Storages(TorchDispatchMode):
+    """The storages of every float64 tensor of ``numel`` elements that an op returns."""
+
+    def __init__(self, numel: int) -> None:
+        super().__init__()
+        self.numel, self.storages = numel, set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for value in tree_leaves(out):
+            if (
+                isinstance(value, torch.Tensor)
+                and value.dtype == torch.float64
+                and value.numel() == self.numel
+            ):
+                self.storages.add(value.untyped_storage().data_ptr())
+        return out
+
+
+def test_the_norms_parts_are_summed_from_one_float64_copy_of_the_gradients():
+    """Each step sums the squares of the rank's gradients in float64: squared in the copy itself,
+    one float64 copy of them at a time, not a second for the squares."""
+    values = torch.randn(1000)
+    pieces = {"w": local.Piece(values=values, start=0, shape=(1000,), dtype=torch.float32)}
+    with _Float64Storages(1000) as seen:
+        found = stepcheck.squares(pieces)
+    assert len(seen.storages) == 1
+    assert found == {"w": float(values.double().pow(2).sum())}

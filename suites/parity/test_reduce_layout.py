@@ -172,11 +172,16 @@ _ENGINES = [
 ]
 
 
-def _reduced_both_ways(config: dict, dtype: torch.dtype) -> tuple[bool, int]:
-    """On each of 2 ranks: this rank's gradients of ``_Net`` reduced in one call, and in every
-    bucket's own with the ranks summed in reverse order; whether the bits agree, and how many
-    all-reduces the one call made."""
+def _reduced_both_ways(
+    config: dict, dtype: torch.dtype, one_call_mb: float | None = None
+) -> tuple[bool, int]:
+    """On each of 2 ranks: this rank's gradients of ``_Net`` reduced in the order-free calls (one,
+    or one a bucket where ``one_call_mb`` is too small for them), and in every bucket's own with
+    the ranks summed in reverse order; whether the bits agree, and how many collectives the
+    order-free calls made (all-reduces; any other collective fails)."""
     import torch.distributed as dist
+
+    from harness.parity.ranks.sides import order_free
 
     torch.manual_seed(dist.get_rank())
     model = _Net()
@@ -189,11 +194,23 @@ def _reduced_both_ways(config: dict, dtype: torch.dtype) -> tuple[bool, int]:
         calls[0] += 1
         return all_reduce(*args, **kwargs)
 
+    def refused(*args, **kwargs):
+        raise AssertionError("only flat all-reduces where the order is free")
+
+    others = {name: getattr(dist, name) for name in ("all_gather_into_tensor", "reduce_scatter_single")}
+    chunk_cat, limit = torch._chunk_cat, order_free.ONE_CALL_MB
     dist.all_reduce = counted
+    for name in others:
+        setattr(dist, name, refused)
+    torch._chunk_cat = refused  # the candidate's layout: not needed where the order is free
+    order_free.ONE_CALL_MB = limit if one_call_mb is None else one_call_mb
     try:
         once = reduce_layout.reduce(layout, list(model.parameters()), list(grads), dtype, factors)
     finally:
         dist.all_reduce = all_reduce
+        for name, call in others.items():
+            setattr(dist, name, call)
+        torch._chunk_cat, order_free.ONE_CALL_MB = chunk_cat, limit
     reverse = reduce_layout.reduce(
         layout, list(model.parameters()), list(grads), dtype, factors, in_reverse=True
     )
@@ -207,3 +224,63 @@ def test_at_two_ranks_every_bucket_goes_in_one_all_reduce_with_the_bits_of_any_o
     """Two addends sum alike in any order: one call for the whole model gives the bits of each
     bucket summed the other way round."""
     assert ranks.run(_reduced_both_ways, config, dtype, world_size=2) == [(True, 1)] * 2
+
+
+@pytest.mark.parametrize("config", _ENGINES, ids=lambda c: f"{c['engine']}-{c.get('sharding', '')}")
+def test_at_two_ranks_a_large_model_goes_bucket_by_bucket_in_flat_all_reduces(ranks, config):
+    """Too large for one buffer, the gradients travel a bucket at a time (the root's and each
+    unit's: 3 calls), still flat all-reduces, not the candidate's chunked layout or a
+    reduce-scatter and a gather: the bits of any order at a copy less."""
+    found = ranks.run(_reduced_both_ways, config, torch.float32, 0.0, world_size=2)
+    assert found == [(True, 3)] * 2
+
+
+def _reduced_in_place(consume: bool) -> tuple[bool, bool, bool, int]:
+    """On each of 2 ranks, every gradient of ``_Net`` large enough to go alone (the limits set to
+    0 here): whether the bits are those of the ranks summed in reverse order, whether each result
+    is the very tensor given, whether the given tensors still hold this rank's own values, and how
+    many all-reduces it took."""
+    import torch.distributed as dist
+
+    from harness.parity.ranks.sides import order_free
+
+    torch.manual_seed(dist.get_rank())
+    model = _Net()
+    layout = _layout(model, **_ENGINES[0])
+    grads = [torch.randn_like(p) * 1e-3 for p in model.parameters()]
+    own = [g.clone() for g in grads]
+    given = list(grads)
+    reverse = reduce_layout.reduce(
+        layout, list(model.parameters()), list(own), torch.float32, (None, 2.0), in_reverse=True
+    )
+    calls, all_reduce = [0], dist.all_reduce
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return all_reduce(*args, **kwargs)
+
+    limits = order_free.ONE_CALL_MB, order_free.IN_PLACE_MB
+    dist.all_reduce, order_free.ONE_CALL_MB, order_free.IN_PLACE_MB = counted, 0.0, 0.0
+    try:
+        out = reduce_layout.reduce(
+            layout, list(model.parameters()), grads, torch.float32, (None, 2.0), consume=consume
+        )
+    finally:
+        dist.all_reduce = all_reduce
+        order_free.ONE_CALL_MB, order_free.IN_PLACE_MB = limits
+    same = all(torch.equal(a, b) for a, b in zip(out, reverse, strict=True))
+    where = all(a is b for a, b in zip(out, given, strict=True))
+    kept = all(torch.equal(a, b) for a, b in zip(given, own, strict=True))
+    return same, where, kept, calls[0]
+
+
+def test_at_two_ranks_a_large_gradient_given_up_is_reduced_where_it_lies(ranks):
+    """A gradient the caller gives up (``consume``), large enough to go alone, is all-reduced in
+    its own tensor: no copy into a buffer and out, one call each (8 parameters), the same bits."""
+    assert ranks.run(_reduced_in_place, True, world_size=2) == [(True, True, False, 8)] * 2
+
+
+def test_at_two_ranks_a_gradient_the_caller_keeps_is_not_reduced_in_place(ranks):
+    """Without ``consume`` the caller's gradients keep their values: the reduction goes through a
+    buffer of the bucket's own (3 buckets), the same bits."""
+    assert ranks.run(_reduced_in_place, False, world_size=2) == [(True, False, True, 3)] * 2

@@ -5,6 +5,7 @@ run in lockstep holds one step at a time."""
 from __future__ import annotations
 
 import gc
+import math
 import os
 import weakref
 
@@ -314,3 +315,39 @@ def test_pieces_kept_on_each_rank_come_whole_to_rank_zero(ranks):
         {"w": [0.0, 1.0, 2.0, 3.0, 4.0], "b": 7.0},
         None,
     ]
+
+
+_FINITE_CASES = {
+    "finite": torch.randn(1000),
+    "finite-overflowing-their-sum": torch.tensor([3e38, 3e38, -1.0]),
+    "fp16-finite-overflowing-their-sum": torch.tensor([60000.0, 60000.0], dtype=torch.float16),
+    "bf16-finite": torch.randn(1000).to(torch.bfloat16),
+    "an-infinity": torch.tensor([1.0, math.inf, 2.0]),
+    "a-negative-infinity": torch.tensor([1.0, -math.inf]),
+    "both-infinities": torch.tensor([math.inf, -math.inf]),
+    "a-nan": torch.tensor([1.0, math.nan]),
+    "fp16-infinity": torch.tensor([1.0, math.inf], dtype=torch.float16),
+    "empty": torch.empty(0),
+    "integers": torch.tensor([1, 2, 3]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_FINITE_CASES))
+def test_all_finite_says_what_the_element_mask_says(name):
+    tensor = _FINITE_CASES[name]
+    assert stepcheck.all_finite(tensor) is bool(tensor.isfinite().all())
+
+
+def test_all_finite_writes_no_mask_of_every_element_when_their_sum_is_finite(monkeypatch):
+    """The reference's overflow check runs every step on a share of its gradients: a finite sum
+    answers it, and only a 0-d tensor is ever tested element by element."""
+    tested = []
+    isfinite = torch.Tensor.isfinite
+
+    def counted(tensor):
+        tested.append(tensor.numel())
+        return isfinite(tensor)
+
+    monkeypatch.setattr(torch.Tensor, "isfinite", counted)
+    assert stepcheck.all_finite(torch.randn(10_000))
+    assert tested == [1]

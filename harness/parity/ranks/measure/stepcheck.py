@@ -149,10 +149,24 @@ def shares(tensors: Tensors, rank: int, world: int) -> Iterator[torch.Tensor]:
         yield flat[rank * size : (rank + 1) * size]
 
 
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every element of ``tensor`` is finite, exactly. The sum first: an infinity or a NaN
+    makes every partial sum it enters infinite or NaN, and no later addition (or cast) makes those
+    finite again, so a finite sum means finite elements. Summing reads the tensor once and writes
+    nothing, where ``isfinite().all()`` writes a mask of every element first (a 27.5M-element
+    share: 8 ms against 173 ms here). A sum that is not finite (finite elements that overflow
+    their dtype's range together, or any element that is not finite) is checked element by
+    element."""
+    if tensor.is_floating_point() and bool(tensor.sum().isfinite()):
+        return True
+    return bool(tensor.isfinite().all())
+
+
 def squares(pieces: dict[str, local.Piece]) -> dict[str, float]:
-    """Per gradient, the sum of squares of this rank's elements in float64 (the norm's parts)."""
+    """Per gradient, the sum of squares of this rank's elements in float64 (the norm's parts),
+    squared in the float64 copy itself: one copy of the rank's gradients, not two."""
     return {
-        name: float(piece.values.double().pow(2).sum())
+        name: float(piece.values.double().square_().sum())
         for name, piece in pieces.items()
         if piece.values is not None
     }
@@ -234,7 +248,7 @@ class Check:
         or (the reference's) overflow."""
         pieces, held = local.grads(engine, scale)
         reference = _tensors(self._reference()).grads
-        finite = all(bool(share.isfinite().all()) for share in shares(reference, self.rank, self.world))
+        finite = all(all_finite(share) for share in shares(reference, self.rank, self.world))
         kept, (overflow,) = compared.agreed(
             compared.compare_each(reference, pieces, self.profile), held, [not finite], engine.device
         )

@@ -1,4 +1,4 @@
-"""The reference's reduction where its order is free (rank side): every bucket in one all-reduce.
+"""The reference's reduction where its order is free (rank side): flat all-reduces, no layout.
 
 Why: over a shard group of 2 ranks without replicas every element of a reduced gradient is the sum
 of two addends, and ``a + b`` is ``b + a``: whichever collective, buffer layout or chunking sums
@@ -6,11 +6,15 @@ it, the bits are the candidate's (``reduce_layout.py`` mirrors the layout only w
 matters, from 3 ranks on). A small model's step waits on each collective's latency far more than it
 copies (gloo over loopback: 0.2 ms and more a call, each bucket a call), so its gradients travel in
 one flat buffer. A larger model's go bucket by bucket: the flat copy would hold the model's
-gradients twice where a bucket at a time holds one bucket twice.
+gradients twice where a bucket at a time holds one bucket twice. Either way a bucket is a plain
+flat buffer whose reduced gradients are views of it, not the candidate's chunked layout: at 55M
+parameters laying each FSDP2 bucket out by chunks and copying every gradient back out of it was
+5% of a rank's step, for the same bits.
 """
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import torch
@@ -28,11 +32,8 @@ def free(groups: tuple[Any, Any]) -> bool:
     return replicate is None and dist.get_world_size(shard) == 2
 
 
-def fits(groups: tuple[Any, Any], grads: list[torch.Tensor | None]) -> bool:
-    """Whether ``groups`` reduce in a free order (:func:`free`) and ``grads`` are small enough for
-    one flat buffer (:data:`ONE_CALL_MB`)."""
-    if not free(groups):
-        return False
+def one_call(grads: list[torch.Tensor | None]) -> bool:
+    """Whether ``grads`` are small enough for one flat buffer (:data:`ONE_CALL_MB`)."""
     return sum(g.numel() * g.element_size() for g in grads if g is not None) <= ONE_CALL_MB * 2**20
 
 
@@ -46,22 +47,77 @@ def reduce(
     consume: bool,
 ) -> list[torch.Tensor | None]:
     """Every gradient a bucket of ``buckets`` (``reduce_layout.Bucket``) reduces, cast to
-    ``reduce_dtype`` and reduced in one all-reduce over ``group``, ``how`` = ``(op, divide before,
-    divide after)`` as every bucket of the layout has it; written into ``out`` (``consume``: the
-    entries of ``grads`` become ``None``)."""
+    ``reduce_dtype`` and reduced over ``group`` in one all-reduce where they fit
+    (:data:`ONE_CALL_MB`), else a bucket at a time (a parameter two buckets hold, in the first):
+    each gradient of :data:`IN_PLACE_MB` or more where it lies, the rest of the bucket in one flat
+    buffer. ``how`` = ``(op, divide before, divide after)`` as every bucket of the layout has it;
+    written into ``out`` (``consume``: the entries of ``grads`` are the caller's to give up, they
+    become ``None`` as they are reduced, and a gradient may be reduced in place)."""
     held = list(dict.fromkeys(i for bucket in buckets for i in bucket.params if grads[i] is not None))
-    if not held:
-        return out
+    calls: list[tuple[list[int], bool]] = []  # (gradients, reduced where the one lies)
+    if one_call([grads[i] for i in held]):
+        calls = [(held, False)] if held else []
+    else:
+        seen: set[int] = set()
+        for bucket in buckets:
+            call = [i for i in dict.fromkeys(bucket.params) if grads[i] is not None and i not in seen]
+            seen.update(call)
+            alone = _alone(call, grads, reduce_dtype, consume)
+            calls += [([i], True) for i in call if i in alone]
+            if rest := [i for i in call if i not in alone]:
+                calls.append((rest, False))
+    for call, in_place in calls:
+        _one_call(call, in_place, grads, reduce_dtype, how, group, out, consume)
+    return out
+
+
+IN_PLACE_MB = 1.0
+"""Of a model too large for one call, the size from which a gradient is all-reduced where it lies
+(where its cast to the reduce dtype lies): its own call's latency costs less than copying it into
+a bucket's buffer, whose pages are fresh at every step (the ranks give freed memory back)."""
+
+
+def _alone(
+    call: list[int], grads: list[torch.Tensor | None], reduce_dtype: torch.dtype, consume: bool
+) -> set[int]:
+    """Which of ``call``'s gradients go in a call of their own, reduced where they lie: large,
+    contiguous, sharing no storage with another gradient of the call, and either the caller's to
+    give up (``consume``) or cast into a copy anyway."""
+    storages = collections.Counter(grads[i].untyped_storage().data_ptr() for i in call)  # type: ignore[union-attr]
+    return {
+        i
+        for i in call
+        if (grad := grads[i]) is not None
+        and grad.numel() * grad.element_size() >= IN_PLACE_MB * 2**20
+        and grad.is_contiguous()
+        and storages[grad.untyped_storage().data_ptr()] == 1
+        and (consume or grad.dtype != reduce_dtype)
+    }
+
+
+def _one_call(
+    held: list[int],
+    in_place: bool,
+    grads: list[torch.Tensor | None],
+    reduce_dtype: torch.dtype,
+    how: tuple[Any, float | None, float | None],
+    group: Any,
+    out: list[torch.Tensor | None],
+    consume: bool,
+) -> None:
+    """``held``'s gradients reduced in one all-reduce: in a flat buffer whose views they become, or
+    (``in_place``, one gradient) where it, or its cast to ``reduce_dtype``, lies."""
     op, pre, post = how
     cast = [grads[i].to(reduce_dtype) for i in held]  # type: ignore[union-attr]
-    flat = torch._utils._flatten_dense_tensors(cast)
+    flat = cast[0] if in_place else torch._utils._flatten_dense_tensors(cast)
+    del cast  # a cast copy (a low-precision gradient) is not held beside the flat one
     if pre is not None and pre != 1:
         flat.div_(pre)
     dist.all_reduce(flat, op=op, group=group)
     if post is not None and post != 1:
         flat.div_(post)
-    for index, grad in zip(held, torch._utils._unflatten_dense_tensors(flat, cast), strict=True):
+    views = [flat] if in_place else torch._utils._unflatten_dense_tensors(flat, [grads[i] for i in held])  # type: ignore[misc]
+    for index, grad in zip(held, views, strict=True):
         out[index] = grad
         if consume:
             grads[index] = None
-    return out

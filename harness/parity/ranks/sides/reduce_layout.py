@@ -365,7 +365,7 @@ def reduce(
     out: list[torch.Tensor | None] = [None] * len(grads)
     device = next((g.device for g in grads if g is not None), torch.device("cpu"))
     groups = _groups(layout, device) if layout.engine in ("fsdp1", "fsdp2") else (dist.group.WORLD, None)
-    if not in_reverse and not layout.tp_dims and order_free.fits(groups, grads):  # one call: 2 ranks
+    if not in_reverse and not layout.tp_dims and order_free.free(groups):  # 2 ranks: flat all-reduces
         how = _op(layout, factors, groups)
         return order_free.reduce(layout.buckets, grads, reduce_dtype, how, groups[0], out, consume)
     for bucket in layout.buckets:
