@@ -366,12 +366,12 @@ COST_PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         name="cost_squares_in_a_second_copy",
-        bug="the norm's parts are squared into a second float64 copy of the rank's gradients",
+        bug="the norm's parts are squared into a second float64 copy of the gradients",
         edits=(
             _edit(
                 "ranks/measure/stepcheck.py",
-                "        name: float(piece.values.double().square_().sum())\n",
-                "        name: float(piece.values.double().pow(2).sum())  # planted\n",
+                "    return float(tensor.double().square_().sum())\n",
+                "    return float(tensor.double().pow(2).sum())  # planted\n",
             ),
         ),
         tests=(f"{_MEMORY}::test_the_norms_parts_are_summed_from_one_float64_copy_of_the_gradients",),
