@@ -264,7 +264,11 @@ COST_PLANTS: tuple[Plant, ...] = (
     Plant(
         name="cost_one_call_skips_the_divide_before",
         bug="the one all-reduce of a shard group of 2 forgets the divide before the sum",
-        edits=(_edit("ranks/sides/order_free.py", "        flat.div_(pre)\n", "        pass  # planted\n"),),
+        edits=(
+            _edit(
+                "ranks/sides/order_free.py", "            flat.div_(pre)\n", "            pass  # planted\n"
+            ),
+        ),
         tests=(_REDUCE,),
     ),
     Plant(

@@ -47,28 +47,50 @@ def reduce(
     consume: bool,
 ) -> list[torch.Tensor | None]:
     """Every gradient a bucket of ``buckets`` (``reduce_layout.Bucket``) reduces, cast to
-    ``reduce_dtype`` and reduced over ``group`` in one all-reduce where they fit
-    (:data:`ONE_CALL_MB`), else a bucket at a time (a parameter two buckets hold, in the first):
-    each gradient of :data:`IN_PLACE_MB` or more where it lies, the rest of the bucket in one flat
-    buffer. ``how`` = ``(op, divide before, divide after)`` as every bucket of the layout has it;
-    written into ``out`` (``consume``: the entries of ``grads`` are the caller's to give up, they
-    become ``None`` as they are reduced, and a gradient may be reduced in place)."""
-    held = list(dict.fromkeys(i for bucket in buckets for i in bucket.params if grads[i] is not None))
-    calls: list[tuple[list[int], bool]] = []  # (gradients, reduced where the one lies)
-    if one_call([grads[i] for i in held]):
-        calls = [(held, False)] if held else []
-    else:
-        seen: set[int] = set()
-        for bucket in buckets:
-            call = [i for i in dict.fromkeys(bucket.params) if grads[i] is not None and i not in seen]
-            seen.update(call)
-            alone = _alone(call, grads, reduce_dtype, consume)
-            calls += [([i], True) for i in call if i in alone]
-            if rest := [i for i in call if i not in alone]:
-                calls.append((rest, False))
-    for call, in_place in calls:
-        _one_call(call, in_place, grads, reduce_dtype, how, group, out, consume)
+    ``reduce_dtype`` and reduced over ``group`` in the all-reduces :func:`calls` says, ``how`` =
+    ``(op, divide before, divide after)`` as every bucket of the layout has it; written into
+    ``out`` (``consume``: the entries of ``grads`` are the caller's to give up, they become
+    ``None`` as they are reduced, and a gradient may be reduced in place). A call of several
+    gradients reduces a flat buffer whose views they become; a call of one reduced in place, where
+    it (or its cast to ``reduce_dtype``) lies."""
+    op, pre, post = how
+    for held, in_place in calls(buckets, grads, reduce_dtype, consume):
+        cast = [grads[i].to(reduce_dtype) for i in held]  # type: ignore[union-attr]
+        flat = cast[0] if in_place else torch._utils._flatten_dense_tensors(cast)
+        del cast  # a cast copy (a low-precision gradient) is not held beside the flat one
+        if pre is not None and pre != 1:
+            flat.div_(pre)
+        dist.all_reduce(flat, op=op, group=group)
+        if post is not None and post != 1:
+            flat.div_(post)
+        views = [flat] if in_place else torch._utils._unflatten_dense_tensors(flat, [grads[i] for i in held])  # type: ignore[misc]
+        for index, grad in zip(held, views, strict=True):
+            out[index] = grad
+            if consume:
+                grads[index] = None
     return out
+
+
+def calls(
+    buckets: list[Any], grads: list[torch.Tensor | None], reduce_dtype: torch.dtype, consume: bool
+) -> list[tuple[list[int], bool]]:
+    """The all-reduces of ``buckets``' gradients, each ``(gradients, in place)``: one call of all
+    of them where they fit (:data:`ONE_CALL_MB`), else a bucket at a time (a parameter two buckets
+    hold, in the first), each gradient of :data:`IN_PLACE_MB` or more that may be overwritten
+    (:func:`_alone`) in a call of its own, in place, the rest of the bucket in one call."""
+    held = list(dict.fromkeys(i for bucket in buckets for i in bucket.params if grads[i] is not None))
+    if one_call([grads[i] for i in held]):
+        return [(held, False)] if held else []
+    found: list[tuple[list[int], bool]] = []
+    seen: set[int] = set()
+    for bucket in buckets:
+        call = [i for i in dict.fromkeys(bucket.params) if grads[i] is not None and i not in seen]
+        seen.update(call)
+        alone = _alone(call, grads, reduce_dtype, consume)
+        found += [([i], True) for i in call if i in alone]
+        if rest := [i for i in call if i not in alone]:
+            found.append((rest, False))
+    return found
 
 
 IN_PLACE_MB = 1.0
@@ -93,31 +115,3 @@ def _alone(
         and storages[grad.untyped_storage().data_ptr()] == 1
         and (consume or grad.dtype != reduce_dtype)
     }
-
-
-def _one_call(
-    held: list[int],
-    in_place: bool,
-    grads: list[torch.Tensor | None],
-    reduce_dtype: torch.dtype,
-    how: tuple[Any, float | None, float | None],
-    group: Any,
-    out: list[torch.Tensor | None],
-    consume: bool,
-) -> None:
-    """``held``'s gradients reduced in one all-reduce: in a flat buffer whose views they become, or
-    (``in_place``, one gradient) where it, or its cast to ``reduce_dtype``, lies."""
-    op, pre, post = how
-    cast = [grads[i].to(reduce_dtype) for i in held]  # type: ignore[union-attr]
-    flat = cast[0] if in_place else torch._utils._flatten_dense_tensors(cast)
-    del cast  # a cast copy (a low-precision gradient) is not held beside the flat one
-    if pre is not None and pre != 1:
-        flat.div_(pre)
-    dist.all_reduce(flat, op=op, group=group)
-    if post is not None and post != 1:
-        flat.div_(post)
-    views = [flat] if in_place else torch._utils._unflatten_dense_tensors(flat, [grads[i] for i in held])  # type: ignore[misc]
-    for index, grad in zip(held, views, strict=True):
-        out[index] = grad
-        if consume:
-            grads[index] = None
