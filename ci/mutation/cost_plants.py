@@ -308,6 +308,18 @@ COST_PLANTS: tuple[Plant, ...] = (
         tests=(f"{_REDUCE}::test_at_two_ranks_a_large_gradient_given_up_is_reduced_where_it_lies",),
     ),
     Plant(
+        name="cost_in_place_reduction_skips_the_divide_before",
+        bug="at 2 ranks a gradient reduced where it lies forgets the divide before the sum",
+        edits=(
+            _edit(
+                "ranks/sides/order_free.py",
+                "        if pre is not None and pre != 1:\n",
+                "        if pre is not None and pre != 1 and not in_place:  # planted\n",
+            ),
+        ),
+        tests=(f"{_REDUCE}::test_at_two_ranks_a_large_gradient_given_up_is_reduced_where_it_lies",),
+    ),
+    Plant(
         name="cost_kept_gradient_reduced_in_place",
         bug="at 2 ranks a gradient the caller keeps is overwritten by its reduction",
         edits=(

@@ -235,23 +235,25 @@ def test_at_two_ranks_a_large_model_goes_bucket_by_bucket_in_flat_all_reduces(ra
     assert found == [(True, 3)] * 2
 
 
-def _reduced_in_place(consume: bool) -> tuple[bool, bool, bool, int]:
-    """On each of 2 ranks, every gradient of ``_Net`` large enough to go alone (the limits set to
-    0 here): whether the bits are those of the ranks summed in reverse order, whether each result
-    is the very tensor given, whether the given tensors still hold this rank's own values, and how
-    many all-reduces it took."""
+def _reduced_in_place(config: dict, consume: bool, dtype: torch.dtype) -> tuple[bool, bool, bool, int]:
+    """On each of 2 ranks, every ``dtype`` gradient of ``_Net`` large enough to go alone (the limits
+    set to 0 here), reduced in float32 with ``config``'s factors: whether the bits are those of the
+    ranks summed in reverse order, whether each result is the very tensor given, whether the given
+    tensors still hold this rank's own values, and how many all-reduces it took."""
     import torch.distributed as dist
 
     from harness.parity.ranks.sides import order_free
 
     torch.manual_seed(dist.get_rank())
     model = _Net()
-    layout = _layout(model, **_ENGINES[0])
-    grads = [torch.randn_like(p) * 1e-3 for p in model.parameters()]
+    layout = _layout(model, **config)
+    factors = (None, 2.0) if config["engine"] == "fsdp2" else (2.0, None)
+    grads = [(torch.randn_like(p) * 1e-3).to(dtype) for p in model.parameters()]
     own = [g.clone() for g in grads]
     given = list(grads)
+    params = list(model.parameters())
     reverse = reduce_layout.reduce(
-        layout, list(model.parameters()), list(own), torch.float32, (None, 2.0), in_reverse=True
+        layout, params, [g.clone() for g in own], torch.float32, factors, in_reverse=True
     )
     calls, all_reduce = [0], dist.all_reduce
 
@@ -262,9 +264,7 @@ def _reduced_in_place(consume: bool) -> tuple[bool, bool, bool, int]:
     limits = order_free.ONE_CALL_MB, order_free.IN_PLACE_MB
     dist.all_reduce, order_free.ONE_CALL_MB, order_free.IN_PLACE_MB = counted, 0.0, 0.0
     try:
-        out = reduce_layout.reduce(
-            layout, list(model.parameters()), grads, torch.float32, (None, 2.0), consume=consume
-        )
+        out = reduce_layout.reduce(layout, params, grads, torch.float32, factors, consume=consume)
     finally:
         dist.all_reduce = all_reduce
         order_free.ONE_CALL_MB, order_free.IN_PLACE_MB = limits
@@ -274,13 +274,25 @@ def _reduced_in_place(consume: bool) -> tuple[bool, bool, bool, int]:
     return same, where, kept, calls[0]
 
 
-def test_at_two_ranks_a_large_gradient_given_up_is_reduced_where_it_lies(ranks):
+@pytest.mark.parametrize("config", _ENGINES, ids=lambda c: f"{c['engine']}-{c.get('sharding', '')}")
+def test_at_two_ranks_a_large_gradient_given_up_is_reduced_where_it_lies(ranks, config):
     """A gradient the caller gives up (``consume``), large enough to go alone, is all-reduced in
-    its own tensor: no copy into a buffer and out, one call each (8 parameters), the same bits."""
-    assert ranks.run(_reduced_in_place, True, world_size=2) == [(True, True, False, 8)] * 2
+    its own tensor, divided before and after as its engine divides: no copy into a buffer and
+    out, one call each (8 parameters), the same bits."""
+    found = ranks.run(_reduced_in_place, config, True, torch.float32, world_size=2)
+    assert found == [(True, True, False, 8)] * 2
 
 
-def test_at_two_ranks_a_gradient_the_caller_keeps_is_not_reduced_in_place(ranks):
+@pytest.mark.parametrize("config", _ENGINES, ids=lambda c: f"{c['engine']}-{c.get('sharding', '')}")
+def test_at_two_ranks_a_gradient_the_caller_keeps_is_not_reduced_in_place(ranks, config):
     """Without ``consume`` the caller's gradients keep their values: the reduction goes through a
     buffer of the bucket's own (3 buckets), the same bits."""
-    assert ranks.run(_reduced_in_place, False, world_size=2) == [(True, False, True, 3)] * 2
+    found = ranks.run(_reduced_in_place, config, False, torch.float32, world_size=2)
+    assert found == [(True, False, True, 3)] * 2
+
+
+def test_at_two_ranks_a_low_precision_gradient_is_reduced_where_its_cast_lies(ranks):
+    """A bfloat16 gradient reduced in float32 is cast into a copy anyway: that copy is reduced in
+    place, one call each, even where the caller keeps its gradients, which keep their values."""
+    found = ranks.run(_reduced_in_place, _ENGINES[1], False, torch.bfloat16, world_size=2)
+    assert found == [(True, False, True, 8)] * 2
