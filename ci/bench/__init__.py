@@ -6,7 +6,8 @@ native check-and-unscale kernel, the floor no scaler can beat), ``harness_overhe
 2-rank test under the warm pool against ``MultiProcessTestCase``) and ``parity_wall`` (the parity
 matrix on warm ranks against one spawn per configuration), ``cost_curve`` (one configuration of a
 Llama at growing sizes and world sizes against one process training the whole batch and against
-the same training on the same ranks, time and peak memory, per process; its models in
+the same training on the same ranks, time and peak memory, per process, with the floor no check
+on those ranks can go below; its models in
 ``cost_workloads``, each side a process of its own in ``cost_sides``), ``diagnosis``
 (planted bugs with a known place: how often the report names the place and the cause; an accuracy,
 not a ratio). Each part's ``measure()`` returns

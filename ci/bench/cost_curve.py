@@ -9,7 +9,11 @@ steps measured in the same run (``cost_sides.py``, each side a fresh process):
 * **single**: one process training the whole batch (every rank's batch at each step): what the
   steps cost a user on one device, the floor a check is held to;
 * **plain**: the same ranks training DDP then FSDP2 (or the user's function) with nothing of the
-  tool: what running the reference's and the candidate's training costs by itself.
+  tool: what running the reference's and the candidate's training costs by itself;
+* **floor** (built-in rows): the same, but the twin's part is each rank's forward, backward and
+  step on the bare model, nothing broadcast or reduced: what no check on these ranks can go
+  below, so a time ratio is read against the floor's own (on 2 cores the candidate's gloo
+  collectives alone can put the floor near 2x one process).
 
 The model-size curve runs at 2 ranks over ``sizes``; the world-size curve runs the first size over
 ``world_sizes``. Each row also keeps every process's warm and peak resident memory, which the
@@ -51,17 +55,26 @@ def _measured(side: dict[str, Any]) -> bool:
 
 
 def row(size: str, world_size: int, function: bool) -> dict[str, Any]:
-    """The three sides of one row and the ratios tool / plain and tool / single (time, memory),
-    where all three were measured."""
+    """The sides of one row (the floor for a built-in row) and the ratios tool / plain and tool /
+    single (time, memory), where the single, plain and tool sides were measured; the floor's time
+    over the single side's where it was too."""
     suffix = "_fn" if function else ""
-    sides = {name: _side(name + suffix, size, world_size) for name in ("single", "plain", "tool")}
+    names = ("single", "plain", "tool") if function else ("single", "floor", "plain", "tool")
+    sides = {name: _side(name + suffix, size, world_size) for name in names}
     found: dict[str, Any] = {"size": size, "world_size": world_size, "steps": STEPS, "function": function}
     found.update(sides)
-    if all(_measured(side) for side in sides.values()):
-        tool = sides["tool"]
+    return ratios(found)
+
+
+def ratios(found: dict[str, Any]) -> dict[str, Any]:
+    """``found`` (a row's sides) with its ratios, where the sides they divide were measured."""
+    if all(_measured(found[name]) for name in ("single", "plain", "tool")):
+        tool = found["tool"]
         for against, prefix in (("plain", ""), ("single", "single_")):
-            found[prefix + "time_ratio"] = tool["wall_s"] / sides[against]["wall_s"]
-            found[prefix + "memory_ratio"] = tool["peak_bytes"] / sides[against]["peak_bytes"]
+            found[prefix + "time_ratio"] = tool["wall_s"] / found[against]["wall_s"]
+            found[prefix + "memory_ratio"] = tool["peak_bytes"] / found[against]["peak_bytes"]
+        if "floor" in found and _measured(found["floor"]):
+            found["floor_time_ratio"] = found["floor"]["wall_s"] / found["single"]["wall_s"]
     return found
 
 
@@ -82,9 +95,10 @@ def measure(
 
 def _figures(found: dict[str, Any]) -> str:
     single, plain, tool = found["single"], found["plain"], found["tool"]
+    floor = f"{found['floor_time_ratio']:6.1f}x" if "floor_time_ratio" in found else f"{'-':>7}"
     return (
         f"{single['wall_s']:8.1f} {plain['wall_s']:8.1f} {tool['wall_s']:8.1f} "
-        f"{found['single_time_ratio']:6.1f}x {found['time_ratio']:6.1f}x "
+        f"{found['single_time_ratio']:6.1f}x {floor} {found['time_ratio']:6.1f}x "
         f"{single['peak_bytes'] / _GB:7.2f} {plain['peak_bytes'] / _GB:7.2f} {tool['peak_bytes'] / _GB:7.2f} "
         f"{found['single_memory_ratio']:6.1f}x {found['memory_ratio']:6.1f}x  {tool['status']}"
     )
@@ -94,9 +108,11 @@ def render(m: dict[str, Any]) -> str:
     """The curve as a table (a side that failed shows its error), then the per-process profile."""
     lines = [
         f"cost curve: {m['model']}, one {m['configuration']} configuration, {STEPS} steps, against one",
-        "process training the whole batch (single) and the same training on the same ranks (plain)",
-        "-" * 108,
-        f"{'size':>5} {'ranks':>5}  {'single s':>8} {'plain s':>8} {'tool s':>8} {'x single':>7} {'x plain':>7} "
+        "process training the whole batch (single) and the same training on the same ranks (plain);",
+        "floor: the candidate's training and its twin's own arithmetic, nothing exchanged for the twin",
+        "(no check on these ranks takes less), over single",
+        "-" * 116,
+        f"{'size':>5} {'ranks':>5}  {'single s':>8} {'plain s':>8} {'tool s':>8} {'x single':>7} {'floor':>7} {'x plain':>7} "
         f"{'single GB':>7} {'plain GB':>7} {'tool GB':>7} {'x single':>7} {'x plain':>7}  tool",
     ]
     for found in m["rows"]:
@@ -110,7 +126,7 @@ def render(m: dict[str, Any]) -> str:
                 found[name]
                 for name in ("single", "plain", "tool")
                 if name in found and not _measured(found[name])
-            )
+            )  # a floor side that failed leaves its column empty, the row measured
             why = broken.get("error") or f"{broken['status']}: {broken.get('detail', '')}"
             lines.append(f"{where}  not measured: the {broken['side']} side {why}")
             continue

@@ -1,8 +1,10 @@
 """One side of a cost curve's row, each in a process of its own (``python -m ci.bench.cost_sides SIDE
 SIZE WORLD_SIZE``, which prints the side's figures as one JSON line): the check itself (``tool``,
-``tool_fn``), the same training without the tool on the same ranks (``plain``, ``plain_fn``), and
-one process training the whole batch (``single``, ``single_fn``: every rank's batch at each step,
-no process group, nothing of the tool: what the same steps cost a user on one device).
+``tool_fn``), the same training without the tool on the same ranks (``plain``, ``plain_fn``), its
+``floor`` (the candidate's training and its twin's arithmetic, nothing exchanged for the twin: what
+no check on these ranks can go below), and one process training the whole batch (``single``,
+``single_fn``: every rank's batch at each step, no process group, nothing of the tool: what the
+same steps cost a user on one device).
 
 Why a process per side: peak memory is a process's high-water mark (``VmHWM``), so each side
 starts fresh and its peak is its own. A pool side's figures are per process: the controller and
@@ -27,6 +29,7 @@ from ci.bench.cost_workloads import STEPS, spec
 from harness.parity.plan.config import Layout
 
 SIDE_TIMEOUT_S = 1800
+SIDES = ("single", "floor", "plain", "tool", "single_fn", "plain_fn", "tool_fn")
 
 
 # -- rank side: the plain loops -------------------------------------------------------------------
@@ -38,9 +41,14 @@ def warm(workload_spec: str) -> None:
     registry.get(workload_spec)
 
 
-def plain_loops(workload_spec: str, steps: int) -> int:
+def plain_loops(workload_spec: str, steps: int, exchange: bool = True) -> int:
     """DDP then FSDP2 (units from the workload), ``steps`` steps each, SGD with momentum: the
-    training the tool checks, with nothing of the tool. Returns the parameter count."""
+    training the tool checks, with nothing of the tool. Returns the parameter count.
+
+    ``exchange=False`` (the ``floor`` side): the first loop is the twin's arithmetic alone, each
+    rank's own batch through the bare model and its optimizer step, nothing broadcast or reduced.
+    No check on these ranks can cost less: it trains the candidate, and its unsharded twin must
+    at least run every rank's forward and backward (and step a replica)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
@@ -56,7 +64,7 @@ def plain_loops(workload_spec: str, steps: int) -> int:
     rank = dist.get_rank()
     model = registry.build_model(workload, 0)
     count = sum(p.numel() for p in model.parameters())
-    wrapped: list[torch.nn.Module] = [DistributedDataParallel(model)]
+    wrapped: list[torch.nn.Module] = [DistributedDataParallel(model) if exchange else model]
     model = registry.build_model(workload, 0)
     classes = unit_rules.resolve(workload, model)
     mesh = gather.mesh("cpu", (dist.get_world_size(),), None)
@@ -136,9 +144,11 @@ def single(size: str, world_size: int, function: bool = False) -> dict[str, Any]
 
 # -- one side, in its own process -----------------------------------------------------------------
 def measure_side(side: str, size: str, world_size: int = 2) -> dict[str, Any]:
-    """``side`` (``tool`` or ``plain``; ``tool_fn``, ``plain_fn``: the user's function; ``single``,
-    ``single_fn``: one process) at ``size`` on a fresh pool of ``world_size`` ranks: wall seconds
-    and peak bytes, in all and per process (warm and peak)."""
+    """``side`` (``tool``, ``plain`` or ``floor``; ``tool_fn``, ``plain_fn``: the user's function;
+    ``single``, ``single_fn``: one process) at ``size`` on a fresh pool of ``world_size`` ranks:
+    wall seconds and peak bytes, in all and per process (warm and peak)."""
+    if side not in SIDES:
+        raise ValueError(f"side {side!r}: not one of {', '.join(SIDES)}")
     if side.startswith("single"):
         return single(size, world_size, function=side.endswith("_fn"))
     from harness.controller.memory import rss
@@ -155,16 +165,17 @@ def measure_side(side: str, size: str, world_size: int = 2) -> dict[str, Any]:
         workload = spec(size, function)
         pool.run(CaseSpec(target=f"{__name__}:warm", config=config, args=(workload,)))
         warm = [figures[1] for pid in pool.pids if (figures := rss(pid)) is not None]
-        if not side.startswith("plain"):  # the controller warmed as the ranks are (and as ``single``)
+        if side.startswith("tool"):  # the controller warmed as the ranks are (and as ``single``)
             from harness.parity.doors import runner  # noqa: F401 - imported before the clock starts
             from harness.parity.workload import registry
 
             registry.get(workload)
         own_warm = rss(os.getpid())
         started = time.perf_counter()
-        if side.startswith("plain"):
+        if side.startswith(("plain", "floor")):
             loops = "plain_function" if function else "plain_loops"
-            case = CaseSpec(target=f"{__name__}:{loops}", config=config, args=(workload, STEPS))
+            args = (workload, STEPS) if side.startswith("plain") else (workload, STEPS, False)
+            case = CaseSpec(target=f"{__name__}:{loops}", config=config, args=args)
             verdict = judge(pool.run(case), world_size=world_size)
             status = verdict.outcome if verdict.outcome != "passed" else "pass"
             detail = verdict.summary

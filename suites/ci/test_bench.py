@@ -172,13 +172,10 @@ def _side(name, wall_s, gb, processes=None):
 
 
 def _row(size, world_size=2, function=False, **sides):
+    from ci.bench import cost_curve
+
     found = {"size": size, "world_size": world_size, "steps": 6, "function": function, **sides}
-    if all(s.get("status") == "pass" for s in sides.values()):
-        tool = sides["tool"]
-        for against, prefix in (("plain", ""), ("single", "single_")):
-            found[prefix + "time_ratio"] = tool["wall_s"] / sides[against]["wall_s"]
-            found[prefix + "memory_ratio"] = tool["peak_bytes"] / sides[against]["peak_bytes"]
-    return found
+    return cost_curve.ratios(found)
 
 
 def _process(name, warm_gb, peak_gb):
@@ -199,10 +196,27 @@ def test_the_cost_curve_renders_from_its_json():
     cost = {"model": "HF LlamaForCausalLM", "configuration": "fsdp2 fp32", "rows": [measured, failed]}
     text = render(_document(cost=cost))
     assert (
-        "  10M     2       1.0      2.0      4.0    4.0x    2.0x    0.50    1.00    1.50    3.0x    1.5x  pass"
+        "  10M     2       1.0      2.0      4.0    4.0x       -    2.0x    0.50    1.00    1.50    3.0x    1.5x  pass"
         in text
     ), text
     assert "  50M     2  not measured: the tool side exit 1: killed" in text, text
+
+
+def test_the_cost_curve_reads_the_floor_against_one_process():
+    """The floor (the candidate's training and its twin's arithmetic, nothing exchanged) over the
+    single side's time: what no check on these ranks can go below, printed beside the check's."""
+    sides = {"single": _side("single", 2.0, 0.5), "plain": _side("plain", 3.0, 1.0)}
+    measured = _row("10M", floor=_side("floor", 3.8, 0.9), tool=_side("tool", 4.4, 1.5), **sides)
+    assert measured["floor_time_ratio"] == pytest.approx(1.9)
+    text = render(_document(cost={"model": "m", "configuration": "c", "rows": [measured]}))
+    assert "    2.2x    1.9x    1.5x " in text, text
+
+
+def test_a_floor_that_failed_leaves_the_row_measured_without_it():
+    failed = {"side": "floor", "error": "exit 1: killed"}
+    sides = {"single": _side("single", 2.0, 0.5), "plain": _side("plain", 3.0, 1.0)}
+    measured = _row("10M", floor=failed, tool=_side("tool", 4.4, 1.5), **sides)
+    assert "floor_time_ratio" not in measured and measured["single_time_ratio"] == pytest.approx(2.2)
 
 
 def test_the_profile_splits_each_process_into_libraries_training_and_the_checks_own():
@@ -271,6 +285,12 @@ def test_the_cost_curve_draws_size_and_world_size_and_skips_what_was_not_measure
         (True, ""): {"at": ["1M"], "time": [2.0], "memory": [1.5]},
     }
     assert cost_plot.series(measured, "world_size")[(False, "single_")]["at"] == [2, 4]
+    measured["rows"][0] = _row("1M", floor=_side("floor", 1.5, 1.5), **sides)
+    assert cost_plot.series(measured, "size")[(False, "floor_")] == {
+        "at": ["1M"],
+        "time": [1.5],
+        "memory": [],
+    }
     assert cost_plot.render_png(measured, tmp_path / "cost.png")
     assert (tmp_path / "cost.png").read_bytes()[:4] == b"\x89PNG"
 
