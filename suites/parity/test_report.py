@@ -225,3 +225,21 @@ def test_a_large_matrixs_heatmap_names_only_the_rows_it_shows_something_of():
     large = [row(0.0)] * 61 + [row(3.0), row(0.0, broken=True), row(math.inf)]
     assert labelled_rows(large) == [61, 62, 63]
     assert labelled_rows(large[:60]) == list(range(60))
+
+
+def test_suite_labels_that_clear_each_other_stay_on_their_bands():
+    from harness.parity.report.spread import spread
+
+    assert spread([10.0, 50.0, 90.0], [20.0, 20.0, 20.0], -0.5, 100.0) == [10.0, 50.0, 90.0]
+
+
+def test_short_neighbouring_suites_labels_are_moved_apart_inside_the_axis():
+    """The sparse suite's 3 rows beside cpu_offload's at the bottom edge: their names overlapped."""
+    from harness.parity.report.spread import spread
+
+    extents = [30.0, 10.0, 12.0]
+    placed = spread([80.0, 198.0, 206.5], extents, -0.5, 212.5)
+    assert placed[0] == 80.0
+    assert placed[2] + extents[2] / 2 <= 212.5
+    assert placed[2] - placed[1] >= (extents[1] + extents[2]) / 2
+    assert placed[1] - placed[0] >= (extents[0] + extents[1]) / 2

@@ -28,6 +28,7 @@ from typing import Any
 from harness.parity.judge.result import ParityResult
 from harness.parity.plan import profiles
 from harness.parity.plan.config import SUITES
+from harness.parity.report import spread
 from harness.parity.report.render import splits
 
 MAX_DETAILED = 4
@@ -94,18 +95,28 @@ def _heatmap(ax: Any, rows: list[ParityResult]) -> Any:
     ax.set_xlabel("step", fontsize=8)
     ax.xaxis.set_ticks_position("top")
     ax.xaxis.set_label_position("top")
-    start = 0
-    for suite in SUITES:  # group separators and labels
-        count = sum(1 for r in rows if r.config.suite == suite)
-        if not count:
-            continue
-        if start:
-            ax.axhline(start - 0.5, color="black", linewidth=0.8)
-        ax.text(  # upright, so that it never runs into the colour bar beside the heatmap
-            steps - 0.45, start + count / 2 - 0.5, suite, va="center", ha="left", rotation=90, fontsize=6
-        )
-        start += count
+    _suite_labels(ax, rows, steps)
     return image
+
+
+def _suite_labels(ax: Any, rows: list[ParityResult], steps: int) -> None:
+    """Group separators, and each suite's name upright beside its band (never into the colour
+    bar), moved just clear of its neighbours' where the band is shorter than the name
+    (``spread``): it then starts at its band's edge, the separators show which band it names."""
+    bands, start = [], 0
+    for suite in SUITES:
+        count = sum(1 for r in rows if r.config.suite == suite)
+        if count:
+            if start:
+                ax.axhline(start - 0.5, color="black", linewidth=0.8)
+            bands.append((suite, start + count / 2 - 0.5))
+            start += count
+    figure = ax.get_figure()
+    points_per_row = ax.get_position().height * figure.get_figheight() * 72 / max(len(rows), 1)
+    extents = [(len(suite) * 0.6 * 6 + 4) / points_per_row for suite, _ in bands]  # 6-point text
+    placed = spread.spread([c for _, c in bands], extents, -0.5, len(rows) - 0.5)
+    for (suite, _), at in zip(bands, placed, strict=True):
+        ax.text(steps - 0.45, at, suite, va="center", ha="left", rotation=90, fontsize=6)
 
 
 def _colormap() -> Any:
