@@ -17,6 +17,7 @@ from __future__ import annotations
 from ci.mutation.cost_plants import COST_PLANTS
 from ci.mutation.edits import Edit, Plant, PlantError, apply
 from ci.mutation.engine_plants import ENGINE_PLANTS
+from ci.mutation.pair_plants import PAIR_PLANTS
 from ci.mutation.pipeline_plants import PIPELINE_PLANTS
 from ci.mutation.premise_plants import PREMISE_PLANTS
 from ci.mutation.resume_plants import RESUME_PLANTS
@@ -429,5 +430,6 @@ PLANTS: tuple[Plant, ...] = (
     *SEMANTICS_PLANTS,
     *USER_PLANTS,
     *COST_PLANTS,
+    *PAIR_PLANTS,
 )
 """Every plant: the scaler's, then the parity engine's."""

@@ -9,7 +9,8 @@ one flat buffer. A larger model's go bucket by bucket: the flat copy would hold 
 gradients twice where a bucket at a time holds one bucket twice. Either way a bucket is a plain
 flat buffer whose reduced gradients are views of it, not the candidate's chunked layout: at 55M
 parameters laying each FSDP2 bucket out by chunks and copying every gradient back out of it was
-5% of a rank's step, for the same bits.
+5% of a rank's step, for the same bits. A large call goes through memory the two ranks share
+where they can (``shared_pair.py``), not gloo's sockets: the same bits again.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from harness.parity.ranks.sides import shared_pair
 
 ONE_CALL_MB = 16.0
 """The gradients' size up to which they are reduced in one all-reduce."""
@@ -60,7 +63,7 @@ def reduce(
         del cast  # a cast copy (a low-precision gradient) is not held beside the flat one
         if pre is not None and pre != 1:
             flat.div_(pre)
-        dist.all_reduce(flat, op=op, group=group)
+        shared_pair.all_reduce(flat, op, group)  # two ranks on one host: through shared memory
         if post is not None and post != 1:
             flat.div_(post)
         views = [flat] if in_place else torch._utils._unflatten_dense_tensors(flat, [grads[i] for i in held])  # type: ignore[misc]

@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.parity.plan.config import ParityConfig, resume
 from harness.parity.plan.precision import PrecisionPolicy
-from harness.parity.ranks.sides import reduce_layout, twin
+from harness.parity.ranks.sides import reduce_layout, shared_pair, twin
 from harness.parity.ranks.sides.engines import Engine, to_device, unit_modules
 from harness.parity.ranks.sides.optim import step_pieces
 from harness.parity.workload import items
@@ -40,7 +40,7 @@ def forward_only_ddp(module: nn.Module, device: torch.device, compiled: bool) ->
     if dist.get_world_size() > 1:  # one broadcast of them all, as DDP's own is coalesced
         params = [param.detach() for name, param in trainable if name != kept]
         flat = torch._utils._flatten_dense_tensors(params)
-        dist.broadcast(flat, 0)
+        shared_pair.broadcast(flat, 0)  # 2 ranks on one host: through memory they share
         with torch.no_grad():
             for param, value in zip(params, torch._utils._unflatten_dense_tensors(flat, params), strict=True):
                 param.copy_(value)
