@@ -266,7 +266,9 @@ COST_PLANTS: tuple[Plant, ...] = (
         bug="the one all-reduce of a shard group of 2 forgets the divide before the sum",
         edits=(
             _edit(
-                "ranks/sides/order_free.py", "            flat.div_(pre)\n", "            pass  # planted\n"
+                "ranks/sides/two_ranks/order_free.py",
+                "            flat.div_(pre)\n",
+                "            pass  # planted\n",
             ),
         ),
         tests=(_REDUCE,),
@@ -276,7 +278,7 @@ COST_PLANTS: tuple[Plant, ...] = (
         bug="the reference reduces a small model bucket by bucket at 2 ranks: a collective's latency each",
         edits=(
             _edit(
-                "ranks/sides/order_free.py",
+                "ranks/sides/two_ranks/order_free.py",
                 "    return sum(g.numel() * g.element_size() for g in grads if g is not None) <= ONE_CALL_MB * 2**20\n",
                 "    return False  # planted\n",
             ),
@@ -300,7 +302,7 @@ COST_PLANTS: tuple[Plant, ...] = (
         bug="at 2 ranks a large gradient the caller gives up is copied into its bucket's buffer and out",
         edits=(
             _edit(
-                "ranks/sides/order_free.py",
+                "ranks/sides/two_ranks/order_free.py",
                 "        and (consume or grad.dtype != reduce_dtype)\n",
                 "        and False  # planted\n",
             ),
@@ -312,7 +314,7 @@ COST_PLANTS: tuple[Plant, ...] = (
         bug="at 2 ranks a gradient reduced where it lies forgets the divide before the sum",
         edits=(
             _edit(
-                "ranks/sides/order_free.py",
+                "ranks/sides/two_ranks/order_free.py",
                 "        if pre is not None and pre != 1:\n",
                 "        if pre is not None and pre != 1 and not in_place:  # planted\n",
             ),
@@ -324,7 +326,7 @@ COST_PLANTS: tuple[Plant, ...] = (
         bug="at 2 ranks a gradient the caller keeps is overwritten by its reduction",
         edits=(
             _edit(
-                "ranks/sides/order_free.py",
+                "ranks/sides/two_ranks/order_free.py",
                 "        and (consume or grad.dtype != reduce_dtype)\n",
                 "        and True  # planted\n",
             ),

@@ -1,4 +1,4 @@
-"""Plants in the shared-memory exchange of two ranks on one host (``ranks/sides/shared_pair.py``):
+"""Plants in the shared-memory exchange of two ranks on one host (``ranks/sides/two_ranks/shared_pair.py``):
 an exchange that is never taken, one taken for 16-bit tensors whose sum gloo rounds otherwise, an
 average left a sum, each rank's own addend first (two NaNs then differ between replicas), sizes
 never checked, and a segment's file left in ``/dev/shm``.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from ci.mutation.edits import Edit, Plant
 
 _PAIR = "suites/parity/test_shared_pair.py"
-_FILE = "ranks/sides/shared_pair.py"
+_FILE = "ranks/sides/two_ranks/shared_pair.py"
 
 
 def _edit(old: str, new: str) -> Edit:

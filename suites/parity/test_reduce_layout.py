@@ -181,7 +181,7 @@ def _reduced_both_ways(
     order-free calls made (all-reduces; any other collective fails)."""
     import torch.distributed as dist
 
-    from harness.parity.ranks.sides import order_free
+    from harness.parity.ranks.sides.two_ranks import order_free
 
     torch.manual_seed(dist.get_rank())
     model = _Net()
@@ -242,7 +242,7 @@ def _reduced_in_place(config: dict, consume: bool, dtype: torch.dtype) -> tuple[
     tensors still hold this rank's own values, and how many all-reduces it took."""
     import torch.distributed as dist
 
-    from harness.parity.ranks.sides import order_free
+    from harness.parity.ranks.sides.two_ranks import order_free
 
     torch.manual_seed(dist.get_rank())
     model = _Net()

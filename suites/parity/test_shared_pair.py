@@ -17,7 +17,7 @@ def _exchanged(kind: str, dtype: torch.dtype = torch.float32) -> tuple[bool, int
     agree, the largest tensor gloo was given during the exchange, and the sizes it was given."""
     import torch.distributed as dist
 
-    from harness.parity.ranks.sides import shared_pair
+    from harness.parity.ranks.sides.two_ranks import shared_pair
 
     generator = torch.Generator().manual_seed(dist.get_rank())
     mine = (torch.randn(ELEMENTS, generator=generator) * 1e-3).to(dtype)
@@ -73,7 +73,7 @@ def test_a_low_precision_broadcast_goes_through_shared_memory(ranks):
 def _small_tensor_sizes() -> list[int]:
     import torch.distributed as dist
 
-    from harness.parity.ranks.sides import shared_pair
+    from harness.parity.ranks.sides.two_ranks import shared_pair
 
     sizes, all_reduce = [], dist.all_reduce
     dist.all_reduce = lambda tensor, *a, **k: (sizes.append(tensor.numel()), all_reduce(tensor, *a, **k))[1]
@@ -92,7 +92,7 @@ def test_a_small_tensor_stays_on_gloo_in_one_call(ranks):
 def _nan_bits() -> list[int]:
     import torch.distributed as dist
 
-    from harness.parity.ranks.sides import shared_pair
+    from harness.parity.ranks.sides.two_ranks import shared_pair
 
     payloads = [0x7FC00001, 0x7FC00002]  # a different quiet NaN on each rank
     tensor = torch.zeros(ELEMENTS)
@@ -110,7 +110,7 @@ def test_two_nans_sum_to_the_same_bits_on_both_ranks(ranks):
 def _mismatched() -> str:
     import torch.distributed as dist
 
-    from harness.parity.ranks.sides import shared_pair
+    from harness.parity.ranks.sides.two_ranks import shared_pair
 
     try:
         shared_pair.all_reduce(torch.ones(ELEMENTS + dist.get_rank()), dist.ReduceOp.SUM)
@@ -130,7 +130,7 @@ def _fallback(same_host: bool) -> tuple[bool, list[str]]:
 
     import torch.distributed as dist
 
-    from harness.parity.ranks.sides import shared_pair
+    from harness.parity.ranks.sides.two_ranks import shared_pair
 
     hostname = socket.gethostname
     if not same_host:

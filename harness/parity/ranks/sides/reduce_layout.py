@@ -30,7 +30,7 @@ The layouts, read in torch 2.13's sources (``_fsdp_collectives.foreach_reduce``,
 
 Not taken from the candidate: the divide factors (``twin.divide_factors``: a wrong factor on the
 candidate's side still shows), which parameters exist, and every value. The reduced shards are
-gathered back (copies: no rounding). Where the order is free (2 ranks): ``order_free.py``.
+gathered back (copies: no rounding). Where the order is free (2 ranks): ``two_ranks/order_free.py``.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ import torch.distributed as dist
 from torch import nn
 
 from harness.parity.plan.config import ParityConfig
-from harness.parity.ranks.sides import order_free
 from harness.parity.ranks.sides import stages as split
+from harness.parity.ranks.sides.two_ranks import order_free
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -16,9 +16,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.parity.plan.config import ParityConfig, resume
 from harness.parity.plan.precision import PrecisionPolicy
-from harness.parity.ranks.sides import reduce_layout, shared_pair, twin
+from harness.parity.ranks.sides import reduce_layout, twin
 from harness.parity.ranks.sides.engines import Engine, to_device, unit_modules
 from harness.parity.ranks.sides.optim import step_pieces
+from harness.parity.ranks.sides.two_ranks import shared_pair
 from harness.parity.workload import items
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.parity.ranks.sides import shared_pair
+from harness.parity.ranks.sides.two_ranks import shared_pair
 
 ONE_CALL_MB = 16.0
 """The gradients' size up to which they are reduced in one all-reduce."""
