@@ -77,14 +77,25 @@ PAIR_PLANTS: tuple[Plant, ...] = (
         tests=(f"{_PAIR}::test_ranks_that_send_different_sizes_both_raise_naming_the_sizes",),
     ),
     Plant(
+        name="cost_shared_pair_trusts_any_file_of_its_name",
+        bug="a peer that maps another file of the segment's name (another /dev/shm) sums stale bytes",
+        edits=(
+            _edit(
+                "        if segment is not None and bytes(segment[: len(token)].tolist()) != token:\n",
+                "        if False:  # planted\n",
+            ),
+        ),
+        tests=(f"{_PAIR}::test_a_segment_is_unlinked_once_made_and_ranks_that_cannot_share_it_use_gloo",),
+    ),
+    Plant(
         name="cost_shared_pair_file_left_behind",
         bug="the segment's file stays in /dev/shm after both ranks mapped it",
         edits=(
             _edit(
-                "        os.unlink(path)  # both mapped it",
+                "        os.unlink(made[0])  # both mapped it",
                 "        pass  # planted: both mapped it",
             ),
         ),
-        tests=(f"{_PAIR}::test_a_segment_is_unlinked_once_made_and_two_hosts_agree_to_use_gloo",),
+        tests=(f"{_PAIR}::test_a_segment_is_unlinked_once_made_and_ranks_that_cannot_share_it_use_gloo",),
     ),
 )

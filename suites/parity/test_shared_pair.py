@@ -124,27 +124,42 @@ def test_ranks_that_send_different_sizes_both_raise_naming_the_sizes(ranks):
     assert found[0] == found[1] and "the ranks sent" in found[0] and "every rank must reduce" in found[0]
 
 
-def _fallback(same_host: bool) -> tuple[bool, list[str]]:
+def _fallback(where: str) -> tuple[bool, list[str]]:
+    """``where``: ``one-host``; ``two-hosts`` (each rank names its own host); ``two-folders`` (rank
+    1 finds a file of the same name that is not rank 0's: another container's ``/dev/shm``)."""
     import os
     import socket
+    import tempfile
 
     import torch.distributed as dist
 
     from harness.parity.ranks.sides.two_ranks import shared_pair
 
-    hostname = socket.gethostname
-    if not same_host:
+    hostname, from_file, create = socket.gethostname, torch.from_file, shared_pair._create
+    created: list[str] = []
+
+    def recorded(size):
+        made = create(size)
+        created.extend([made[0]] if made is not None else [])
+        return made
+
+    shared_pair._create = recorded
+    if where == "two-hosts":
         socket.gethostname = lambda: f"host-{dist.get_rank()}"
+    if where == "two-folders" and dist.get_rank() == 1:
+        other = tempfile.NamedTemporaryFile()  # noqa: SIM115 - kept open for the mapping
+        other.truncate(int(4 * shared_pair.CHUNK_MB * 2**20))
+        torch.from_file = lambda path, **kwargs: from_file(other.name, **kwargs)
     try:
         made = shared_pair._made(dist.group.WORLD)
     finally:
-        socket.gethostname = hostname
-    dist.barrier()  # rank 0 unlinks after the ranks agreed: rank 1 may get here first
-    left = [name for name in os.listdir("/dev/shm") if name.startswith("shardscale-pair-")]
-    return made is not None, left
+        socket.gethostname, torch.from_file, shared_pair._create = hostname, from_file, create
+    assert created or dist.get_rank() == 1, "rank 0 made the segment's file"
+    return made is not None, [path for path in created if os.path.exists(path)]
 
 
-@pytest.mark.parametrize("same_host", [True, False], ids=["one-host", "two-hosts"])
-def test_a_segment_is_unlinked_once_made_and_two_hosts_agree_to_use_gloo(ranks, same_host):
-    """The file is gone as soon as both ranks mapped it (or did not): no crash leaves it behind."""
-    assert ranks.run(_fallback, same_host, world_size=2) == [(same_host, [])] * 2
+@pytest.mark.parametrize("where", ["one-host", "two-hosts", "two-folders"])
+def test_a_segment_is_unlinked_once_made_and_ranks_that_cannot_share_it_use_gloo(ranks, where):
+    """The file is gone as soon as both ranks mapped it (or did not): no crash leaves it behind.
+    Two hosts, or a peer whose file of that name holds another's bytes, agree to use gloo."""
+    assert ranks.run(_fallback, where, world_size=2) == [(where == "one-host", [])] * 2

@@ -147,39 +147,48 @@ def _pair(group: Any) -> Pair | None:
 
 
 def _made(group: Any) -> Pair | None:
-    """A new segment, mapped by both ranks of ``group``, or ``None`` on both where either fails."""
+    """A new segment, mapped by both ranks of ``group``, or ``None`` on both where either fails.
+    Rank 0 writes a token at its start; rank 1 maps the path it is sent and must read the token
+    there, so two ranks that see different ``/dev/shm`` folders (two hosts, two containers) never
+    add each other's stale bytes."""
     me = dist.get_rank(group)
     size = int(4 * CHUNK_MB * 2**20)
-    path = _create(size) if me == 0 else None
+    made = _create(size) if me == 0 else None
     found: list[Any] = [None, None]
-    dist.all_gather_object(found, (socket.gethostname(), path), group=group)
-    (host, path), (peer_host, _) = found
+    dist.all_gather_object(found, (socket.gethostname(), made), group=group)
+    (host, sent), (peer_host, _) = found
     segment = None
-    if path is not None and host == peer_host:
+    if sent is not None and host == peer_host:
+        path, token = sent
         try:
             segment = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
         except (OSError, RuntimeError):
             segment = None
+        if segment is not None and bytes(segment[: len(token)].tolist()) != token:
+            segment = None  # another file of the same name: not the memory rank 0 made
     mapped = torch.tensor([float(segment is not None)])
     dist.all_reduce(mapped, op=dist.ReduceOp.MIN, group=group)
-    if me == 0 and path is not None:
-        os.unlink(path)  # both mapped it, or neither uses it: nothing is left in /dev/shm
+    if made is not None:
+        os.unlink(made[0])  # both mapped it, or neither uses it: nothing is left in /dev/shm
     return Pair(segment, me) if mapped.item() == 1.0 and segment is not None else None
 
 
-def _create(size: int) -> str | None:
+def _create(size: int) -> tuple[str, bytes] | None:
     """A ``/dev/shm`` file of ``size`` bytes, its room reserved (a page touched past the room a
-    sparse file has would kill the process); ``None`` where that cannot be had."""
+    sparse file has would kill the process), and the random token written at its start; ``None``
+    where that cannot be had."""
     path = f"/dev/shm/shardscale-pair-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    token = uuid.uuid4().bytes
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     except OSError:
         return None
     try:
         os.posix_fallocate(fd, 0, size)
+        os.pwrite(fd, token, 0)
     except OSError:
         os.close(fd)
         os.unlink(path)
         return None
     os.close(fd)
-    return path
+    return path, token
