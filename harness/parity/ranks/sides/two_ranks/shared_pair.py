@@ -16,11 +16,12 @@ How: a segment per 2-rank group, made on first use and kept in the group's stash
 buffers of two slots (one per rank) of :data:`CHUNK_MB` each. A tensor goes a chunk at a time:
 each rank copies its chunk into its slot of the next buffer, the ranks meet in a 2-element gloo
 all-reduce (which also checks that both sent as many elements: a mismatch raises on both), then
-each adds its peer's slot to its own chunk, rank 0's addend first on both ranks (the same bits
+each writes the two slots' sum into its chunk, rank 0's addend first on both ranks (the same bits
 even for two NaNs). Alternating buffers means one meeting per chunk: a rank can only write a
 buffer again after its peer has met it past its last read of it. The segment's file is unlinked
 as soon as both ranks have mapped it, so no crash leaves it behind; where anything about it fails
-(no ``/dev/shm``, no room, two hosts), both ranks agree to use gloo.
+(no ``/dev/shm``, no room, two hosts, a file of its name without the token rank 0 wrote in it),
+both ranks agree to use gloo.
 """
 
 from __future__ import annotations
