@@ -7,7 +7,7 @@ and the row of a user's own ``parallelize`` function, each against two plain run
 steps measured in the same run (``cost_sides.py``, each side a fresh process):
 
 * **single**: one process training the whole batch (every rank's batch at each step): what the
-  steps cost a user on one device, the floor a check is held to;
+  steps cost a user on one device, what a check is held to;
 * **plain**: the same ranks training DDP then FSDP2 (or the user's function) with nothing of the
   tool: what running the reference's and the candidate's training costs by itself;
 * **floor** (built-in rows): the same, but the twin's part is each rank's forward, backward and
@@ -95,9 +95,11 @@ def measure(
 
 def _figures(found: dict[str, Any]) -> str:
     single, plain, tool = found["single"], found["plain"], found["tool"]
-    floor = f"{found['floor_time_ratio']:6.1f}x" if "floor_time_ratio" in found else f"{'-':>7}"
+    measured = "floor_time_ratio" in found
+    floor_s = f"{found['floor']['wall_s']:8.1f}" if measured else f"{'-':>8}"
+    floor = f"{found['floor_time_ratio']:6.1f}x" if measured else f"{'-':>7}"
     return (
-        f"{single['wall_s']:8.1f} {plain['wall_s']:8.1f} {tool['wall_s']:8.1f} "
+        f"{single['wall_s']:8.1f} {floor_s} {plain['wall_s']:8.1f} {tool['wall_s']:8.1f} "
         f"{found['single_time_ratio']:6.1f}x {floor} {found['time_ratio']:6.1f}x "
         f"{single['peak_bytes'] / _GB:7.2f} {plain['peak_bytes'] / _GB:7.2f} {tool['peak_bytes'] / _GB:7.2f} "
         f"{found['single_memory_ratio']:6.1f}x {found['memory_ratio']:6.1f}x  {tool['status']}"
@@ -110,9 +112,9 @@ def render(m: dict[str, Any]) -> str:
         f"cost curve: {m['model']}, one {m['configuration']} configuration, {STEPS} steps, against one",
         "process training the whole batch (single) and the same training on the same ranks (plain);",
         "floor: the candidate's training and its twin's own arithmetic, nothing exchanged for the twin",
-        "(no check on these ranks takes less), over single",
-        "-" * 116,
-        f"{'size':>5} {'ranks':>5}  {'single s':>8} {'plain s':>8} {'tool s':>8} {'x single':>7} {'floor':>7} {'x plain':>7} "
+        "(no check on these ranks takes less); (floor): its time over single's",
+        "-" * 125,
+        f"{'size':>5} {'ranks':>5}  {'single s':>8} {'floor s':>8} {'plain s':>8} {'tool s':>8} {'x single':>7} {'(floor)':>7} {'x plain':>7} "
         f"{'single GB':>7} {'plain GB':>7} {'tool GB':>7} {'x single':>7} {'x plain':>7}  tool",
     ]
     for found in m["rows"]:

@@ -196,7 +196,7 @@ def test_the_cost_curve_renders_from_its_json():
     cost = {"model": "HF LlamaForCausalLM", "configuration": "fsdp2 fp32", "rows": [measured, failed]}
     text = render(_document(cost=cost))
     assert (
-        "  10M     2       1.0      2.0      4.0    4.0x       -    2.0x    0.50    1.00    1.50    3.0x    1.5x  pass"
+        "  10M     2       1.0        -      2.0      4.0    4.0x       -    2.0x    0.50    1.00    1.50    3.0x    1.5x  pass"
         in text
     ), text
     assert "  50M     2  not measured: the tool side exit 1: killed" in text, text
@@ -209,7 +209,7 @@ def test_the_cost_curve_reads_the_floor_against_one_process():
     measured = _row("10M", floor=_side("floor", 3.8, 0.9), tool=_side("tool", 4.4, 1.5), **sides)
     assert measured["floor_time_ratio"] == pytest.approx(1.9)
     text = render(_document(cost={"model": "m", "configuration": "c", "rows": [measured]}))
-    assert "    2.2x    1.9x    1.5x " in text, text
+    assert "     2.0      3.8      3.0      4.4    2.2x    1.9x    1.5x " in text, text
 
 
 def test_a_floor_that_failed_leaves_the_row_measured_without_it():
