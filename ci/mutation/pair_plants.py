@@ -70,7 +70,7 @@ PAIR_PLANTS: tuple[Plant, ...] = (
         bug="ranks that send chunks of different sizes add whatever their peer's slot holds",
         edits=(
             _edit(
-                "        if sizes[0] != -sizes[1]:\n",
+                "        if sizes[0] != -sizes[1] or sizes[2] != -sizes[3]:\n",
                 "        if False:  # planted\n",
             ),
         ),

@@ -50,10 +50,10 @@ def _exchanged(kind: str, dtype: torch.dtype = torch.float32) -> tuple[bool, int
 
 @pytest.mark.parametrize("kind", ["sum", "avg", "broadcast"])
 def test_a_large_float32_tensor_goes_through_shared_memory_with_gloos_bits(ranks, kind):
-    """Three chunks, each a 2-element meeting on gloo (its size checked), none of the tensor."""
+    """Three chunks, each a 4-element meeting on gloo (the sizes checked), none of the tensor."""
     found = ranks.run(_exchanged, kind, world_size=2)
     assert [same for same, _, _ in found] == [True, True]
-    assert [largest for _, largest, _ in found] == [2, 2]
+    assert [largest for _, largest, _ in found] == [4, 4]
     assert [len(sizes) for _, _, sizes in found] == [3, 3]
 
 
@@ -67,7 +67,7 @@ def test_a_low_precision_sum_stays_on_gloo(ranks, dtype):
 def test_a_low_precision_broadcast_goes_through_shared_memory(ranks):
     """A broadcast copies bits: a bfloat16 working copy's parameters (5 MB: two chunks)."""
     found = ranks.run(_exchanged, "broadcast", torch.bfloat16, world_size=2)
-    assert [(same, sizes) for same, _, sizes in found] == [(True, [2, 2])] * 2
+    assert [(same, sizes) for same, _, sizes in found] == [(True, [4, 4])] * 2
 
 
 def _small_tensor_sizes() -> list[int]:
@@ -107,21 +107,25 @@ def test_two_nans_sum_to_the_same_bits_on_both_ranks(ranks):
     assert first == second
 
 
-def _mismatched() -> str:
+def _mismatched(extra: int) -> str:
     import torch.distributed as dist
 
     from harness.parity.ranks.sides.two_ranks import shared_pair
 
     try:
-        shared_pair.all_reduce(torch.ones(ELEMENTS + dist.get_rank()), dist.ReduceOp.SUM)
+        shared_pair.all_reduce(torch.ones(ELEMENTS + extra * dist.get_rank()), dist.ReduceOp.SUM)
     except RuntimeError as error:
         return str(error)
     return "no error"
 
 
-def test_ranks_that_send_different_sizes_both_raise_naming_the_sizes(ranks):
-    found = ranks.run(_mismatched, world_size=2)
-    assert found[0] == found[1] and "the ranks sent" in found[0] and "every rank must reduce" in found[0]
+@pytest.mark.parametrize("extra", [1, 1_000_000], ids=["last-chunk", "a-chunk-more"])
+def test_ranks_that_send_different_sizes_both_raise_naming_the_sizes(ranks, extra):
+    """Whether the chunks differ at the end or one rank has a whole chunk more, both raise at the
+    first meeting, before either reads its peer's slot or runs into another collective."""
+    found = ranks.run(_mismatched, extra, world_size=2)
+    assert found[0] == found[1], found
+    assert f"tensors of {ELEMENTS} and {ELEMENTS + extra} elements" in found[0], found[0]
 
 
 def _fallback(where: str) -> tuple[bool, list[str]]:

@@ -14,8 +14,9 @@ broadcasts of any dtype, CPU tensors of :data:`LARGE_MB` and more, two ranks tha
 
 How: a segment per 2-rank group, made on first use and kept in the group's stash, holds two
 buffers of two slots (one per rank) of :data:`CHUNK_MB` each. A tensor goes a chunk at a time:
-each rank copies its chunk into its slot of the next buffer, the ranks meet in a 2-element gloo
-all-reduce (which also checks that both sent as many elements: a mismatch raises on both), then
+each rank copies its chunk into its slot of the next buffer, the ranks meet in a 4-element gloo
+all-reduce (which also checks that both sent tensors and chunks of as many elements: a mismatch
+raises on both), then
 each writes the two slots' sum into its chunk, rank 0's addend first on both ranks (the same bits
 even for two NaNs). Alternating buffers means one meeting per chunk: a rank can only write a
 buffer again after its peer has met it past its last read of it. The segment's file is unlinked
@@ -60,14 +61,16 @@ class Pair:
         self.turn = 0
         """The buffer the next chunk goes through (alternating, the same on both ranks)."""
 
-    def _meet(self, numel: int, group: Any) -> None:
-        """Both ranks at the same chunk, with as many elements (a mismatch raises on both)."""
-        sizes = torch.tensor([numel, -numel], dtype=torch.float64)
+    def _meet(self, numel: int, total: int, group: Any) -> None:
+        """Both ranks at the same chunk of tensors of as many elements, with as many in the chunk
+        (a mismatch raises on both, before either reads its peer's slot)."""
+        sizes = torch.tensor([numel, -numel, total, -total], dtype=torch.float64)
         dist.all_reduce(sizes, op=dist.ReduceOp.MAX, group=group)
-        if sizes[0] != -sizes[1]:
+        if sizes[0] != -sizes[1] or sizes[2] != -sizes[3]:
             raise RuntimeError(
-                f"shared-memory exchange: the ranks sent {int(-sizes[1])} and {int(sizes[0])} elements "
-                "in one chunk; every rank must reduce the same tensors"
+                f"shared-memory exchange: the ranks sent tensors of {int(-sizes[3])} and {int(sizes[2])} "
+                f"elements ({int(-sizes[1])} and {int(sizes[0])} in this chunk); every rank must reduce "
+                "the same tensors"
             )
 
     def _slots(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,7 +86,7 @@ class Pair:
             part = flat[start : start + step]
             slots = self._slots(flat.dtype)
             slots[self.me][: part.numel()].copy_(part)
-            self._meet(part.numel(), group)
+            self._meet(part.numel(), flat.numel(), group)
             torch.add(slots[0][: part.numel()], slots[1][: part.numel()], out=part)
 
     def broadcast_(self, tensor: torch.Tensor, source: int, group: Any) -> None:
@@ -95,7 +98,7 @@ class Pair:
             slots = self._slots(flat.dtype)
             if self.me == source:
                 slots[source][: part.numel()].copy_(part)
-            self._meet(part.numel(), group)
+            self._meet(part.numel(), flat.numel(), group)
             if self.me != source:
                 part.copy_(slots[source][: part.numel()])
 
