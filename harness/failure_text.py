@@ -51,6 +51,11 @@ def headline_of_text(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+def without_rank_prefix(line: str) -> str:
+    """``line`` without the ``[rank N]`` a rank's text begins with."""
+    return _RANK_PREFIX.sub("", line)
+
+
 def prefix_lines(text: str, rank: int) -> str:
     """Prefix each line with ``[rank N]``."""
     return "\n".join(f"[rank {rank}] {line}" for line in text.rstrip("\n").splitlines())

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from scaler._torch_private import ShardedTensor, local_shape_and_global_offset, local_tensor
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,7 +89,7 @@ class NamedParam:
         if tuple(grad.placements) != tuple(self.param.placements):
             grad = grad.redistribute(self.param.device_mesh, self.param.placements)
             self.param.grad = grad
-        local_grad = grad._local_tensor
+        local_grad = local_tensor(grad)
         if slot.tensor.grad is not local_grad:
             slot.tensor.grad = local_grad
 
@@ -99,7 +100,7 @@ class NamedParam:
         if set_to_none:
             self.param.grad = None
         else:
-            self.param.grad._local_tensor.zero_()
+            local_tensor(self.param.grad).zero_()
 
 
 def _contiguous_offsets(shape: torch.Size) -> tuple[int, ...]:
@@ -120,13 +121,9 @@ def _resolve_one(name: str, param: Any) -> NamedParam:
                     f"parameter {name!r} has placement {placement}; ShardedOptimizer supports DTensor "
                     "parameters placed with Shard(dim) and Replicate() only"
                 )
-        # Private but stable since torch 2.2: the offsets DCP itself uses for DTensor chunks.
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-        local_shape, offsets = compute_local_shape_and_global_offset(
-            param.shape, param.device_mesh, param.placements
-        )
-        local = param._local_tensor
+        # The offsets DCP itself uses for DTensor chunks (scaler._torch_private).
+        local_shape, offsets = local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+        local = local_tensor(param)
         assert tuple(local.shape) == tuple(local_shape), (name, local.shape, local_shape)
         return NamedParam(
             name=name,

@@ -22,15 +22,18 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.distributed._shard.sharded_tensor import Shard as ShardedTensorShard
-from torch.distributed._shard.sharded_tensor import (
-    ShardedTensor,
-    ShardedTensorMetadata,
-    TensorProperties,
-)
 from torch.distributed.tensor import DTensor
 
 from scaler._optim_params import LocalSlot, NamedParam
+from scaler._torch_private import (
+    ShardedTensor,
+    ShardedTensorMetadata,
+    ShardedTensorShard,
+    TensorProperties,
+    local_tensor,
+    sharded_tensor_from_local_shards,
+    sharded_tensor_group,
+)
 
 _RESHARD_HINT = (
     "to load at another world size or sharding, load the checkpoint with torch.distributed.checkpoint"
@@ -73,14 +76,14 @@ def _wrap_sharded_tensor(named: NamedParam, locals_: list[torch.Tensor]) -> Shar
         ShardedTensorShard(tensor=local, metadata=shard.metadata)
         for local, shard in zip(locals_, param.local_shards(), strict=True)
     ]
-    return ShardedTensor._init_from_local_shards_and_global_metadata(
+    return sharded_tensor_from_local_shards(
         shards,
         ShardedTensorMetadata(
             shards_metadata=metadata.shards_metadata,
             size=metadata.size,
             tensor_properties=properties,
         ),
-        process_group=param._process_group,
+        process_group=sharded_tensor_group(param),
     )
 
 
@@ -135,7 +138,7 @@ def _dtensor_locals(named: NamedParam, key: str, value: DTensor) -> list[torch.T
         )
     if tuple(value.placements) != tuple(param.placements):
         value = value.redistribute(param.device_mesh, param.placements)
-    return [value._local_tensor]
+    return [local_tensor(value)]
 
 
 def _sharded_tensor_locals(named: NamedParam, key: str, value: ShardedTensor) -> list[torch.Tensor]:

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from scaler._grad_scaler import GradScaler
 from scaler._rule import update_scale_
+from scaler._torch_private import resolve_process_group
 
 __all__ = ["ShardedGradScaler", "default_device"]
 
@@ -149,7 +150,7 @@ class ShardedGradScaler(GradScaler):
         Any object that ``torch.distributed.all_reduce`` accepts as ``group=`` works, registered or
         not (torch's own scaler tests pass a duck-typed ``DummyProcessGroup``)."""
         if self._process_group is None and self._process_group_name is not None:
-            self._process_group = dist.distributed_c10d._resolve_process_group(self._process_group_name)
+            self._process_group = resolve_process_group(self._process_group_name)
         if self._process_group is not None:
             return self._process_group
         if not dist.is_available() or not dist.is_initialized():

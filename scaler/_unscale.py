@@ -27,6 +27,8 @@ from operator import attrgetter, itemgetter
 
 import torch
 
+from scaler._torch_private import group_tensors_by_device_and_dtype, set_grad_enabled
+
 try:  # DTensor is optional: torch builds without distributed support lack it.
     from torch.distributed.tensor import DTensor
 except ImportError:  # pragma: no cover - only on builds without torch.distributed
@@ -40,7 +42,7 @@ _IS_SPARSE = attrgetter("is_sparse")
 _PLAIN = {torch.Tensor}
 _NONE = type(None)
 _PLAIN_OR_NONE = {torch.Tensor, _NONE}
-_group_by_device_and_dtype = torch._C._group_tensors_by_device_and_dtype
+_group_by_device_and_dtype = group_tensors_by_device_and_dtype
 
 GradGroups = list[tuple[torch.device, Sequence[torch.Tensor]]]
 """``[(device, tensors)]``, one entry per (device, dtype): the argument lists of the unscale kernel."""
@@ -222,7 +224,7 @@ def unscale_groups_(
     """
     flags: dict[torch.device, torch.Tensor] = {}
     previous = torch.is_grad_enabled()  # grads may require grad (create_graph=True): no autograd record
-    torch._C._set_grad_enabled(False)
+    set_grad_enabled(False)
     try:
         for device, grads in groups:
             flag = flags.get(device)
@@ -231,5 +233,5 @@ def unscale_groups_(
             inv = inv_scale if inv_scale.device == device else inv_scale.to(device=device, non_blocking=True)
             torch._amp_foreach_non_finite_check_and_unscale_(grads, flag, inv)
     finally:
-        torch._C._set_grad_enabled(previous)
+        set_grad_enabled(previous)
     return flags

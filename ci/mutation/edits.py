@@ -10,7 +10,12 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-_LISTS = {"scaler": "plants.py", "harness/parity": "engine_plants.py", "harness/controller": "cost_plants.py"}
+_LISTS = {
+    "scaler": "plants.py",
+    "harness/parity": "engine_plants.py",
+    "harness/controller": "cost_plants.py",
+    "harness/torch_private": "user_plants.py",
+}
 """Where each package's plants are listed (what to update when one no longer applies)."""
 
 
@@ -28,7 +33,7 @@ class Edit:
     new: str
     package: str = "scaler"
     """The folder, relative to the project root, that ``file`` is in (``scaler``,
-    ``harness/parity`` or ``harness/controller``)."""
+    ``harness/parity``, ``harness/controller`` or ``harness/torch_private``)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -348,8 +348,8 @@ ENGINE_PLANTS: tuple[Plant, ...] = (
         edits=(
             _edit(
                 "ranks/measure/local.py",
-                "    if not handle.uses_sharded_strategy:\n        return _rank() == 0\n",
-                "    if not handle.uses_sharded_strategy:\n        return True  # planted\n",
+                "    if not fsdp1.is_sharded(unit.module):\n        return _rank() == 0\n",
+                "    if not fsdp1.is_sharded(unit.module):\n        return True  # planted\n",
             ),
         ),
         tests=(_STEPCHECK, _EVERY_ELEMENT),

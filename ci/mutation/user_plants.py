@@ -25,10 +25,11 @@ USER_PLANTS: tuple[Plant, ...] = (
         bug="the reader takes every checkpoint_wrapper as replaying the RNG: a recompute without it "
         "fails unnamed (checkpoint_rng needs the candidate's no_replay)",
         edits=(
-            _edit(
-                "ranks/sides/user/discover.py",
-                'keywords", {}).get("preserve_rng_state", True))',
-                'keywords", {}).get("preserve_rng_state", True)) or True  # planted',
+            Edit(
+                file="checkpoint.py",
+                old='keywords", {}).get("preserve_rng_state", True))',
+                new='keywords", {}).get("preserve_rng_state", True)) or True  # planted',
+                package="harness/torch_private",
             ),
         ),
         tests=(f"{_TESTS}::test_a_planted_function_fails_at_step_0_with_its_cause_named",),

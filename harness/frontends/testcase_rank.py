@@ -35,6 +35,7 @@ from typing import Any
 from harness.frontends.testcase import DistributedTestCase
 from harness.rank import context, group_calls, subtests
 from harness.rank.execute import ReportedOutcome, headline
+from harness.torch_private import c10d
 
 __unittest = True  # unittest leaves this module's frames (the wrappers below) out of its tracebacks
 
@@ -185,19 +186,12 @@ def _accept_without_writing(pos: Any, actual: str, debug_suffix: str) -> None:
     """expecttest's ``_accept_output`` on ranks other than 0: rank 0 rewrites the source."""
 
 
-_SKIP_EXIT_CODES_MODULE = "torch.testing._internal.common_distributed"
-
-
 def _torch_skip_reason(exc: BaseException | None) -> str | None:
     """torch's distributed skip decorators end a rank with ``sys.exit(code)``; the code's message
     when ``exc`` is such an exit (``MultiProcessTestCase`` turns these exit codes into skips)."""
     if not isinstance(exc, SystemExit):
         return None
-    module = sys.modules.get(_SKIP_EXIT_CODES_MODULE)
-    for skip in getattr(module, "TEST_SKIPS", {}).values():
-        if exc.code == skip.exit_code:
-            return skip.message
-    return None
+    return c10d.test_skip_message(exc.code)
 
 
 class _RankResult(unittest.TestResult):

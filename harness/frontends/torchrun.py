@@ -38,6 +38,7 @@ from harness.outcome import RankResult, judge
 from harness.protocol import Placeholder
 from harness.rank import context, execute
 from harness.spec import BACKENDS, MARKER, DistConfig, from_marker
+from harness.torch_private import c10d
 
 EXIT_FAILED, EXIT_USAGE, EXIT_NO_TESTS = 1, 4, 5
 HOW_TO_RUN = (
@@ -191,7 +192,7 @@ def _run(
     collective = timedelta(seconds=default_deadline / 2)
     dist.init_process_group(backend, init_method="env://", timeout=collective)
     context.advance_group_generation()
-    base_store = dist.distributed_c10d._get_default_store()
+    base_store = c10d.default_store()
 
     def reset_group(suffix: str) -> None:
         if dist.is_initialized():
@@ -205,7 +206,7 @@ def _run(
     for index, (name, target, kwargs, config) in enumerate(cases):
         deadline, collective_s = config.timeouts(default_deadline)
         collective = timedelta(seconds=collective_s)
-        dist.distributed_c10d._set_pg_timeout(collective)
+        c10d.set_timeout(collective)
         store = dist.PrefixStore(f"shardscale-case{index}/", base_store)
         context._set_current(
             context.RankContext(

@@ -50,6 +50,7 @@ from harness.protocol import (
     from_wire,
 )
 from harness.rank import context, execute
+from harness.torch_private import c10d, dtensor
 
 STACK_SIGNAL = signal.SIGUSR1
 _PR_SET_PDEATHSIG = 1
@@ -102,22 +103,8 @@ def _forget_destroyed_groups() -> None:
 
     DTensor caches sharding decisions keyed by device-mesh equality, which ignores the mesh's
     process groups: without this, a case after the group was rebuilt can get back a mesh of a
-    destroyed group ("Could not resolve the process group registered under the name 3"). Nothing
-    to do if DTensor was never imported; torch versions without the cache helpers are left alone.
-    """
-    if "torch.distributed.tensor" not in sys.modules:
-        return
-    try:
-        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-    except ImportError:
-        from torch.distributed.tensor import DTensor
-
-        propagate = DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding
-        clear = getattr(getattr(propagate, "cache", propagate), "cache_clear", None)
-        if clear is not None:
-            clear()
-        return
-    _clear_sharding_prop_cache()
+    destroyed group ("Could not resolve the process group registered under the name 3")."""
+    dtensor.clear_sharding_cache()
 
 
 class RankServer:
@@ -203,7 +190,7 @@ class RankServer:
     def _on_run_case(self, command: RunCase) -> None:
         execute.add_sys_path(command.sys_path)
         if command.collective_timeout_s != self.timeout_s and dist.is_initialized():
-            dist.distributed_c10d._set_pg_timeout(timedelta(seconds=command.collective_timeout_s))
+            c10d.set_timeout(timedelta(seconds=command.collective_timeout_s))
             self.timeout_s = command.collective_timeout_s
         context._set_current(
             context.RankContext(

@@ -13,12 +13,16 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 SPAWN_LOGGER = '''
-"""Logs every interpreter start and every process-creating call of the inner session's processes."""
+"""Logs every interpreter start and every process-creating call of the inner session's processes,
+each call with the file that made it: the innermost frame outside the standard library (``-``: the
+standard library alone, as a forkserver's loop)."""
 import os
 import sys
+import sysconfig
 
 _LOG = os.environ["SHARDSCALE_SPAWN_LOG"]
 _EVENTS = ("os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "subprocess.Popen", "os.system")
+_STDLIB = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
 
 
 def _note(what):
@@ -26,13 +30,27 @@ def _note(what):
         f.write(f"{os.getpid()} {what}\\n")
 
 
+def _standard(path):
+    return path.startswith("<frozen") or (path.startswith(_STDLIB) and "-packages" not in path)
+
+
+def _origin():
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if path != __file__ and not _standard(path):
+            return path
+        frame = frame.f_back
+    return "-"
+
+
 def _audit(event, args):
     if event in _EVENTS:
-        _note(event)
+        _note(f"{event} {_origin()}")
 
 
 with open("/proc/self/cmdline", "rb") as f:
-    _note("started " + f.read().replace(b"\\0", b" ").decode(errors="replace"))
+    _note("started " + f.read().replace(b"\\0", b" ").replace(b"\\n", b" ").decode(errors="replace"))
 sys.addaudithook(_audit)
 '''
 
@@ -46,6 +64,24 @@ def log_spawns(env: dict[str, str], out: Path, log: Path) -> dict[str, str]:
     (site / "sitecustomize.py").write_text(SPAWN_LOGGER)
     path = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
     return {**env, "SHARDSCALE_SPAWN_LOG": str(log), "PYTHONPATH": path}
+
+
+def harness_spawns(lines: list[str], session_pid: int) -> list[str]:
+    """The lines of a spawn log (:func:`log_spawns`) that the harness may have made: every
+    interpreter started but the session's own, and every process-creating call but those whose
+    innermost frame outside the standard library is in an installed package. Why not every line:
+    some builds of torch start processes while ``import torch`` runs (2.14's CUDA build runs
+    ``/sbin/ldconfig -p`` to find its libraries, through ``ctypes.util.find_library``), which is
+    not the harness starting anything."""
+    found = []
+    for line in lines:
+        pid, event, what = (line.split(" ", 2) + [""])[:3]
+        if event == "started":
+            if int(pid) != session_pid:
+                found.append(line)
+        elif "-packages" not in what:
+            found.append(line)
+    return found
 
 
 def alive(pid: int) -> bool:

@@ -22,7 +22,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from suites.harness.selftest import alive, inner_env, junit_outcomes, log_spawns, wait_until_gone
+from suites.harness.selftest import (
+    alive,
+    harness_spawns,
+    inner_env,
+    junit_outcomes,
+    log_spawns,
+    wait_until_gone,
+)
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
@@ -200,9 +207,11 @@ def test_nccl_tests_without_gpus_are_skipped_naming_the_gpus_needed(nccl_session
 
 
 def test_nccl_session_without_gpus_starts_no_process(nccl_session):
-    """The one interpreter started is pytest's own, and it made no fork, exec or spawn."""
+    """The one interpreter started is pytest's own, and the harness made no fork, exec or spawn
+    (what ``import torch`` itself starts on some builds is not the harness's)."""
     log = nccl_session.spawn_log()
-    assert [line.split(" ", 2)[:2] for line in log] == [[str(nccl_session.proc.pid), "started"]], log
+    assert log and log[0].split(" ", 2)[:2] == [str(nccl_session.proc.pid), "started"], log
+    assert harness_spawns(log, nccl_session.proc.pid) == [], log
 
 
 LEAKY_CONFTEST = '''

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from suites.harness.selftest import inner_env, junit_outcomes, log_spawns, wait_until_gone
+from suites.harness.selftest import harness_spawns, inner_env, junit_outcomes, log_spawns, wait_until_gone
 
 # Inner unittest and pytest sessions (a minute and more on two cores): `make e2e`. DistributedTestCase
 # in process stays in `make test` (test_testcase.py, test_testcase_mpc_style.py).
@@ -231,8 +231,9 @@ def test_gpu_skips_are_decided_at_collection_starting_no_process(tmp_path):
     assert set(outcomes) == set(reasons)
     for name, reason in reasons.items():
         assert outcomes[name][0] == "skipped" and reason in outcomes[name][1], (name, outcomes[name])
-    started = [line.split(" ", 2)[:2] for line in log.read_text().splitlines()]
-    assert started == [[str(proc_pid(log)), "started"]], log.read_text()
+    lines = log.read_text().splitlines()
+    assert lines[0].split(" ", 2)[:2] == [str(proc_pid(log)), "started"], lines
+    assert harness_spawns(lines, proc_pid(log)) == [], lines
 
 
 def proc_pid(log: Path) -> int:

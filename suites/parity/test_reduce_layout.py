@@ -197,7 +197,8 @@ def _reduced_both_ways(
     def refused(*args, **kwargs):
         raise AssertionError("only flat all-reduces where the order is free")
 
-    others = {name: getattr(dist, name) for name in ("all_gather_into_tensor", "reduce_scatter_single")}
+    collectives = ("all_gather_into_tensor", "reduce_scatter_tensor", "reduce_scatter_single")  # the last: 2.12+
+    others = {name: getattr(dist, name) for name in collectives if hasattr(dist, name)}
     chunk_cat, limit = torch._chunk_cat, order_free.ONE_CALL_MB
     dist.all_reduce = counted
     for name in others:

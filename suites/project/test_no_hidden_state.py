@@ -13,12 +13,15 @@ The scan reads the sources (``ast``), imports nothing, and runs in ``make test``
 from __future__ import annotations
 
 import ast
+import os
 from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "harness" / "parity"
+TORCH_PRIVATE = ROOT / "harness" / "torch_private"
+"""Where the engine's reads of torch's internals and its one patch of torch live: scanned with it."""
 
 ALLOWED: dict[tuple[str, str], str] = {
     ("workload/registry.py", "cache resolve"): (
@@ -50,10 +53,11 @@ ALLOWED: dict[tuple[str, str], str] = {
         "microbatch's pieces together: torch's refuses a CPU tensor under a process group and cannot "
         "all-reduce within one process; a forward hook cannot replace the forward"
     ),
-    ("ranks/sides/capture.py", "setattr"): (
-        "the one patch of torch (capture._patched): FSDP has no hook that sees gradients before it "
-        "reduces them; the sites are declared with the torch version read (capture.PATCH_SITES) and "
-        "checked against the installed torch by suites/parity/test_capture.py"
+    ("../torch_private/patches.py", "setattr"): (
+        "the one patch of torch (patches.patched, for the staged check's capture): FSDP has no hook "
+        "that sees gradients before it reduces them; the sites are declared with the torch versions "
+        "read (torch_private.fsdp2.REDUCE, fsdp1.REDUCE) and checked against the installed torch by "
+        "suites/parity/test_capture.py"
     ),
     ("ranks/sides/checkpoint.py", "unit.forward"): (
         "a unit's forward run under torch.utils.checkpoint, on the run's own model: torch's in-place "
@@ -243,12 +247,13 @@ def findings(
 
 def _scan() -> dict[tuple[str, str], list[int]]:
     found: dict[tuple[str, str], list[int]] = {}
-    paths = sorted(ENGINE.rglob("*.py"))
+    paths = sorted([*ENGINE.rglob("*.py"), *TORCH_PRIVATE.rglob("*.py")])
     methods = method_names(paths)
     containers = {name for path in paths for name in _module_containers(ast.parse(path.read_text()))}
     for path in paths:
         for what, line in findings(path, methods, containers):
-            found.setdefault((path.relative_to(ENGINE).as_posix(), what), []).append(line)
+            key = os.path.relpath(path, ENGINE).replace(os.sep, "/")
+            found.setdefault((key, what), []).append(line)
     return found
 
 

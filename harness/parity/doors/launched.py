@@ -26,6 +26,7 @@ from typing import Any
 
 from harness.parity.plan.config import ParityConfig
 from harness.rank import context
+from harness.torch_private import c10d
 
 _RESULTS_TIMEOUT_S = 600.0
 
@@ -58,7 +59,7 @@ class Launched:
         self.timeout = timedelta(seconds=deadline_per_config_s)
         dist.init_process_group(backend, init_method="env://", timeout=self.timeout)
         context.advance_group_generation()
-        self.base_store = dist.distributed_c10d._get_default_store()
+        self.base_store = c10d.default_store()
         self.batches = 0
 
     def _reset_group(self, suffix: str) -> None:

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from harness.failure_text import headline_of_text
+from harness.failure_text import headline_of_text, without_rank_prefix
 from harness.parity.judge import causes, compare, measured, pinpoint
 from harness.parity.judge import semantics as semantics_check
 from harness.parity.judge import staged as staged_check
@@ -25,6 +25,7 @@ from harness.parity.ranks.measure.distance import TensorDiff
 from harness.parity.ranks.measure.record import RunRecord, joined, merge_rank_runs
 from harness.parity.ranks.sides.twin import DTYPES
 from harness.parity.ranks.wire import Gap, RankRow
+from harness.torch_private import UnsupportedTorch
 
 STATUSES = ("pass", "fail", "crash", "error", "skip")
 """``pass``: within the profile at every step; ``fail``: diverged; ``crash``: the candidate raised;
@@ -223,6 +224,17 @@ def judge_halves(
     return verdict(config, reference, candidate, gaps=[None], reused=False)
 
 
+_REFUSED = f"{UnsupportedTorch.__module__}.{UnsupportedTorch.__qualname__}: "
+
+
+def torch_refusal(error: str | None) -> str | None:
+    """The reason a run was refused by the installed torch (an adapter of ``harness/torch_private``
+    raised :class:`UnsupportedTorch`: the row is a skip naming the version and what needs a newer
+    one, never an error), or ``None``."""
+    line = without_rank_prefix(headline_of_text(error or ""))
+    return line.removeprefix(_REFUSED) if line.startswith(_REFUSED) else None
+
+
 def verdict(
     config: ParityConfig,
     reference: RunRecord,
@@ -241,6 +253,13 @@ def verdict(
         "expected_failure": expected_failure(config),
         "reference": reference.description,
     }
+    refusal = torch_refusal(reference.error) or torch_refusal(candidate.error if candidate else None)
+    if refusal is not None:
+        return (
+            ParityResult(status="skip", reason=refusal, detail=reference.error or "", **common),
+            reference,
+            candidate,
+        )
     if reference.error or candidate is None:
         text = [headline_of_text(reference.error or "") or "reference failed"]
         return (

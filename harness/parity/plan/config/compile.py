@@ -35,9 +35,9 @@ def cache_folder() -> str:
     controller asks only when a row compiled.)"""
     if os.environ.get(CACHE_ENV):
         return os.path.abspath(os.environ[CACHE_ENV])
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    from harness.torch_private import dynamo
 
-    return os.path.abspath(default_cache_dir())
+    return os.path.abspath(dynamo.inductor_cache_dir())
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

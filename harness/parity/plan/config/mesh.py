@@ -30,6 +30,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from harness.parity.workload import registry
+from harness.torch_private import pipelining
 
 if TYPE_CHECKING:
     from harness.parity.plan.config import ParityConfig
@@ -61,9 +62,14 @@ outside FSDP2's accumulation)."""
 
 
 def pipeline_unsupported(config: ParityConfig) -> str | None:
-    """Why a pipeline row is not checked here (``None``: it is): DualPipeV over fewer microbatches
-    than stages (torch refuses it)."""
+    """Why a pipeline row is not checked here (``None``: it is): a schedule the installed torch
+    cannot run over the row's backend (``torch_private.pipelining.unsupported``), DualPipeV over
+    fewer microbatches than stages (torch refuses it)."""
     mesh = config.mesh
+    if mesh.pp is not None and (
+        reason := pipelining.unsupported(SCHEDULES[mesh.schedule][0], config.backend)
+    ):
+        return reason
     if mesh.pp is not None and mesh.schedule == "dualpipev" and mesh.microbatches < 2 * mesh.pp:
         return (
             f"torch 2.13's DualPipeV needs at least as many microbatches as stages ({2 * mesh.pp}), "

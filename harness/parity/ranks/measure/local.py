@@ -36,6 +36,7 @@ from torch.distributed.tensor import Replicate, Shard
 from harness.parity.ranks.sides import engines
 from harness.parity.ranks.sides.full import flat, gather
 from harness.rank import context
+from harness.torch_private import fsdp1
 
 _Pieces = dict[str, "Piece"]
 
@@ -236,8 +237,7 @@ def _fsdp2_grads(engine: engines.FSDP2) -> tuple[_Pieces, dict[str, bool]]:
 
 def _fsdp1_owner(unit: Any) -> bool:
     """Whether this rank compares ``unit``'s elements (see the module docstring)."""
-    handle = unit.module._handle
-    if not handle.uses_sharded_strategy:
+    if not fsdp1.is_sharded(unit.module):
         return _rank() == 0
     return 0 in dist.get_process_group_ranks(unit.module.process_group)
 
@@ -245,8 +245,8 @@ def _fsdp1_owner(unit: Any) -> bool:
 def _fsdp1_cut(unit: Any, local: torch.Tensor | None, dtype: torch.dtype, owner: bool) -> _Pieces:
     """``local`` (laid out like the unit's local flat shard) cut into each parameter's piece."""
     out = {}
-    infos = unit.flat._shard_param_infos
-    for name, shape, info in zip(unit.names, unit.flat._shapes, infos, strict=True):
+    infos = fsdp1.shard_infos(unit.flat)
+    for name, shape, info in zip(unit.names, unit.layout.shapes, infos, strict=True):
         values = None
         start = 0
         if owner and info.in_shard and local is not None:
@@ -335,8 +335,8 @@ def _fsdp1_params_and_state(
         params.update(_fsdp1_cut(unit, unit.flat.data, unit.flat.dtype, owner))
         if not unit.flat.requires_grad:
             continue
-        infos = unit.flat._shard_param_infos
-        flat_values = state.get(id(unit.flat)) if getattr(unit.flat, "_params", None) is None else None
+        infos = fsdp1.shard_infos(unit.flat)
+        flat_values = state.get(id(unit.flat)) if fsdp1.original_params(unit.flat) is None else None
         held = [
             flat_values if flat_values is not None else state.get(id(unit.owners[index]))
             for index in range(len(infos))
@@ -350,7 +350,7 @@ def _fsdp1_params_and_state(
             for key in element_keys
             if key in values
         }
-        for index, (name, shape) in enumerate(zip(unit.names, unit.flat._shapes, strict=True)):
+        for index, (name, shape) in enumerate(zip(unit.names, unit.layout.shapes, strict=True)):
             info = infos[index]
             owner_state = held[index]
             has = bool(owner_state) and info.in_shard

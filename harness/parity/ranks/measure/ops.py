@@ -19,13 +19,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from harness.parity.plan.profiles import ToleranceProfile
 from harness.parity.ranks.measure.distance import tensor_diff
 from harness.parity.ranks.sides import engines
 from harness.parity.ranks.sides.full.gather import module_names
+from harness.torch_private.dispatch import TorchDispatchMode, tree_leaves
 
 
 def split_key(key: str) -> tuple[str, int]:

@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import os
 
-import torch
-import torch._dynamo
 from torch import nn
 
 from harness.parity.plan.config import ParityConfig
 from harness.parity.plan.config.compile import CACHE_ENV, cache_folder
 from harness.parity.ranks.sides import engines
+from harness.torch_private import dynamo
 
 RECOMPILE_LIMIT = 512
 """Graphs per code object (every module's ``_call_impl`` shares one) before dynamo gives up."""
@@ -44,12 +43,7 @@ RECOMPILE_LIMIT = 512
 def settle() -> None:
     """The process-wide settings of a compiled run (the module docstring says why)."""
     os.environ.setdefault(CACHE_ENV, cache_folder())
-    torch._dynamo.config.automatic_dynamic_shapes = False
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    torch._dynamo.config.accumulated_recompile_limit = max(
-        torch._dynamo.config.accumulated_recompile_limit, RECOMPILE_LIMIT
-    )
-    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    dynamo.settle(RECOMPILE_LIMIT)
 
 
 def blocks(model: nn.Module, classes: tuple[type[nn.Module], ...]) -> list[nn.Module]:

@@ -45,6 +45,7 @@ from torch import nn
 from harness.parity.plan.config import ParityConfig
 from harness.parity.ranks.sides import stages as split
 from harness.parity.ranks.sides.two_ranks import order_free
+from harness.torch_private import tensors
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -274,7 +275,7 @@ def _fsdp2_bucket(
 ) -> list[torch.Tensor]:
     world = dist.get_world_size(groups[0])  # the shard group's size
     rows = [g.reshape(1) if g.dim() == 0 else g for g in grads]
-    chunked = torch._chunk_cat(rows, dim=0, num_chunks=world)  # (world, per-rank numel)
+    chunked = tensors.chunk_cat(rows, dim=0, num_chunks=world)  # (world, per-rank numel)
     whole = _scattered_and_gathered(chunked.reshape(-1), layout, factors, groups, in_reverse).view(world, -1)
     out, offset = [], 0
     for grad, row in zip(grads, rows, strict=True):
@@ -392,8 +393,8 @@ def reduce(
             reduced = [whole[position[i]] for i in held]
         else:
             cast = [grads[i].to(reduce_dtype) for i in held]  # type: ignore[union-attr]
-            flat = _all_reduced(torch._utils._flatten_dense_tensors(cast), factors, in_reverse)
-            reduced = list(torch._utils._unflatten_dense_tensors(flat, cast))
+            flat = _all_reduced(tensors.flatten_dense(cast), factors, in_reverse)
+            reduced = list(tensors.unflatten_dense(flat, cast))
         for index, grad in zip(held, reduced, strict=True):
             out[index], grads[index] = grad, None if consume else grads[index]
     return out

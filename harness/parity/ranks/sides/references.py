@@ -21,6 +21,7 @@ from harness.parity.ranks.sides.engines import Engine, to_device, unit_modules
 from harness.parity.ranks.sides.optim import step_pieces
 from harness.parity.ranks.sides.two_ranks import shared_pair
 from harness.parity.workload import items
+from harness.torch_private import ddp, tensors
 
 
 def forward_only_ddp(module: nn.Module, device: torch.device, compiled: bool) -> nn.Module:
@@ -36,14 +37,14 @@ def forward_only_ddp(module: nn.Module, device: torch.device, compiled: bool) ->
         return DDP(module, device_ids=device_ids)
     kept = min(trainable, key=lambda item: item[1].numel())[0]
     ignored = [name for name, _ in trainable if name != kept]
-    DDP._set_params_and_buffers_to_ignore_for_model(module, ignored)
+    ddp.ignore_for_model(module, ignored)
     wrapped = DDP(module, device_ids=device_ids)
     if dist.get_world_size() > 1:  # one broadcast of them all, as DDP's own is coalesced
         params = [param.detach() for name, param in trainable if name != kept]
-        flat = torch._utils._flatten_dense_tensors(params)
+        flat = tensors.flatten_dense(params)
         shared_pair.broadcast(flat, 0)  # 2 ranks on one host: through memory they share
         with torch.no_grad():
-            for param, value in zip(params, torch._utils._unflatten_dense_tensors(flat, params), strict=True):
+            for param, value in zip(params, tensors.unflatten_dense(flat, params), strict=True):
                 param.copy_(value)
     return wrapped
 

@@ -72,9 +72,11 @@ def fsdp2_mixed_precision(policy: PrecisionPolicy) -> Any:
 # -- the reference ------------------------------------------------------------------------------------
 def _cast_floats(value: Any, to: torch.dtype) -> Any:
     """``value`` with its floating-point tensors in ``to``, walked as FSDP walks forward args."""
-    from torch.distributed.utils import _apply_to_tensors
+    from harness.torch_private import tensors
 
-    return _apply_to_tensors(lambda t: t.to(to) if torch.is_floating_point(t) and t.dtype != to else t, value)
+    return tensors.apply_to_tensors(
+        lambda t: t.to(to) if torch.is_floating_point(t) and t.dtype != to else t, value
+    )
 
 
 def working_copy(module: nn.Module, policy: PrecisionPolicy) -> nn.Module:
@@ -211,15 +213,15 @@ def mirror_fsdp2_inputs(root: nn.Module, units: Iterable[nn.Module]) -> None:
     made in its first block to every later block) then sums its gradient from each unit as one
     node's output, in backward order; without the node autograd sums the same terms in another
     order, and the last bits of the gradients differ even in float32."""
-    from torch.distributed.fsdp._common_utils import collect_grad_tensors, replace_grad_tensors
+    from harness.torch_private import fsdp2
 
     def pass_through(module: nn.Module, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         if not torch.is_grad_enabled():
             return None
-        tensors = collect_grad_tensors((args, kwargs))
+        tensors = fsdp2.grad_tensors((args, kwargs))
         if not tensors:
             return None
-        return replace_grad_tensors((args, kwargs), iter(_PassThrough.apply(*tensors)))
+        return fsdp2.replace_grad_tensors((args, kwargs), iter(_PassThrough.apply(*tensors)))
 
     for module in (root, *units):
         if any(True for _ in module.parameters()):  # FSDP2 makes a parameter group only for these

@@ -24,6 +24,7 @@ from torch import nn
 
 from harness.parity.workload import registry
 from harness.parity.workload.spec import Workload
+from harness.torch_private.modules import batch_norm_base
 
 BOUND = 1e-9
 """How far (relative to the largest element of the whole batch's gradient) a split may land from
@@ -50,8 +51,9 @@ def float64_model(workload: Workload, seed: int) -> nn.Module:
     kernel on the CPU; the eager loop computes the same)."""
     model = registry.build_model(workload, seed).double()
     model.eval()
+    batch_norm = batch_norm_base()
     for module in model.modules():
-        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        if isinstance(module, batch_norm):
             module.train()
     experts = getattr(getattr(model, "config", None), "_experts_implementation", None)
     if experts not in (None, "eager") and hasattr(model, "set_experts_implementation"):

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from harness.parity.ranks.sides.full.gather import anywhere, clean_name, state_keys, to_cpu
+from harness.torch_private import fsdp1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -32,14 +33,18 @@ class _Unit:
     flat: Any
 
     @property
+    def layout(self) -> fsdp1.Layout:
+        return fsdp1.layout(self.flat)
+
+    @property
     def names(self) -> list[str]:
-        return [self.prefix + clean_name(fqn) for fqn in self.flat._fqns]
+        return [self.prefix + clean_name(fqn) for fqn in self.layout.names]
 
     @property
     def owners(self) -> list[Any]:
         """What the optimizer holds for each original parameter: itself, or the flat parameter."""
-        params = getattr(self.flat, "_params", None)
-        return list(params) if params is not None else [self.flat] * len(self.flat._fqns)
+        params = fsdp1.original_params(self.flat)
+        return params if params is not None else [self.flat] * len(self.layout.names)
 
 
 def units(model: Any) -> list[_Unit]:
@@ -47,16 +52,16 @@ def units(model: Any) -> list[_Unit]:
 
     found = []
     for module_name, module in model.named_modules():
-        if isinstance(module, FSDP) and module._handle is not None:
+        if isinstance(module, FSDP) and (flat := fsdp1.flat_param_of(module)) is not None:
             prefix = clean_name(module_name)
-            found.append(_Unit(f"{prefix}." if prefix else "", module, module._handle.flat_param))
+            found.append(_Unit(f"{prefix}." if prefix else "", module, flat))
     return found
 
 
 def _gather_rows(unit: _Unit, rows: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """``rows`` (each laid out like the local flat shard) gathered: ``[len(rows), unsharded numel]``."""
     local = torch.stack([row.detach().reshape(-1).to(device, torch.float64) for row in rows])
-    if unit.module._handle.uses_sharded_strategy:
+    if fsdp1.is_sharded(unit.module):
         group = unit.module.process_group
         world = dist.get_world_size(group)
         out = local.new_empty(world * local.numel())
@@ -64,16 +69,16 @@ def _gather_rows(unit: _Unit, rows: list[torch.Tensor], device: torch.device) ->
         full = out.view(world, len(rows), -1).transpose(0, 1).reshape(len(rows), -1)
     else:
         full = local
-    return full[:, : unit.flat._unpadded_unsharded_size.numel()]
+    return full[:, : unit.layout.unpadded_numel]
 
 
 def _split(unit: _Unit, row: torch.Tensor, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    pieces = row.split(list(unit.flat._numels_with_padding))
-    padding = getattr(unit.flat, "_is_padding_mask", None) or [False] * len(pieces)
-    real = [piece for piece, is_padding in zip(pieces, padding, strict=True) if not is_padding]
+    layout = unit.layout
+    pieces = row.split(list(layout.numels_with_padding))
+    real = [piece for piece, is_padding in zip(pieces, layout.is_padding, strict=True) if not is_padding]
     return {
         name: to_cpu(piece.view(shape).to(dtype))
-        for name, shape, piece in zip(unit.names, unit.flat._shapes, real, strict=True)
+        for name, shape, piece in zip(unit.names, layout.shapes, real, strict=True)
     }
 
 
@@ -100,12 +105,13 @@ def _state_rows(
     count = len(element_keys) + 1 + len(scalar_keys)
     rows = torch.zeros(count, flat.numel(), dtype=torch.float64, device=flat.device)
     dtypes = [flat.dtype] * len(element_keys) + [torch.float32] * (1 + len(scalar_keys))
-    if getattr(flat, "_params", None) is None:
+    originals = fsdp1.original_params(flat)
+    if originals is None:
         places = [(flat, 0, flat.numel())]
     else:
         places = [
             (param, info.offset_in_shard, info.numel_in_shard)
-            for param, info in zip(flat._params, flat._shard_param_infos, strict=True)
+            for param, info in zip(originals, fsdp1.shard_infos(flat), strict=True)
             if info.in_shard
         ]
     for owner, offset, numel in places:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from harness.parity.ranks.sides.two_ranks import shared_pair
+from harness.torch_private import tensors
 
 ONE_CALL_MB = 16.0
 """The gradients' size up to which they are reduced in one all-reduce."""
@@ -59,14 +60,14 @@ def reduce(
     op, pre, post = how
     for held, in_place in calls(buckets, grads, reduce_dtype, consume):
         cast = [grads[i].to(reduce_dtype) for i in held]  # type: ignore[union-attr]
-        flat = cast[0] if in_place else torch._utils._flatten_dense_tensors(cast)
+        flat = cast[0] if in_place else tensors.flatten_dense(cast)
         del cast  # a cast copy (a low-precision gradient) is not held beside the flat one
         if pre is not None and pre != 1:
             flat.div_(pre)
         shared_pair.all_reduce(flat, op, group)  # two ranks on one host: through shared memory
         if post is not None and post != 1:
             flat.div_(post)
-        views = [flat] if in_place else torch._utils._unflatten_dense_tensors(flat, [grads[i] for i in held])  # type: ignore[misc]
+        views = [flat] if in_place else tensors.unflatten_dense(flat, [grads[i] for i in held])
         for index, grad in zip(held, views, strict=True):
             out[index] = grad
             if consume:

@@ -26,6 +26,7 @@ from harness.parity.ranks.sides.tp.mirror import is_colwise, is_sequence
 from harness.parity.ranks.sides.user import discover, policies
 from harness.parity.ranks.sides.user.found import READ_FROM_TORCH, Found
 from harness.parity.ranks.wire import FunctionFacts
+from harness.torch_private import tensor_parallel
 
 
 def user_mesh(config: ParityConfig, device: torch.device) -> Any:
@@ -43,7 +44,7 @@ def run_function(config: ParityConfig, module: nn.Module, device: torch.device) 
     workload = registry.get(config.workload)
     styles: list[tuple[nn.Module, Any, Any]] = []
     ties = discover.ties_of(module)
-    with discover.recording_styles(styles):
+    with tensor_parallel.recording_styles(styles):
         result = workload.parallelize(module, user_mesh(config, device))  # type: ignore[misc]
     if not isinstance(result, nn.Module):
         raise TypeError(

@@ -7,7 +7,7 @@ FSDP1 are wrapper modules; ``checkpoint_wrapper`` is a wrapper holding its check
 and composable ``checkpoint`` a registered forward hook; ``torch.compile`` leaves an
 ``OptimizedModule`` or a module's ``_compiled_call_impl`` with dynamo's context (its backend
 object). Tensor parallelism is the one thing whose styles leave no trace on the modules (a
-``SequenceParallel`` norm looks like a replicated one), so :func:`recording_styles` records each
+``SequenceParallel`` norm looks like a replicated one), so ``torch_private.tensor_parallel.recording_styles`` records each
 ``ParallelStyle._apply`` while the function runs, and nothing else.
 
 Whatever the twin cannot mirror goes to ``Found.refused`` with the way out (FSDP1 units, DDP
@@ -17,10 +17,7 @@ row becomes an error naming it, never a verdict over a silently different twin.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import inspect
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -29,35 +26,9 @@ from torch import nn
 from harness.parity.plan.precision import PrecisionPolicy
 from harness.parity.ranks.sides.full import gather
 from harness.parity.ranks.sides.user.found import Compiled, Found, Unit
+from harness.torch_private import checkpoint, dynamo, fsdp2
 
 _DTYPE_WORDS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
-
-
-@contextlib.contextmanager
-def recording_styles(into: list[tuple[nn.Module, Any, Any]]) -> Iterator[None]:
-    """Record ``(module, style, mesh)`` for every ``ParallelStyle`` applied inside (torch's
-    ``parallelize_module`` calls each style's ``_apply``); the classes are restored on exit."""
-    from torch.distributed.tensor.parallel import style as styles
-
-    classes = [
-        c for c in vars(styles).values() if isinstance(c, type) and issubclass(c, styles.ParallelStyle)
-    ]
-    saved = {c: c.__dict__["_apply"] for c in classes if "_apply" in c.__dict__}
-
-    def recorder(original: Any) -> Any:
-        def _apply(self: Any, module: nn.Module, device_mesh: Any) -> Any:
-            into.append((module, self, device_mesh))
-            return original(self, module, device_mesh)
-
-        return _apply
-
-    try:
-        for cls, original in saved.items():
-            cls._apply = recorder(original)  # type: ignore[method-assign]
-        yield
-    finally:
-        for cls, original in saved.items():
-            cls._apply = original  # type: ignore[method-assign]
 
 
 def _policy(mp: Any, where: str, refused: list[str]) -> PrecisionPolicy | None:
@@ -91,8 +62,8 @@ def _reshard(group: Any) -> str:
 def _unit(name: str, module: nn.Module, names: dict[int, str], refused: list[str]) -> Unit:
     from torch.distributed.fsdp import CPUOffloadPolicy
 
-    state = module._get_fsdp_state()  # type: ignore[operator]
-    groups = list(getattr(state, "_fsdp_param_groups", None) or [])
+    state = fsdp2.state_of(module)
+    groups = fsdp2.param_groups(state)
     where = f"fully_shard({name or 'the root'})"
     if len(groups) > 1:
         refused.append(
@@ -100,26 +71,26 @@ def _unit(name: str, module: nn.Module, names: dict[int, str], refused: list[str
         )
     # A unit without parameters of its own (a pipeline stage's root over its layers) has no
     # group, and in torch 2.13 no mesh either: it reduces nothing.
-    mesh_info = getattr(state, "_mesh_info", None) if not groups else groups[0].mesh_info
+    mesh_info = fsdp2.state_mesh_info(state) if not groups else groups[0].mesh_info
     mesh = mesh_info.mesh if mesh_info is not None else None
     dims = (
         () if mesh is None else tuple(zip(mesh.mesh_dim_names or ("",) * mesh.ndim, mesh.shape, strict=True))
     )
     if not groups:
         return Unit(
-            module=name, params=(), policy=_policy(state._mp_policy, where, refused), reshard="-",
+            module=name, params=(), policy=_policy(fsdp2.state_policy(state), where, refused), reshard="-",
             offload=False, divide_factor=None, mesh=dims,
         )  # fmt: skip
     group = groups[0]
-    if getattr(group, "_all_reduce_hook", None) is not None:
+    if fsdp2.has_all_reduce_hook(group):
         refused.append(
             f"{where} has an all-reduce hook (set_all_reduce_hook): its arithmetic is not mirrored"
         )
-    if type(group._reduce_scatter_comm).__name__ != "DefaultReduceScatter":
+    if fsdp2.has_custom_reduce_scatter(group):
         refused.append(f"{where} has a custom reduce-scatter (set_custom_reduce_scatter): not mirrored")
     params = tuple(
-        gather.clean_name(f"{names[id(p._module_info.module)]}.{p._module_info.param_name}".lstrip("."))
-        for p in group.fsdp_params
+        gather.clean_name(f"{names[id(owner)]}.{param_name}".lstrip("."))
+        for owner, param_name in map(fsdp2.param_owner, group.fsdp_params)
     )
     return Unit(
         module=name,
@@ -133,47 +104,25 @@ def _unit(name: str, module: nn.Module, names: dict[int, str], refused: list[str
     )
 
 
-def _context_of(module: nn.Module) -> tuple[Any, str] | None:
-    """Dynamo's context of a compiled module and how it was compiled, or ``None``."""
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    if isinstance(module, OptimizedModule):
-        return module.dynamo_ctx, "torch.compile(module)"
-    impl = getattr(module, "_compiled_call_impl", None)
-    if impl is None:
-        return None
-    return inspect.getclosurevars(impl).nonlocals.get("self"), "module.compile()"
-
-
 def _compiled(name: str, module: nn.Module) -> Compiled | None:
-    found = _context_of(module)
+    found = dynamo.compiled_with(module)
     if found is None:
         return None
-    ctx, how = found
-    backend = ctx.callback._torchdynamo_orig_backend  # ConvertFrame
-    backend = getattr(backend, "_torchdynamo_orig_backend", backend)  # WrapBackendDebug
-    backend = getattr(backend, "_torchdynamo_orig_backend", backend)
+    backend = found.backend
     label = (
         getattr(backend, "compiler_name", None)
         or getattr(backend, "__name__", None)
         or type(backend).__name__
     )
     return Compiled(
-        module=name, backend=backend, backend_name=str(label), fullgraph=bool(ctx.fullgraph),
-        dynamic=ctx._dynamic, how=how,
+        module=name, backend=backend, backend_name=str(label), fullgraph=found.fullgraph,
+        dynamic=found.dynamic, how=found.how,
     )  # fmt: skip
 
 
 def _checkpointed(module: nn.Module) -> bool | None:
     """Whether ``module`` is activation-checkpointed, replaying the RNG (``None``: it is not)."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
-
-    if isinstance(module, CheckpointWrapper):
-        return bool(getattr(module.checkpoint_fn, "keywords", {}).get("preserve_rng_state", True))
-    for hook in module._forward_pre_hooks.values():
-        if getattr(hook, "__qualname__", "").startswith("checkpoint."):
-            return bool(inspect.getclosurevars(hook).nonlocals.get("preserve_rng_state", True))
-    return None
+    return checkpoint.replays_rng(module)
 
 
 def ties_of(model: nn.Module) -> list[tuple[str, ...]]:
@@ -198,9 +147,8 @@ def read(
     data_parallel: int,
     ties: list[tuple[str, ...]],
 ) -> Found:
-    """What the function that returned ``result`` did (``styles``: what ``recording_styles`` saw;
+    """What the function that returned ``result`` did (``styles``: what ``tensor_parallel.recording_styles`` saw;
     ``ties``: the model's tied names before the function ran, ``ties_of``)."""
-    from torch._dynamo.eval_frame import OptimizedModule
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -209,9 +157,9 @@ def read(
     ddp = None
     root = result
     outer = []  # torch.compile(DDP(model)): compiled around DDP, its graph split at bucket boundaries
-    if isinstance(root, OptimizedModule) and isinstance(root._orig_mod, DDP):
+    if isinstance(dynamo.original_module(root), DDP):
         outer = [dataclasses.replace(_compiled("", root), how="torch.compile(DDP(model))")]  # type: ignore[arg-type]
-        root = root._orig_mod
+        root = dynamo.original_module(root)
     if isinstance(root, DDP):
         ddp = {"bucket_cap_mb": root.bucket_bytes_cap / (1024 * 1024)}
         if getattr(root, "_comm_hook", None) is not None:
@@ -267,6 +215,4 @@ def read(
 
 
 def _registry(module: nn.Module) -> dict[str, Any]:
-    from torch.distributed._composable.contract import _get_registry
-
-    return _get_registry(module) or {}
+    return checkpoint.composable_registry(module)

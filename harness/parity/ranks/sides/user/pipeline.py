@@ -38,6 +38,7 @@ from harness.parity.ranks.sides.full import gather
 from harness.parity.ranks.sides.user import candidate, discover
 from harness.parity.ranks.sides.user.found import Compiled, Found
 from harness.parity.workload import hf_pipeline, registry
+from harness.torch_private import pipelining, tensor_parallel
 
 _KEYS = {name: key for key, (name, _) in SCHEDULES.items()}
 """torch's schedule class name -> its ``SCHEDULES`` key."""
@@ -86,10 +87,9 @@ def _schedule_of(result: Any, workload: str) -> tuple[Any, tuple[Any, ...]]:
         PipelineScheduleSingle,
     )
 
-    if isinstance(result, PipelineScheduleMulti):
-        return result, tuple(result._stages)
-    if isinstance(result, PipelineScheduleSingle):
-        return result, (result._stage,)
+    if isinstance(result, (PipelineScheduleMulti, PipelineScheduleSingle)):
+        pipelining.refuse_unsupported(result, dist.get_backend())
+        return result, pipelining.stages_of(result)
     raise TypeError(
         f"workload {workload!r}: on a mesh with a 'pp' dimension, parallelize must return the schedule it "
         f"built (e.g. Schedule1F1B(stage, n_microbatches=4, loss_fn=loss)), got {type(result).__name__}"
@@ -144,7 +144,7 @@ def call(config: ParityConfig, module: nn.Module, device: torch.device) -> tuple
     ties = discover.ties_of(module)
     io = _io(workload, module)
     styles: list[tuple[nn.Module, Any, Any]] = []
-    with discover.recording_styles(styles):
+    with tensor_parallel.recording_styles(styles):
         result = workload.parallelize(module, candidate.user_mesh(config, device))  # type: ignore[misc]
     schedule, stages = _schedule_of(result, workload.name)
     refused: list[str] = []
@@ -175,7 +175,7 @@ def call(config: ParityConfig, module: nn.Module, device: torch.device) -> tuple
     dist.all_gather_object(every, mine)
     merged = _merge([part for rank in every for part in rank], whole, ties, refused)
     built = Built(
-        schedule=schedule, stages=stages, key=key or "", microbatches=schedule._n_microbatches,
+        schedule=schedule, stages=stages, key=key or "", microbatches=pipelining.microbatches_of(schedule),
         count=stages[0].num_stages, loss=loss or (lambda *_: torch.zeros(())), io=io,
         names=frozenset(n for part in mine for n in part["params"] + part["buffers"]),
         scale_grads=bool(schedule.scale_grads),
